@@ -1,0 +1,33 @@
+# The two commands a newcomer needs:
+#   make demo   — install, then run the main job on the embedded default (tiny in-process model, CPU only)
+#   make test   — install, then run the test suite
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+# torch: a local CPU build on these machines; an unpinned torch would pull several GB of CUDA wheels.
+TORCH   ?= torch==2.13.0
+
+.PHONY: install test demo lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# pytest exits 5 when it collected nothing; that is not a failure of the code under test.
+test: install
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
+
+demo: install
+	$(BIN)/isocompute demo
+
+lint: install
+	$(BIN)/ruff check isocompute tests bench
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .hypothesis

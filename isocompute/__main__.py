@@ -1,0 +1,5 @@
+import sys
+
+from isocompute.cli import main
+
+sys.exit(main())

@@ -1,0 +1,48 @@
+"""The one ``isocompute`` command.
+
+Each subcommand lives in its own module of this package and exposes ``register(subparsers)``, which adds
+its parser and sets ``func`` (a callable taking the parsed ``argparse.Namespace`` and returning an exit
+code). Imports of heavy libraries happen inside ``func`` so ``isocompute --help`` stays fast.
+User errors (:class:`isocompute.errors.IsoComputeError`) print their message and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from isocompute import __version__
+from isocompute.errors import IsoComputeError
+
+# Order is the order shown by --help. A module listed here must exist.
+SUBCOMMANDS: tuple[str, ...] = ()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="isocompute",
+        description="Inference-time compute allocation for reasoning LLMs (Solve-then-Learn).",
+    )
+    parser.add_argument("--version", action="version", version=f"isocompute {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in SUBCOMMANDS:
+        importlib.import_module(f"isocompute.cli.{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except IsoComputeError as e:
+        print(f"isocompute {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"isocompute {args.command}: interrupted; finished work is kept.", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Generation back-ends behind one async protocol."""

@@ -1,0 +1,1 @@
+"""Cheap features, LightGBM imitation policy, budget calibration, evaluation and regret report."""

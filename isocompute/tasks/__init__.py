@@ -1,0 +1,1 @@
+"""Problem sets, answer extraction and grading. Imports nothing else from isocompute."""

@@ -1,0 +1,1 @@
+"""Tiny model and tokenizer, SFT, compute-aligned GRPO, rollout allocation, sweeps."""
