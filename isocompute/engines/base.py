@@ -1,0 +1,52 @@
+"""The generation protocol every back-end implements.
+
+``generate(prompts, n, max_tokens, temperature, seed)`` returns, for each prompt, ``n`` completions with
+their text and token counts. Prompts are plain strings (already chat-templated where needed); an engine
+that shares the prompt prefix across the ``n`` samples reports ``prompt_tokens`` once per prompt.
+Engines are async so the gateway can serve many requests on one event loop; CPU-bound engines run their
+work in a thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One sampled completion.
+
+    ``finish_reason`` follows OpenAI: ``"stop"`` (an end token or stop string) or ``"length"``
+    (``max_tokens`` reached).
+    """
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str = "stop"
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A generation back-end. ``name`` identifies it in logs, outcome tables and metrics."""
+
+    name: str
+
+    async def generate(
+        self,
+        prompts: list[str],
+        n: int,
+        max_tokens: int,
+        temperature: float,
+        seed: int | None = None,
+    ) -> list[list[Completion]]:
+        """Return ``len(prompts)`` lists of ``n`` completions each, in prompt order.
+
+        Raises :class:`isocompute.errors.EngineUnavailable` when the back-end cannot serve.
+        """
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections, threads or model memory."""
+        ...
