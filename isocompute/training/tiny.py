@@ -160,7 +160,40 @@ def save_tiny(out_dir: str | Path, model: Any | None = None, tokenizer: Any | No
     tokenizer = tokenizer if tokenizer is not None else build_tokenizer()
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    _make_tokenizer_config_portable(out / "tokenizer_config.json")
+    _make_model_config_portable(out / "config.json")
     return out
+
+
+def _make_model_config_portable(path: Path) -> None:
+    """Add the transformers-4.x spellings (``torch_dtype``, ``rope_theta``) next to the v5 ones so an older
+    transformers inside vLLM reads the same dtype and RoPE base."""
+    import json
+
+    cfg = json.loads(path.read_text())
+    cfg.setdefault("torch_dtype", cfg.get("dtype", "float32"))
+    rope = cfg.get("rope_parameters") or {}
+    cfg.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
+    path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def _make_tokenizer_config_portable(path: Path) -> None:
+    """Rewrite transformers-5 names in ``tokenizer_config.json`` to ones transformers 4.x also reads, because
+    vLLM releases may pin an older transformers: class ``PreTrainedTokenizerFast`` (v5 maps it to its
+    ``TokenizersBackend``), ``additional_special_tokens`` instead of a list-valued ``extra_special_tokens``,
+    and the chat template inline as well as in ``chat_template.jinja``."""
+    import json
+
+    cfg = json.loads(path.read_text())
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    extra = cfg.pop("extra_special_tokens", None)
+    if isinstance(extra, list):
+        cfg["additional_special_tokens"] = extra
+    elif extra is not None:
+        cfg["extra_special_tokens"] = extra
+    cfg["chat_template"] = CHAT_TEMPLATE
+    cfg["padding_side"] = "left"
+    path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
 def load_tiny(model_dir: str | Path) -> tuple[Any, Any]:
