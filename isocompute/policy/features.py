@@ -1,0 +1,303 @@
+"""Cheap prompt features: hand-counted text statistics plus hashed word n-grams reduced by a fitted SVD.
+
+Everything is computed from the prompt text alone — no model call, no model tokenizer — so the gateway
+pays microseconds per request. Two blocks, concatenated in this order:
+
+* **hand features** (:data:`HAND_FEATURES`): length in characters and in regex tokens, counts of words,
+  numbers, digits, operators (``+ - * / ^ = < >`` and their Unicode/LaTeX forms), ``+``/``-``/``×``
+  separately, LaTeX commands, ``$`` signs, question marks and question words, the most digits in one
+  number and log10 of the largest number's magnitude.
+* **n-gram block** ``svd_0 … svd_{d-1}``: unigrams and bigrams of normalised tokens (words lower-cased,
+  each number replaced by its shape ``<num3>`` = "3 digits", since raw numbers are almost all unique and
+  would share nothing), hashed exactly as scikit-learn's ``HashingVectorizer(n_features,
+  alternate_sign=False, norm="l2")`` does (murmurhash3, seed 0), then projected on the components of a
+  ``TruncatedSVD`` fitted on the training prompts.
+
+Worked example: ``"What is 47 + 385 - 12?"`` has 22 characters; its tokens are ``What is 47 + 385 - 12
+?`` (8 tokens: 2 words, 3 numbers, 2 operators, 1 question mark), 7 digits, at most 3 digits in one
+number, log10(1 + 385) = 2.587, one question word ("what").
+
+:class:`PromptFeatures` follows scikit-learn habits: ``__init__`` stores parameters, ``fit`` fits the
+SVD and sets attributes ending in ``_``, ``transform`` is pure. The fitted state is a small JSON config
+plus one ``.npz`` array (no pickle), so serving computes exactly what training computed; ``transform``
+uses one fast path for both (a test checks it equals ``HashingVectorizer`` bit for bit).
+
+Ignores: semantics (a sentence embedding is an optional extra with its own declared cost, not part of
+this feature set), non-ASCII digits, numbers written in words, and a probe call to a model (left to the
+gateway issue).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from isocompute.errors import ArtifactError, InputError
+
+FEATURE_SET = "prompt-text"
+FEATURE_VERSION = 1
+
+HAND_FEATURES: tuple[str, ...] = (
+    "chars",
+    "tokens",
+    "words",
+    "numbers",
+    "digits",
+    "max_number_digits",
+    "log10_max_number",
+    "operators",
+    "plus",
+    "minus",
+    "times",
+    "latex_commands",
+    "dollars",
+    "question_marks",
+    "question_words",
+)
+
+QUESTION_WORDS = frozenset(
+    "what how which why when where who whom whose many much find compute calculate evaluate determine "
+    "solve simplify prove show express".split()
+)
+
+# One pass of the tokenizer over the normalised text (lower case, digits as 0): ASCII word | number |
+# LaTeX command | other symbol | non-ASCII word; the common branches first, because order is speed here.
+_TOKEN = re.compile(r"[a-z]+|\d+(?:\.\d+)?|\\[a-z]+|[^\w\s]|[^\W\d_]+")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_OPERATOR_CHARS = "+-*/^=<>×÷·−"
+_LATEX_OPS = frozenset(r"\times \cdot \div \pm \le \ge \leq \geq \neq \frac \sqrt".split())
+_LATEX_TIMES = frozenset((r"\times", r"\cdot"))
+# Every digit becomes 0, so a number's token is its shape ("385" -> "000"): raw numbers are almost all
+# unique and their n-grams would share nothing, while "000 + 00" generalises.
+_SHAPE = str.maketrans("0123456789", "0000000000")
+
+_INT32_MIN = -(2**31)
+
+
+def tokenize(text: str) -> list[str]:
+    r"""Normalised regex tokens: lower case, every digit as 0; LaTeX commands, numbers (with one decimal
+    part), runs of letters and single other symbols are tokens; whitespace separates.
+
+    >>> tokenize(r"What is $47 \times 3.5$?")
+    ['what', 'is', '$', '00', '\\times', '0.0', '$', '?']
+    """
+    return _TOKEN.findall(text.lower().translate(_SHAPE))
+
+
+def ngrams(text: str) -> list[str]:
+    """Unigrams then bigrams of :func:`tokenize` — the analyzer the hashing uses.
+
+    >>> ngrams("What is 47?")
+    ['what', 'is', '00', '?', 'what is', 'is 00', '00 ?']
+    """
+    return _with_bigrams(tokenize(text))
+
+
+def _with_bigrams(toks: list[str]) -> list[str]:
+    return toks + list(map(" ".join, zip(toks, toks[1:], strict=False)))
+
+
+def _hand_row(text: str, toks: list[str]) -> tuple[float, ...]:
+    # Counts come from C-level str/regex calls; a Python loop per character would cost 10x.
+    nums = _NUMBER.findall(text)
+    joined = "".join(nums)
+    max_digits = max((len(n.partition(".")[0]) for n in nums), default=0)
+    if max_digits <= 15:
+        log_max = math.log10(1.0 + max(map(float, nums), default=0.0))
+    else:  # beyond float precision the digit count *is* the log magnitude
+        log_max = float(max_digits)
+    latex = [t for t in toks if t[0] == "\\"]
+    return (
+        len(text),
+        len(toks),
+        sum(map(str.isalpha, toks)),
+        len(nums),
+        len(joined) - joined.count("."),
+        max_digits,
+        log_max,
+        sum(map(text.count, _OPERATOR_CHARS)) + sum(map(_LATEX_OPS.__contains__, latex)),
+        text.count("+"),
+        text.count("-") + text.count("−"),
+        text.count("*") + text.count("×") + text.count("·") + sum(map(_LATEX_TIMES.__contains__, latex)),
+        len(latex),
+        text.count("$"),
+        text.count("?"),
+        sum(map(QUESTION_WORDS.__contains__, toks)),
+    )
+
+
+def hand_features(prompts: Sequence[str]) -> np.ndarray:
+    """The hand block, shape ``(len(prompts), len(HAND_FEATURES))``, float64, columns as named."""
+    rows = [_hand_row(t, tokenize(t)) for t in prompts]
+    return np.array(rows, dtype=np.float64).reshape(len(prompts), len(HAND_FEATURES))
+
+
+def murmur_index(gram: str, n_features: int) -> int:
+    """Bucket of one n-gram, with the arithmetic of sklearn's ``_hashing_fast``: signed murmurhash3 of
+    the utf-8 bytes with seed 0, then ``abs(h) % n_features`` (and its defined value for h = -2**31)."""
+    from sklearn.utils import murmurhash3_32
+
+    h = murmurhash3_32(gram.encode("utf-8"), seed=0)
+    if h == _INT32_MIN:
+        return (2147483647 - (n_features - 1)) % n_features
+    return abs(h) % n_features
+
+
+class _BucketCache(dict):
+    """n-gram → bucket, filled on a miss, so the hot path is a C-level dict lookup per n-gram."""
+
+    def __init__(self, n_features: int) -> None:
+        super().__init__()
+        self.n_features = n_features
+
+    def __missing__(self, gram: str) -> int:
+        if len(self) > 1 << 18:  # bound memory on a long-running server; refills cost microseconds
+            self.clear()
+        j = self[gram] = murmur_index(gram, self.n_features)
+        return j
+
+
+def hashed_matrix(prompts: Sequence[str], n_features: int, cache: dict[str, int] | None = None,
+                  grams: list[list[str]] | None = None):
+    """The l2-normalised hashed n-gram counts as a ``scipy.sparse.csr_array`` (duplicates summed).
+
+    Equal to ``HashingVectorizer(analyzer=ngrams, n_features=n_features, alternate_sign=False,
+    norm="l2").transform(prompts)`` — a test checks it bit for bit.
+    """
+    import scipy.sparse as sp
+
+    cache = _BucketCache(n_features) if cache is None else cache
+    grams = [ngrams(t) for t in prompts] if grams is None else grams
+    indptr = np.zeros(len(prompts) + 1, dtype=np.int64)
+    np.cumsum([len(g) for g in grams], out=indptr[1:])
+    indices = np.fromiter(map(cache.__getitem__, chain.from_iterable(grams)), dtype=np.int64,
+                          count=int(indptr[-1]))
+    X = sp.csr_array((np.ones(len(indices)), indices, indptr), shape=(len(prompts), n_features))
+    X.sum_duplicates()
+    if X.nnz:
+        lengths = np.diff(X.indptr)
+        sq = np.bincount(np.repeat(np.arange(len(prompts)), lengths), weights=X.data**2, minlength=len(prompts))
+        X.data /= np.repeat(np.sqrt(sq), lengths)
+    return X
+
+
+def _check_prompts(prompts: Sequence[str]) -> None:
+    if isinstance(prompts, str):
+        raise InputError("prompts must be a list of strings, not one string; wrap it: [prompt].")
+    for p in prompts:
+        if not isinstance(p, str):
+            raise InputError(f"every prompt must be a string; got {type(p).__name__}. Pass the prompt text.")
+
+
+class PromptFeatures:
+    """Hand features + SVD-reduced hashed n-grams (the ``prompt-text`` feature set, version 1).
+
+    Parameters: ``n_components`` SVD dimensions (reduced to ``n_prompts - 1`` on tiny training sets),
+    ``n_features`` hashing buckets, ``seed`` for the randomised SVD. After ``fit``: ``components_``
+    (shape ``(n_components_, n_features)``), ``n_components_``, ``feature_names_``.
+    """
+
+    def __init__(self, *, n_components: int = 16, n_features: int = 1 << 13, seed: int = 0) -> None:
+        self.n_components = n_components
+        self.n_features = n_features
+        self.seed = seed
+
+    # ------------------------------------------------------------------------------------------ fitting
+    def fit(self, prompts: Sequence[str]) -> PromptFeatures:
+        _check_prompts(prompts)
+        if self.n_components < 0:
+            raise InputError(f"n_components must be ≥ 0; you passed {self.n_components}.")
+        if self.n_features < 2:
+            raise InputError(f"n_features must be ≥ 2; you passed {self.n_features}.")
+        d = min(self.n_components, len(prompts) - 1, self.n_features - 1)
+        if d >= 1:
+            from sklearn.decomposition import TruncatedSVD
+            from sklearn.feature_extraction.text import HashingVectorizer
+
+            hv = HashingVectorizer(analyzer=ngrams, n_features=self.n_features, alternate_sign=False,
+                                   norm="l2", dtype=np.float64)
+            svd = TruncatedSVD(n_components=d, algorithm="randomized", random_state=self.seed)
+            svd.fit(hv.transform(list(prompts)))
+            self.components_ = np.ascontiguousarray(svd.components_, dtype=np.float64)
+        else:
+            self.components_ = np.zeros((0, self.n_features), dtype=np.float64)
+        self.n_components_ = int(self.components_.shape[0])
+        self._components_t = np.ascontiguousarray(self.components_.T)
+        self._cache = _BucketCache(self.n_features)
+        self.feature_names_ = list(HAND_FEATURES) + [f"svd_{j}" for j in range(self.n_components_)]
+        return self
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "components_"):
+            raise InputError("PromptFeatures is not fitted; call fit(prompts) or load a fitted config first.")
+
+    # ---------------------------------------------------------------------------------------- transform
+    def transform(self, prompts: Sequence[str]) -> np.ndarray:
+        """Feature matrix ``(len(prompts), len(feature_names_))``, float64. Pure."""
+        self._check_fitted()
+        _check_prompts(prompts)
+        toks = [tokenize(t) for t in prompts]
+        hand = np.array([_hand_row(t, k) for t, k in zip(prompts, toks, strict=True)], dtype=np.float64)
+        hand = hand.reshape(len(prompts), len(HAND_FEATURES))
+        if self.n_components_ == 0:
+            return hand
+        grams = [_with_bigrams(k) for k in toks]
+        proj = hashed_matrix(prompts, self.n_features, self._cache, grams) @ self._components_t
+        return np.hstack([hand, proj])
+
+    def fit_transform(self, prompts: Sequence[str]) -> np.ndarray:
+        return self.fit(prompts).transform(prompts)
+
+    # --------------------------------------------------------------------------------- persistence
+    def config(self) -> dict[str, Any]:
+        """The named, versioned config (JSON-able) that identifies what ``transform`` computes."""
+        self._check_fitted()
+        return {
+            "name": FEATURE_SET,
+            "version": FEATURE_VERSION,
+            "params": {"n_components": self.n_components, "n_features": self.n_features, "seed": self.seed},
+            "n_components_": self.n_components_,
+            "feature_names": self.feature_names_,
+            "ngrams": "unigrams+bigrams of lower-cased regex tokens, numbers as <numD>",
+            "hashing": "sklearn HashingVectorizer(alternate_sign=False, norm='l2'), murmurhash3 seed 0",
+            "extras": [],
+        }
+
+    def save(self, directory: str | Path, stem: str = "features") -> None:
+        d = Path(directory)
+        (d / f"{stem}.json").write_text(json.dumps(self.config(), indent=2) + "\n")
+        np.savez(d / f"{stem}_svd.npz", components=self.components_)
+
+    @classmethod
+    def load(cls, directory: str | Path, stem: str = "features") -> PromptFeatures:
+        d = Path(directory)
+        try:
+            cfg = json.loads((d / f"{stem}.json").read_text())
+            with np.load(d / f"{stem}_svd.npz", allow_pickle=False) as z:
+                components = np.asarray(z["components"], dtype=np.float64)
+        except (OSError, KeyError, ValueError) as e:
+            raise ArtifactError(f"{d}: cannot read the feature config ({e}); re-create the policy with "
+                                "`isocompute fit`.") from e
+        if cfg.get("name") != FEATURE_SET or cfg.get("version") != FEATURE_VERSION:
+            raise ArtifactError(
+                f"{d}: feature set {cfg.get('name')!r} version {cfg.get('version')} is not the "
+                f"{FEATURE_SET!r} version {FEATURE_VERSION} this isocompute computes; re-fit the policy "
+                "with this version (`isocompute fit`)."
+            )
+        obj = cls(**cfg["params"])
+        if components.shape != (cfg["n_components_"], obj.n_features):
+            raise ArtifactError(f"{d}: SVD components have shape {components.shape}, the config says "
+                                f"({cfg['n_components_']}, {obj.n_features}); re-create the policy.")
+        obj.components_ = np.ascontiguousarray(components)
+        obj.n_components_ = int(components.shape[0])
+        obj._components_t = np.ascontiguousarray(components.T)
+        obj._cache = _BucketCache(obj.n_features)
+        obj.feature_names_ = list(cfg["feature_names"])
+        return obj
