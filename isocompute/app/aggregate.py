@@ -1,0 +1,98 @@
+"""Turn k sampled answers into one: plurality vote, or best-of-k under a verifier score.
+
+Majority (plurality) vote counts each extracted answer; samples with no extractable answer (``None``)
+do not vote. Ties between the most frequent answers are broken deterministically:
+
+* ``tie_break="first"`` (default): the tied answer whose first occurrence comes earliest in sample
+  order wins. Same samples in the same order → same winner, with no randomness at all.
+* ``tie_break="seeded"``: a uniformly random tied answer, drawn with ``numpy.random.default_rng(seed)``;
+  the same seed gives the same winner.
+
+The representative sample of the winner is the first sample that gave it: its text is what the client
+receives. Worked example::
+
+    answers = ["12", None, "7", "12", "7"]
+    counts  = {"12": 2, "7": 2}          # None does not vote
+    tie between "12" (first at 0) and "7" (first at 2) → "first" picks "12", sample index 0
+
+Best-of-k picks the sample with the highest verifier score (first one on ties); an answer-less sample
+can still win best-of if the verifier scores it highest, since the verifier judges the whole text.
+
+What it ignores: answer normalisation (``isocompute.tasks`` extracts and normalises; here answers are
+compared as exact strings) and weighting votes by score.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+TieBreak = Literal["first", "seeded"]
+
+
+@dataclass(frozen=True, slots=True)
+class Vote:
+    """The outcome of aggregating one prompt's samples.
+
+    ``answer`` is the winning answer (``None`` when no sample had one); ``index`` is the sample whose
+    text represents it; ``counts`` maps each answer to its votes in order of first occurrence;
+    ``n_valid`` counts samples with an answer; ``tied`` says whether the winner was decided by a tie-break.
+    """
+
+    answer: str | None
+    index: int
+    counts: dict[str, int] = field(default_factory=dict)
+    n_valid: int = 0
+    tied: bool = False
+
+
+def majority_vote(
+    answers: Sequence[str | None], *, tie_break: TieBreak = "first", seed: int | None = None
+) -> Vote:
+    """Plurality vote over ``answers`` (see the module docstring for ties and ``None``).
+
+    With no answer at all the vote has ``answer=None`` and represents the first sample (index 0).
+    """
+    if len(answers) == 0:
+        raise ValueError("majority_vote needs at least one sample")
+    counts: dict[str, int] = {}
+    first: dict[str, int] = {}
+    for i, a in enumerate(answers):
+        if a is None:
+            continue
+        counts[a] = counts.get(a, 0) + 1
+        first.setdefault(a, i)
+    if not counts:
+        return Vote(answer=None, index=0, counts={}, n_valid=0, tied=False)
+    top = max(counts.values())
+    tied = [a for a, c in counts.items() if c == top]  # in order of first occurrence
+    if len(tied) == 1 or tie_break == "first":
+        winner = tied[0]
+    elif tie_break == "seeded":
+        winner = tied[int(np.random.default_rng(seed).integers(len(tied)))]
+    else:
+        raise ValueError(f"tie_break must be 'first' or 'seeded'; got {tie_break!r}")
+    return Vote(answer=winner, index=first[winner], counts=counts, n_valid=sum(counts.values()),
+                tied=len(tied) > 1)
+
+
+def best_of(answers: Sequence[str | None], scores: Sequence[float]) -> Vote:
+    """The sample with the highest verifier score (the earliest one among equal scores).
+
+    ``counts`` still reports the plurality counts so clients can see agreement alongside the score.
+    """
+    if len(answers) == 0 or len(answers) != len(scores):
+        raise ValueError(f"best_of needs one score per sample; got {len(answers)} answers, {len(scores)} scores")
+    s = np.asarray(scores, dtype=float)
+    if not np.all(np.isfinite(s)):
+        raise ValueError("verifier scores must be finite")
+    idx = int(np.argmax(s))  # argmax returns the first maximum
+    counts: dict[str, int] = {}
+    for a in answers:
+        if a is not None:
+            counts[a] = counts.get(a, 0) + 1
+    return Vote(answer=answers[idx], index=idx, counts=counts, n_valid=sum(counts.values()),
+                tied=int(np.sum(s == s[idx])) > 1)

@@ -1,0 +1,137 @@
+"""Online budget control: keep each budget key's long-run mean cost on its budget when traffic drifts.
+
+The policy was calibrated offline so that its mean cost on *training* traffic equals the budget it is
+given. Live traffic drifts (a shift from easy to hard questions changes how many samples the same λ
+buys), so the gateway does not pass the client's budget ``B`` straight through: per budget key it keeps
+an *internal budget* ``b`` (the budget handed to ``Policy.decide``, which maps it to λ) and corrects it by
+projected dual ascent after every request with realised cost ``c``::
+
+    e_t     = (B − c_t) / B                              # relative shortfall of this request
+    I_{t+1} = clip(I_t + η · B · e_t, lo, hi)             # dual ascent, projected on the policy's range
+    b_{t+1} = b_t + clip(I_{t+1} − b_t, −s·B, s·B)        # bounded step: b follows I at most s·B a request
+
+``lo``, ``hi`` are the policy's trained budget range. Raising ``b`` lowers λ, so this is dual ascent on λ
+written in budget units (cost is monotone in λ, so the sign is always right). The step bound keeps one
+outlier (a FLOP-heavy request) from swinging λ, without biasing the mean: the part of a large correction
+not yet applied stays in ``I`` and is applied over the next requests. Summing the update of ``I`` gives
+the identity that bounds the long-run error while ``I`` stays inside ``[lo, hi]``::
+
+    (1/T) Σ_t e_t = (I_T − I_0) / (η · B · T)
+
+so the mean relative error over ``T`` requests is at most ``(hi − lo) / (η·B·T)`` whatever the traffic
+does. Worked example: ``B = 4``, ``η = 0.05``, and a shift that needs ``b`` to move from 4 to 6 →
+accumulated error 2 / (0.05·4) = 10 request-budgets, i.e. 0.5 % of the budget over 2,000 requests.
+Discrete actions are fine: ``b`` hovering between two decision thresholds mixes the two actions in the
+proportion that hits ``B`` (sigma–delta modulation).
+
+What it ignores: which prompts the correction should fall on (it shifts λ for everyone under the key,
+the Lagrangian choice) and cost noise (η trades tracking speed against λ jitter; the mean is exact anyway).
+When traffic is so easy or hard that ``b`` pins at ``lo``/``hi``, no λ in the trained range meets ``B``:
+``saturated`` says so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerState:
+    """A snapshot of one controller, for metrics and the ``isocompute`` response object."""
+
+    target: float
+    internal_budget: float
+    requests: int
+    mean_cost: float | None
+    saturated: bool
+
+
+class BudgetController:
+    """Dual-ascent controller for one budget key (see the module docstring for the maths).
+
+    ``target`` is the client's budget ``B``; ``lo``/``hi`` the range of budgets the policy accepts;
+    ``gain`` is η; ``max_step`` is s, the largest move of the internal budget per request, in units of B.
+    """
+
+    def __init__(self, target: float, *, lo: float, hi: float, gain: float = 0.05, max_step: float = 0.5):
+        if not (math.isfinite(target) and target > 0):
+            raise ValueError(f"target budget must be a positive finite number; got {target}")
+        if not (lo <= hi):
+            raise ValueError(f"need lo <= hi; got lo={lo}, hi={hi}")
+        if not (gain > 0 and max_step > 0):
+            raise ValueError(f"gain and max_step must be positive; got gain={gain}, max_step={max_step}")
+        self.target = float(target)
+        self.lo, self.hi = float(lo), float(hi)
+        self.gain, self.max_step = float(gain), float(max_step)
+        self.internal = min(max(self.target, self.lo), self.hi)
+        self.integral = self.internal
+        self.requests = 0
+        self.spent = 0.0
+
+    def observe(self, cost: float) -> float:
+        """Record one request's realised cost and return the corrected internal budget."""
+        if not math.isfinite(cost) or cost < 0:
+            raise ValueError(f"cost must be a finite non-negative number; got {cost}")
+        self.requests += 1
+        self.spent += cost
+        err = (self.target - cost) / self.target
+        self.integral = min(max(self.integral + self.gain * self.target * err, self.lo), self.hi)
+        s = self.max_step * self.target
+        self.internal += min(max(self.integral - self.internal, -s), s)
+        return self.internal
+
+    @property
+    def saturated(self) -> bool:
+        """True when the internal budget sits at an end of the policy's range (the target is out of reach)."""
+        return self.requests > 0 and (self.integral <= self.lo or self.integral >= self.hi)
+
+    def state(self) -> ControllerState:
+        mean = self.spent / self.requests if self.requests else None
+        return ControllerState(self.target, self.internal, self.requests, mean, self.saturated)
+
+
+class ControllerBank:
+    """One controller per budget key, least-recently-used first out beyond ``max_keys``.
+
+    Bounding the number of keys keeps memory (and the metrics' label set) flat when clients send many
+    distinct budgets. ``on_evict`` is called with each evicted key (the gateway drops its metric labels).
+    """
+
+    def __init__(
+        self,
+        factory: Callable[[float], BudgetController],
+        *,
+        max_keys: int = 10_000,
+        on_evict: Callable[[Hashable], None] | None = None,
+    ):
+        if max_keys < 1:
+            raise ValueError(f"max_keys must be >= 1; got {max_keys}")
+        self._factory = factory
+        self._max = max_keys
+        self._on_evict = on_evict
+        self._items: OrderedDict[Hashable, BudgetController] = OrderedDict()
+
+    def get(self, key: Hashable, target: float) -> BudgetController:
+        ctl = self._items.get(key)
+        if ctl is None:
+            ctl = self._items[key] = self._factory(target)
+            while len(self._items) > self._max:
+                old, _ = self._items.popitem(last=False)
+                if self._on_evict is not None:
+                    self._on_evict(old)
+        else:
+            self._items.move_to_end(key)
+        return ctl
+
+    def clear(self) -> None:
+        """Forget every key (after a policy reload the old internal budgets mean nothing)."""
+        for key in list(self._items):
+            if self._on_evict is not None:
+                self._on_evict(key)
+        self._items.clear()
+
+    def __len__(self) -> int:
+        return len(self._items)
