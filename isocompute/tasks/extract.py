@@ -9,8 +9,8 @@ when the completion commits to no answer. Rules, first match wins:
 3. the last "the answer is x" / "answer: x" (case-insensitive; ``Final Answer: The final answer is $x$.``
    included). The text after it up to the end of the sentence is kept when it reads like a bare answer
    (``\\frac{3}{4}``, ``x = 5``); otherwise its first number is taken ("18 eggs" → ``18``);
-4. the whole text when it is itself a bare answer without ``=`` (an already-extracted ``\\frac{1}{9}``,
-   or a single token such as ``Tuesday``);
+4. the whole text when it is itself a bare answer without ``=`` or a ``label:`` (an already-extracted
+   ``\\frac{1}{9}``, or a single token such as ``Tuesday``);
 5. the last number in the text (``-3``, ``1,234`` → ``1234``, ``2.5``, ``3/4``).
 
 Normalisation is deliberately trivial — whitespace, surrounding ``$`` and ``\\(…\\)`` / ``\\[…\\]``
@@ -48,7 +48,7 @@ _ANSWER_IS = re.compile(r"(?:answer\s+is|answer\s*:)\s*:?", re.IGNORECASE)
 # Sentence end: a period followed by whitespace, or a newline. Keeps decimals (3.5) and "p.m" intact.
 _SENTENCE_END = re.compile(r"\.(?:\s|$)|\n")
 _LATEX_COMMAND = re.compile(r"\\[A-Za-z]+")
-_WORD = re.compile(r"[A-Za-z]{3,}")
+_WORD = re.compile(r"[A-Za-z]{2,}")  # an English word; single letters are variables (or p.m.)
 
 
 def _matching_brace(text: str, open_at: int) -> int:
@@ -131,6 +131,12 @@ def _is_bare_answer(s: str) -> bool:
     return _WORD.search(_LATEX_COMMAND.sub(" ", s)) is None
 
 
+def _passes_through(s: str) -> bool:
+    if not s or "=" in s or ": " in s or any(c in s for c in _BOX_COMMANDS):  # "\boxed{}" is no answer
+        return False
+    return _is_bare_answer(s) or (len(s) <= 100 and re.search(r"\s", s) is None)
+
+
 def last_number(text: str) -> str | None:
     """The last number in ``text`` with thousands commas removed, or ``None``.
 
@@ -169,11 +175,9 @@ def extract_answer(text: str) -> str | None:
     phrase = _after_answer_phrase(text)
     if phrase:
         return phrase
-    # An already-extracted answer passes through unchanged. Equations are excluded so that a bare
-    # working line such as "47 + 385 = 432" yields its result (rule 5), not the whole line.
+    # An already-extracted answer passes through unchanged. Equations and labels are excluded so that
+    # a bare working line ("47 + 385 = 432") or a labelled one ("A: 224") yields its number (rule 5).
     whole = normalize_answer(text)
-    if "=" not in whole and (
-        _is_bare_answer(whole) or (whole and len(whole) <= 100 and not re.search(r"\s", whole))
-    ):
+    if _passes_through(whole):
         return whole
     return last_number(text)
