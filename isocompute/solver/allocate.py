@@ -185,7 +185,8 @@ def allocate(utilities: object, costs: object, budget: float, *, rounding: Round
     hi = hulls.actions_at(lam, inclusive=True) if lam > 0 else lo
     cost_lo, cost_hi = float(hulls.gather(C, lo).sum()), float(hulls.gather(C, hi).sum())
     util_lo, util_hi = float(hulls.gather(U, lo).sum()), float(hulls.gather(U, hi).sum())
-    p = min(max((target - cost_lo) / (cost_hi - cost_lo), 0.0), 1.0) if cost_hi > cost_lo else 0.0
+    spare = target - cost_lo
+    p = min(spare / (cost_hi - cost_lo), 1.0) if cost_hi > cost_lo and spare > slack else 0.0
     lp_util = ((1.0 - p) * util_lo + p * util_hi) / n
 
     if lam == 0.0 and target - cost_lo > slack:
