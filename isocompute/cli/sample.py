@@ -63,6 +63,7 @@ class SampleConfig:
     concurrency: int | None = None
     device: str = "cpu"
     dtype: str = "float32"
+    threads: int | None = None
     grade_workers: int = 2
     timeout: float = 600.0
     progress: bool = True
@@ -82,6 +83,7 @@ class SampleConfig:
              f"--batch-prompts must be >= 1; you passed {self.batch_prompts}"),
             (self.concurrency is None or self.concurrency >= 1,
              f"--concurrency must be >= 1; you passed {self.concurrency}"),
+            (self.threads is None or self.threads >= 1, f"--threads must be >= 1; you passed {self.threads}"),
             (self.grade_workers >= 1, f"--grade-workers must be >= 1; you passed {self.grade_workers}"),
             (self.engine != "vllm-http" or bool(self.upstreams),
              "--engine vllm-http needs --upstream URL (repeatable), e.g. --upstream http://127.0.0.1:8000"),
@@ -166,7 +168,8 @@ def _build_engine(cfg: SampleConfig) -> Any:
     from isocompute.engines.registry import make_engine
 
     if cfg.engine == "transformers":
-        return make_engine("transformers", model=cfg.model, device=cfg.device, dtype=cfg.dtype)
+        return make_engine("transformers", model=cfg.model, device=cfg.device, dtype=cfg.dtype,
+                           threads=cfg.threads)
     if cfg.engine == "vllm-http":
         return make_engine("vllm-http", upstreams=cfg.upstreams, max_concurrency=cfg.concurrency,
                            timeout=cfg.timeout)
@@ -307,6 +310,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--concurrency", type=int, help="engine calls in flight (default: 64 for vllm-http, 2 otherwise)")
     p.add_argument("--device", default="cpu", help="transformers device: cpu, cuda or auto")
     p.add_argument("--dtype", default="float32", help="weights dtype for in-process engines")
+    p.add_argument("--threads", type=int, help="torch threads for the transformers engine (default: torch's)")
     p.add_argument("--grade-workers", type=int, default=2, help="grading processes (math-verify)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one vllm-http request may take")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")

@@ -1,0 +1,236 @@
+"""In-process sampling with a local Hugging Face checkpoint — the embedded default engine.
+
+``TransformersEngine(model_path)`` loads a causal LM and its tokenizer once and samples ``n`` completions
+per prompt with ``model.generate``: every prompt is repeated ``n`` times as its own row (``n`` rows share
+no KV cache, unlike vLLM's prefix sharing, but the rows run as one padded batch), rows are padded on the
+left so new tokens line up, and rows go through in micro-batches of at most ``micro_batch`` rows.
+
+Token counts follow vLLM's usage: ``prompt_tokens`` is the prompt's length without padding, reported once
+per prompt (each of its completions carries the same number); ``completion_tokens`` counts generated
+tokens up to and including the first end-of-sequence token. Worked example: with eos id 2 and generated
+row ``[17, 5, 2, 0, 0]`` (0 is padding after the row finished) the completion has 3 tokens, the text is
+the decoding of ``[17, 5]`` and ``finish_reason`` is ``"stop"``; a row with no eos within ``max_tokens``
+counts all ``max_tokens`` tokens with ``finish_reason == "length"``.
+
+Sampling is plain temperature sampling (top-k and top-p off, as in vLLM's defaults); ``temperature == 0``
+is greedy decoding. A ``seed`` makes a call reproducible for the same prompts, ``n`` and ``micro_batch``;
+it seeds a forked RNG, so the process's global torch RNG is left as it was.
+
+``generate`` runs the model in a worker thread (``asyncio.to_thread``) behind a lock: the event loop
+stays free, and concurrent calls run one after the other, never interleaved on the same model.
+
+Ignores: stop strings, top-k/top-p/repetition penalties, and streaming.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from isocompute.engines.base import Completion
+from isocompute.errors import EngineUnavailable, InputError
+
+__all__ = ["TransformersEngine", "apply_chat_template", "count_completion", "resolve_device"]
+
+
+def resolve_device(device: str) -> str:
+    """``"auto"`` → ``"cuda"`` when a GPU is visible, else ``"cpu"``; anything else passes through."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def count_completion(token_ids: Sequence[int], eos_ids: Iterable[int], max_tokens: int) -> tuple[int, str]:
+    """Return ``(completion_tokens, finish_reason)`` for one generated row (padding may follow eos).
+
+    >>> count_completion([17, 5, 2, 0, 0], {2}, 5)
+    (3, 'stop')
+    >>> count_completion([17, 5, 9], {2}, 3)
+    (3, 'length')
+    """
+    eos = set(eos_ids)
+    for i, tok in enumerate(token_ids):
+        if tok in eos:
+            return i + 1, "stop"
+    n = len(token_ids)
+    # generate() stops early only when every row has finished, so a short row without eos can only
+    # mean it ran into max_new_tokens.
+    return n, "length" if n >= max_tokens else "stop"
+
+
+def apply_chat_template(tokenizer: Any, user_message: str, *, system: str | None = None) -> str:
+    """Wrap one user message in the tokenizer's chat template, ending with the assistant's turn.
+
+    Raises :class:`InputError` when the tokenizer has no chat template (use plain prompts then).
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise InputError(
+            f"tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no chat template; "
+            "send plain prompts, or set tokenizer.chat_template before calling apply_chat_template"
+        )
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": user_message}
+    ]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    # Templates often render the BOS token themselves while encoding adds it again; a doubled BOS is
+    # a sequence the model never saw in training, so drop the rendered one when encoding adds it.
+    bos = getattr(tokenizer, "bos_token", None)
+    if bos and text.startswith(bos):
+        added = tokenizer("")["input_ids"]
+        if added and added[0] == tokenizer.bos_token_id:
+            text = text[len(bos) :]
+    return text
+
+
+class TransformersEngine:
+    """A local HF causal LM behind the async :class:`~isocompute.engines.base.Engine` protocol.
+
+    ``model_path`` is a directory with ``config.json``, weights and a tokenizer (e.g. what
+    ``isocompute train sft`` writes). ``device`` is ``"cpu"``, ``"cuda"`` or ``"auto"``; ``dtype`` a torch
+    dtype name (``float32`` on CPU; ``bfloat16`` is the usual choice on a GPU). ``micro_batch`` caps the
+    rows (prompt × sample) per ``model.generate`` call and so the memory of one step. ``threads`` sets
+    torch's intra-op threads for the duration of each call (restored after); on a small, shared CPU
+    ``threads=1`` can be several times faster than OpenMP threads spinning against other processes.
+    """
+
+    name = "transformers"
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        micro_batch: int = 64,
+        threads: int | None = None,
+    ) -> None:
+        if micro_batch < 1:
+            raise InputError(f"micro_batch must be >= 1; you passed {micro_batch}")
+        if threads is not None and threads < 1:
+            raise InputError(f"threads must be >= 1 (or None for torch's default); you passed {threads}")
+        self.threads = threads
+        self.model_path = Path(model_path)
+        if not (self.model_path / "config.json").is_file():
+            raise EngineUnavailable(
+                f"no Hugging Face checkpoint at {self.model_path} (config.json missing); "
+                "pass --model DIR with a saved model, e.g. one written by `isocompute train sft`"
+            )
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.device = resolve_device(device)
+        self.micro_batch = micro_batch
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token_id is None:
+            # Padding positions are masked out, so any id works; eos is the conventional choice.
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        try:
+            torch_dtype = getattr(torch, dtype)
+        except AttributeError:
+            raise InputError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16") from None
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype)
+        self.model.to(self.device).eval()
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        self.eos_ids: frozenset[int] = frozenset([eos] if isinstance(eos, int) else (eos or []))
+        if not self.eos_ids:
+            raise EngineUnavailable(
+                f"model at {self.model_path} defines no eos token; set eos_token_id in its "
+                "generation_config.json or tokenizer"
+            )
+        self._lock = threading.Lock()
+
+    async def generate(
+        self,
+        prompts: list[str],
+        n: int,
+        max_tokens: int,
+        temperature: float,
+        seed: int | None = None,
+    ) -> list[list[Completion]]:
+        """Sample ``n`` completions for each prompt (see the module docstring for counts and seeding)."""
+        if n < 1 or max_tokens < 1 or temperature < 0:
+            raise InputError(
+                f"need n >= 1, max_tokens >= 1 and temperature >= 0; got n={n}, "
+                f"max_tokens={max_tokens}, temperature={temperature}"
+            )
+        if not prompts:
+            return []
+        return await asyncio.to_thread(self._generate_locked, list(prompts), n, max_tokens, temperature, seed)
+
+    def generate_sync(
+        self, prompts: list[str], n: int, max_tokens: int, temperature: float, seed: int | None = None
+    ) -> list[list[Completion]]:
+        """The blocking form of :meth:`generate`, for scripts and benchmarks without an event loop."""
+        return self._generate_locked(list(prompts), n, max_tokens, temperature, seed)
+
+    def _generate_locked(
+        self, prompts: list[str], n: int, max_tokens: int, temperature: float, seed: int | None
+    ) -> list[list[Completion]]:
+        import torch
+
+        with self._lock, torch.inference_mode():
+            previous_threads = torch.get_num_threads()
+            if self.threads is not None:
+                torch.set_num_threads(self.threads)
+            try:
+                if seed is None:
+                    return self._generate_rows(prompts, n, max_tokens, temperature)
+                devices = [torch.cuda.current_device()] if self.device.startswith("cuda") else []
+                with torch.random.fork_rng(devices=devices):
+                    torch.manual_seed(seed)
+                    return self._generate_rows(prompts, n, max_tokens, temperature)
+            finally:
+                torch.set_num_threads(previous_threads)
+
+    def _generate_rows(
+        self, prompts: list[str], n: int, max_tokens: int, temperature: float
+    ) -> list[list[Completion]]:
+        # Row r samples prompt r // n; rows are contiguous per prompt so results regroup by slicing.
+        rows = [p for p in prompts for _ in range(n)]
+        flat: list[Completion] = []
+        for start in range(0, len(rows), self.micro_batch):
+            flat.extend(self._generate_batch(rows[start : start + self.micro_batch], max_tokens, temperature))
+        return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    def _generate_batch(self, rows: list[str], max_tokens: int, temperature: float) -> list[Completion]:
+        enc = self.tokenizer(rows, return_tensors="pt", padding=True).to(self.device)
+        sampling: dict[str, Any] = (
+            {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+            if temperature > 0
+            else {"do_sample": False}
+        )
+        out = self.model.generate(
+            **enc,
+            max_new_tokens=max_tokens,
+            pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_id=sorted(self.eos_ids),
+            **sampling,
+        )
+        width = enc["input_ids"].shape[1]
+        new_tokens = out[:, width:].tolist()
+        prompt_lens = enc["attention_mask"].sum(dim=1).tolist()
+        completions = []
+        for ids, plen in zip(new_tokens, prompt_lens, strict=True):
+            count, reason = count_completion(ids, self.eos_ids, max_tokens)
+            ended_on_eos = count > 0 and ids[count - 1] in self.eos_ids
+            kept = ids[: count - 1] if ended_on_eos else ids[:count]
+            text = self.tokenizer.decode(kept, skip_special_tokens=True)
+            completions.append(Completion(text, int(plen), count, reason))
+        return completions
+
+    def model_config(self) -> dict[str, Any]:
+        """The model's ``config.json`` as a dict (for FLOP accounting)."""
+        return self.model.config.to_dict()
+
+    async def aclose(self) -> None:
+        """Drop the model so its memory can be reclaimed."""
+        with self._lock:
+            self.model = None  # type: ignore[assignment]

