@@ -7,18 +7,21 @@ an *internal budget* ``b`` (the budget handed to ``Policy.decide``, which maps i
 projected dual ascent after every request with realised cost ``c``::
 
     e_t     = (B − c_t) / B                              # relative shortfall of this request
-    I_{t+1} = clip(I_t + η · B · e_t, lo, hi)             # dual ascent, projected on the policy's range
-    b_{t+1} = b_t + clip(I_{t+1} − b_t, −s·B, s·B)        # bounded step: b follows I at most s·B a request
+    I_{t+1} = clip(I_t + η · S · e_t, lo, hi)             # dual ascent, projected on the policy's range
+    b_{t+1} = b_t + clip(I_{t+1} − b_t, −s·S, s·S)        # bounded step: b follows I at most s·S a request
 
-``lo``, ``hi`` are the policy's trained budget range. Raising ``b`` lowers λ, so this is dual ascent on λ
+``lo``, ``hi`` are the policy's trained budget range and ``S = b_0`` the starting internal budget, which
+carries the internal unit: ``S = B`` when the client's budget is in the policy's unit (samples), and a
+conversion estimate when it is not (a FLOP budget; the error ``e`` is measured in the client's unit, so
+a wrong conversion is corrected like any drift). Raising ``b`` lowers λ, so this is dual ascent on λ
 written in budget units (cost is monotone in λ, so the sign is always right). The step bound keeps one
 outlier (a FLOP-heavy request) from swinging λ, without biasing the mean: the part of a large correction
 not yet applied stays in ``I`` and is applied over the next requests. Summing the update of ``I`` gives
 the identity that bounds the long-run error while ``I`` stays inside ``[lo, hi]``::
 
-    (1/T) Σ_t e_t = (I_T − I_0) / (η · B · T)
+    (1/T) Σ_t e_t = (I_T − I_0) / (η · S · T)
 
-so the mean relative error over ``T`` requests is at most ``(hi − lo) / (η·B·T)`` whatever the traffic
+so the mean relative error over ``T`` requests is at most ``(hi − lo) / (η·S·T)`` whatever the traffic
 does. Worked example: ``B = 4``, ``η = 0.05``, and a shift that needs ``b`` to move from 4 to 6 →
 accumulated error 2 / (0.05·4) = 10 request-budgets, i.e. 0.5 % of the budget over 2,000 requests.
 Discrete actions are fine: ``b`` hovering between two decision thresholds mixes the two actions in the
@@ -52,11 +55,13 @@ class ControllerState:
 class BudgetController:
     """Dual-ascent controller for one budget key (see the module docstring for the maths).
 
-    ``target`` is the client's budget ``B``; ``lo``/``hi`` the range of budgets the policy accepts;
-    ``gain`` is η; ``max_step`` is s, the largest move of the internal budget per request, in units of B.
+    ``target`` is the client's budget ``B``; ``initial`` the starting internal budget ``S`` (default
+    ``B``); ``lo``/``hi`` the range of budgets the policy accepts; ``gain`` is η; ``max_step`` is s, the
+    largest move of the internal budget per request, in units of ``S``.
     """
 
-    def __init__(self, target: float, *, lo: float, hi: float, gain: float = 0.05, max_step: float = 0.5):
+    def __init__(self, target: float, *, lo: float, hi: float, gain: float = 0.05, max_step: float = 0.5,
+                 initial: float | None = None):
         if not (math.isfinite(target) and target > 0):
             raise ValueError(f"target budget must be a positive finite number; got {target}")
         if not (lo <= hi):
@@ -66,8 +71,12 @@ class BudgetController:
         self.target = float(target)
         self.lo, self.hi = float(lo), float(hi)
         self.gain, self.max_step = float(gain), float(max_step)
-        self.internal = min(max(self.target, self.lo), self.hi)
+        start = self.target if initial is None else float(initial)
+        if not (math.isfinite(start) and start > 0):
+            raise ValueError(f"initial internal budget must be a positive finite number; got {initial}")
+        self.internal = min(max(start, self.lo), self.hi)
         self.integral = self.internal
+        self.scale = self.internal
         self.requests = 0
         self.spent = 0.0
 
@@ -78,8 +87,8 @@ class BudgetController:
         self.requests += 1
         self.spent += cost
         err = (self.target - cost) / self.target
-        self.integral = min(max(self.integral + self.gain * self.target * err, self.lo), self.hi)
-        s = self.max_step * self.target
+        self.integral = min(max(self.integral + self.gain * self.scale * err, self.lo), self.hi)
+        s = self.max_step * self.scale
         self.internal += min(max(self.integral - self.internal, -s), s)
         return self.internal
 
@@ -100,24 +109,18 @@ class ControllerBank:
     distinct budgets. ``on_evict`` is called with each evicted key (the gateway drops its metric labels).
     """
 
-    def __init__(
-        self,
-        factory: Callable[[float], BudgetController],
-        *,
-        max_keys: int = 10_000,
-        on_evict: Callable[[Hashable], None] | None = None,
-    ):
+    def __init__(self, *, max_keys: int = 10_000, on_evict: Callable[[Hashable], None] | None = None):
         if max_keys < 1:
             raise ValueError(f"max_keys must be >= 1; got {max_keys}")
-        self._factory = factory
         self._max = max_keys
         self._on_evict = on_evict
         self._items: OrderedDict[Hashable, BudgetController] = OrderedDict()
 
-    def get(self, key: Hashable, target: float) -> BudgetController:
+    def get(self, key: Hashable, make: Callable[[], BudgetController]) -> BudgetController:
+        """The key's controller; ``make()`` builds it the first time the key is seen."""
         ctl = self._items.get(key)
         if ctl is None:
-            ctl = self._items[key] = self._factory(target)
+            ctl = self._items[key] = make()
             while len(self._items) > self._max:
                 old, _ = self._items.popitem(last=False)
                 if self._on_evict is not None:

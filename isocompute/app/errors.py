@@ -1,0 +1,188 @@
+"""HTTP errors of the gateway: the gateway-only error classes and the one mapping to OpenAI's error shape.
+
+Every error response is ``{"error": {"message", "type", "param", "code"}}`` like OpenAI's. Domain errors
+(:mod:`isocompute.errors`) map to statuses in one table, :data:`STATUS`, most specific class first:
+
+=========================  ======  =========================  ========================================
+error                      status  type                       when
+=========================  ======  =========================  ========================================
+``BudgetError``            400     ``invalid_request_error``  budget outside what the policy/server allows
+``InputError``             400     ``invalid_request_error``  a field is out of range or unsupported
+``RequestValidationError`` 422     ``invalid_request_error``  the body does not match the schema
+(malformed JSON)           400     ``invalid_request_error``  the body is not JSON at all
+``AuthError``              401     ``authentication_error``   missing or unknown API key
+``PermissionDenied``       403     ``permission_error``       a key asks for more than it may
+``ModelNotFound``          404     ``invalid_request_error``  ``model`` is not the served model
+``RateLimited``            429     ``rate_limit_error``       the key's request rate is exceeded
+``UpstreamBadResponse``    502     ``upstream_error``         upstream answered with nothing usable
+``EngineUnavailable``      503     ``service_unavailable``    upstream down / policy not loaded
+``UpstreamTimeout``        504     ``upstream_timeout``       upstream did not answer in time
+``ArtifactError``          503     ``service_unavailable``    the policy artifact cannot be loaded
+=========================  ======  =========================  ========================================
+
+502, 503, 504 and 429 carry ``Retry-After``. Anything else is a bug: 500 with a generic message (the
+traceback goes to the log, not to the client).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pydantic import BaseModel
+
+from isocompute.errors import (
+    ArtifactError,
+    BudgetError,
+    EngineUnavailable,
+    InputError,
+    IsoComputeError,
+)
+
+log = logging.getLogger("isocompute.app")
+
+
+class AuthError(IsoComputeError):
+    """No API key, or one the server does not know."""
+
+
+class PermissionDenied(IsoComputeError):
+    """A known key asks for something it may not (a budget above its maximum, an admin action)."""
+
+
+class ModelNotFound(InputError):
+    """The request names a model this gateway does not serve."""
+
+
+class RateLimited(IsoComputeError):
+    """The key's token bucket is empty; ``retry_after`` is when the next token arrives (seconds)."""
+
+    def __init__(self, message: str, retry_after: float):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class UpstreamTimeout(EngineUnavailable):
+    """The upstream call ran past ``upstream_timeout_s``."""
+
+
+class UpstreamBadResponse(EngineUnavailable):
+    """The upstream answered, but with nothing usable (no completions, wrong count)."""
+
+
+# (class, status, type, code) — most specific first; the first isinstance match wins.
+STATUS: tuple[tuple[type[BaseException], int, str, str], ...] = (
+    (BudgetError, 400, "invalid_request_error", "invalid_budget"),
+    (ModelNotFound, 404, "invalid_request_error", "model_not_found"),
+    (InputError, 400, "invalid_request_error", "invalid_value"),
+    (AuthError, 401, "authentication_error", "invalid_api_key"),
+    (PermissionDenied, 403, "permission_error", "permission_denied"),
+    (RateLimited, 429, "rate_limit_error", "rate_limit_exceeded"),
+    (UpstreamTimeout, 504, "upstream_timeout", "upstream_timeout"),
+    (UpstreamBadResponse, 502, "upstream_error", "upstream_bad_response"),
+    (EngineUnavailable, 503, "service_unavailable", "engine_unavailable"),
+    (ArtifactError, 503, "service_unavailable", "policy_unavailable"),
+)
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error body."""
+
+    error: ErrorDetail
+
+
+def error_body(message: str, type_: str, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def classify(exc: BaseException) -> tuple[int, str, str]:
+    """``(status, type, code)`` for a domain error; ``(500, "internal_error", "internal_error")`` otherwise."""
+    for cls, status, type_, code in STATUS:
+        if isinstance(exc, cls):
+            return status, type_, code
+    return 500, "internal_error", "internal_error"
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The ``responses=`` argument that declares error statuses of a route in the OpenAPI document."""
+    descriptions = {
+        400: "Invalid request (budget, field values, malformed JSON)",
+        401: "Missing or unknown API key",
+        403: "Not allowed for this API key",
+        404: "Unknown model",
+        422: "Request body does not match the schema",
+        429: "Rate limit exceeded (see Retry-After)",
+        502: "Upstream returned an unusable response (see Retry-After)",
+        503: "Upstream or policy unavailable (see Retry-After)",
+        504: "Upstream timed out (see Retry-After)",
+    }
+    return {s: {"model": ErrorResponse, "description": descriptions[s]} for s in statuses}
+
+
+def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
+    """One readable sentence per schema error, e.g. ``budget: Input should be greater than 0 (got -1)``."""
+    parts, param = [], None
+    for e in errors[:5]:
+        loc = [str(x) for x in e.get("loc", ()) if x not in ("body",)]
+        where = ".".join(loc) or "body"
+        param = param or (loc[0] if loc else None)
+        got = e.get("input")
+        shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r:.60})"
+        parts.append(f"{where}: {e.get('msg', 'invalid')}{shown}")
+    more = f"; and {len(errors) - 5} more" if len(errors) > 5 else ""
+    return "; ".join(parts) + more + ". Fix these fields and retry.", param
+
+
+def install_error_handlers(app: Any, retry_after_s: int) -> None:
+    """Register the handlers that turn every error into OpenAI's error shape (see the module table)."""
+    from fastapi import Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    def respond(status: int, body: dict[str, Any], retry_after: float | None = None) -> JSONResponse:
+        headers = {"Retry-After": str(max(1, int(-(-retry_after // 1))))} if retry_after is not None else None
+        return JSONResponse(body, status_code=status, headers=headers)
+
+    @app.exception_handler(IsoComputeError)
+    async def _domain(request: Request, exc: IsoComputeError) -> JSONResponse:
+        status, type_, code = classify(exc)
+        retry = exc.retry_after if isinstance(exc, RateLimited) else (retry_after_s if status >= 502 else None)
+        if status >= 500:
+            log.warning("%s %s → %d: %s", request.method, request.url.path, status, exc)
+        return respond(status, error_body(str(exc), type_, param=getattr(exc, "param", None), code=code), retry)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = list(exc.errors())
+        bad_json = [e for e in errors if e.get("type") == "json_invalid"]
+        if bad_json:
+            ctx = bad_json[0].get("ctx") or {}
+            msg = (f"request body is not valid JSON ({ctx.get('error', 'parse error')}); "
+                   "send a JSON object with Content-Type: application/json")
+            return respond(400, error_body(msg, "invalid_request_error", code="invalid_json"))
+        msg, param = _validation_message(errors)
+        return respond(422, error_body(msg, "invalid_request_error", param=param, code="invalid_request"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        type_ = "invalid_request_error" if exc.status_code < 500 else "internal_error"
+        msg = str(exc.detail)
+        if exc.status_code == 404:
+            msg = f"no route {request.method} {request.url.path}; see /docs for the API"
+        elif exc.status_code == 405:
+            msg = f"method {request.method} is not allowed on {request.url.path}; see /docs for the API"
+        return respond(exc.status_code, error_body(msg, type_, code=str(exc.status_code)))
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return respond(500, error_body("internal error; the server log has the details", "internal_error",
+                                       code="internal_error"))

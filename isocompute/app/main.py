@@ -1,0 +1,148 @@
+"""``create_app(settings)``: the FastAPI application, with nothing loaded until its lifespan starts.
+
+The lifespan (not the import, not ``create_app``) reads the API keys, loads the policy
+(``Policy.load(policy_dir)``), builds the engine (``engines.registry.make_engine``), finds the model's
+tokenizer (for chat templates and prompt-length checks) and its config (for FLOP accounting), and
+starts a background readiness probe that makes one real request upstream. Shutdown closes what the
+lifespan built. Tests can pass an already-built ``policy``/``engine`` (they are then not closed) or
+override the route dependencies.
+
+Run it with ``isocompute serve`` or ``uvicorn --factory isocompute.app.main:create_app`` (settings then
+come from the environment and ``ISOCOMPUTE_CONFIG``; see ``app.settings``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+
+from isocompute import __version__
+from isocompute.app.auth import KeyStore, load_key_file
+from isocompute.app.errors import install_error_handlers
+from isocompute.app.gateway import Gateway, Verifier
+from isocompute.app.metrics import Metrics, MetricsMiddleware
+from isocompute.app.routes import router
+from isocompute.app.settings import Settings, get_settings
+from isocompute.engines.base import Engine
+
+log = logging.getLogger("isocompute.app")
+
+
+def load_policy(path: Path) -> Any:
+    """The fitted policy in ``path`` (raises ``ArtifactError`` with the fix when it is not one)."""
+    from isocompute.policy.policy import Policy
+
+    return Policy.load(path)
+
+
+def build_engine(s: Settings) -> Engine:
+    from isocompute.engines.registry import make_engine
+
+    options: dict[str, Any] = {}
+    if s.engine == "vllm-http":
+        options["timeout"] = s.upstream_timeout_s
+    return make_engine(s.engine, model=s.model_dir, upstreams=s.upstreams, **options)
+
+
+def model_facts(engine: Engine, s: Settings) -> tuple[Any, Any, int | None]:
+    """``(tokenizer, ModelFlops, context length)`` of the served model, each ``None`` when unknown.
+
+    The in-process engine knows its tokenizer and config; for HTTP upstreams they come from
+    ``model_dir`` (the checkpoint the upstream serves) when given.
+    """
+    from isocompute.flops import load_model_flops
+
+    tokenizer = getattr(engine, "tokenizer", None)
+    config: dict[str, Any] | None = None
+    if hasattr(engine, "model_config"):
+        config = engine.model_config()
+    elif s.model_dir is not None and (s.model_dir / "config.json").is_file():
+        config = json.loads((s.model_dir / "config.json").read_text(encoding="utf-8"))
+    if tokenizer is None and s.model_dir is not None:
+        try:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(s.model_dir)
+        except (OSError, ValueError) as e:
+            log.warning("no tokenizer in %s (%s): chat requests will be refused", s.model_dir, e)
+    flops = load_model_flops(config) if config is not None else None
+    context = config.get("max_position_embeddings") if config is not None else None
+    return tokenizer, flops, None if context is None else int(context)
+
+
+def build_keystore(s: Settings) -> KeyStore:
+    records = list(s.api_keys)
+    if s.api_keys_file is not None:
+        records += load_key_file(s.api_keys_file)
+    return KeyStore(records, admin_sha256=s.admin_key_sha256)
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    from isocompute.tasks.extract import extract_answer
+
+    s: Settings = app.state.settings
+    injected = app.state.injected
+    app.state.keystore = build_keystore(s)
+    policy = injected["policy"]
+    if policy is None and s.policy_dir is not None:
+        policy = await asyncio.to_thread(load_policy, s.policy_dir)
+    if policy is None:
+        log.warning("no policy loaded (--policy DIR): generation routes answer 503 until POST /admin/reload")
+    engine = injected["engine"]
+    owned = engine is None
+    if engine is None:
+        engine = await asyncio.to_thread(build_engine, s)
+    tokenizer, model_flops, context = await asyncio.to_thread(model_facts, engine, s)
+    gw = Gateway(policy=policy, engine=engine, settings=s, metrics=app.state.metrics, extract=extract_answer,
+                 tokenizer=tokenizer, model_flops=model_flops, context_limit=context,
+                 verifier=injected["verifier"])
+    app.state.gateway = gw
+    probe = asyncio.create_task(gw.probe())
+    log.info("isocompute gateway ready to accept requests (engine %s, policy %s)", engine.name,
+             "loaded" if policy is not None else "missing")
+    try:
+        yield
+    finally:
+        probe.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await probe
+        app.state.gateway = None
+        if owned:
+            await engine.aclose()
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    policy: Any = None,
+    engine: Engine | None = None,
+    verifier: Verifier | None = None,
+) -> FastAPI:
+    """The gateway app. ``settings`` default to :func:`get_settings`; ``policy``/``engine``/``verifier``
+    replace what the lifespan would load (for tests and embedding)."""
+    s = settings or get_settings()
+    app = FastAPI(
+        title="isocompute gateway",
+        version=__version__,
+        description="OpenAI-compatible gateway that spends inference compute per request under a budget.",
+        lifespan=lifespan,
+    )
+    app.state.settings = s
+    app.state.injected = {"policy": policy, "engine": engine, "verifier": verifier}
+    app.state.metrics = Metrics()
+    app.state.started_at = time.time()
+    app.state.gateway = None
+    install_error_handlers(app, s.retry_after_s)
+    app.include_router(router)
+    paths = frozenset(getattr(r, "path", "") for r in (*app.routes, *router.routes))
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics, routes=paths)
+    return app

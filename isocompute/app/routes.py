@@ -1,0 +1,268 @@
+"""The HTTP endpoints: each one validates, calls the :class:`~isocompute.app.gateway.Gateway`, responds.
+
+=====================  ======================================================================
+endpoint               what it does
+=====================  ======================================================================
+POST /v1/chat/completions  chat request → one aggregated assistant message + ``isocompute``
+POST /v1/completions   text prompt(s) → one aggregated choice per prompt + ``isocompute``
+POST /v1/route         the decision alone (k per prompt, λ, internal budget): a dry run
+GET  /v1/models        the served model id (so OpenAI clients can list it)
+GET  /health           the process is alive
+GET  /ready            policy loaded and an upstream answered a real request (else 503)
+GET  /metrics          Prometheus text format
+POST /admin/reload     reload the policy (admin key); resets the budget controllers
+=====================  ======================================================================
+
+Dependencies come in as ``Annotated[..., Depends(...)]`` (:data:`GatewayDep`, :data:`CallerDep`) so tests
+can override them with ``app.dependency_overrides``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, Header, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
+
+from isocompute.app.auth import KeyStore, Principal
+from isocompute.app.errors import error_responses
+from isocompute.app.gateway import Answer, Gateway
+from isocompute.app.schemas import (
+    ChatChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatMessageOut,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    HealthResponse,
+    ModelCard,
+    ModelList,
+    ReadyResponse,
+    ReloadResponse,
+    RouteDecision,
+    RouteRequest,
+    RouteResponse,
+    Usage,
+)
+from isocompute.errors import ArtifactError, EngineUnavailable, InputError
+
+log = logging.getLogger("isocompute.app")
+router = APIRouter()
+
+GENERATE_ERRORS = error_responses(400, 401, 403, 404, 422, 429, 502, 503, 504)
+ROUTE_ERRORS = error_responses(400, 401, 403, 404, 422, 429, 503)
+
+
+def get_gateway(request: Request) -> Gateway:
+    gw = getattr(request.app.state, "gateway", None)
+    if gw is None:
+        raise EngineUnavailable("the gateway is starting or failed to start; retry shortly or read the server log")
+    return gw
+
+
+def get_keystore(request: Request) -> KeyStore:
+    ks = getattr(request.app.state, "keystore", None)
+    if ks is None:
+        raise EngineUnavailable("the gateway is starting; retry shortly")
+    return ks
+
+
+def get_caller(
+    keys: Annotated[KeyStore, Depends(get_keystore)],
+    authorization: Annotated[str | None, Header()] = None,
+) -> Principal:
+    """The authenticated caller, after its rate limit (401/429 otherwise)."""
+    caller = keys.authenticate(authorization)
+    caller.check_rate()
+    return caller
+
+
+GatewayDep = Annotated[Gateway, Depends(get_gateway)]
+CallerDep = Annotated[Principal, Depends(get_caller)]
+KeysDep = Annotated[KeyStore, Depends(get_keystore)]
+
+
+# ---- request checks ----------------------------------------------------------------------------
+
+
+def _log_unknown(req: BaseModel) -> None:
+    if req.model_extra:
+        log.info("ignoring unknown request fields: %s", ", ".join(sorted(req.model_extra)))
+
+
+def _refuse_unsupported(req: ChatCompletionRequest | CompletionRequest) -> None:
+    """400 for OpenAI options that would change the answer's form; we cannot honour them."""
+    if req.stream:
+        raise InputError("stream=true is not supported: the answer exists only after the vote over all samples; "
+                         "send stream=false")
+    if req.n not in (None, 1):
+        raise InputError(f"n={req.n}: the gateway returns one aggregated choice per prompt; send n=1 and "
+                         "control sampling with budget / max_samples")
+    if isinstance(req, ChatCompletionRequest):
+        if req.logprobs or req.top_logprobs:
+            raise InputError("logprobs are not supported; send logprobs=false")
+        if req.tools:
+            raise InputError("tools are not supported; send no tools")
+        fmt = (req.response_format or {}).get("type", "text")
+        if fmt != "text":
+            raise InputError(f"response_format {fmt!r} is not supported; send type 'text' or omit it")
+    else:
+        if req.logprobs:
+            raise InputError("logprobs are not supported; omit logprobs")
+        if req.echo:
+            raise InputError("echo=true is not supported; send echo=false")
+        if req.suffix:
+            raise InputError("suffix is not supported; omit it")
+        if req.best_of not in (None, 1):
+            raise InputError("best_of is not supported; use strategy='best_of' with budget instead")
+
+
+def _text_prompts(prompt: Any) -> list[str]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    raise InputError("prompt must be a string or a list of strings; token-id prompts are not supported")
+
+
+def _usage(answers: list[Answer]) -> Usage:
+    p = sum(a.prompt_tokens for a in answers)
+    c = sum(a.completion_tokens for a in answers)
+    flops = None if any(a.flops is None for a in answers) else sum(a.flops or 0.0 for a in answers)
+    return Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c, flops=flops)
+
+
+# ---- endpoints ---------------------------------------------------------------------------------
+
+
+@router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=GENERATE_ERRORS)
+async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, caller: CallerDep) -> ChatCompletionResponse:
+    """Answer a chat under a compute budget: k samples, one vote, one assistant message."""
+    _log_unknown(req)
+    _refuse_unsupported(req)
+    gw.check_model(req.model)
+    max_tokens, temperature, seed = gw.sampling(req.max_completion_tokens or req.max_tokens, req.temperature,
+                                                req.seed)
+    prompts = [gw.chat_prompt(req.messages)]
+    counts = gw.check_prompts(prompts, max_tokens)
+    routing = gw.route(prompts, principal=caller, budget=req.budget, unit=req.budget_unit,
+                       max_samples=req.max_samples, max_tokens=max_tokens, prompt_tokens=counts)
+    [ans] = await gw.complete(prompts, routing, max_tokens=max_tokens, temperature=temperature, seed=seed,
+                              strategy=req.strategy)
+    return ChatCompletionResponse(
+        id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()), model=gw.settings.served_model,
+        choices=[ChatChoice(index=0, message=ChatMessageOut(content=ans.text), finish_reason=ans.finish_reason)],
+        usage=_usage([ans]), isocompute=ans.info,
+    )
+
+
+@router.post("/v1/completions", response_model=CompletionResponse, responses=GENERATE_ERRORS)
+async def completions(req: CompletionRequest, gw: GatewayDep, caller: CallerDep) -> CompletionResponse:
+    """Complete one prompt (or a list: one choice each) under a compute budget."""
+    _log_unknown(req)
+    _refuse_unsupported(req)
+    gw.check_model(req.model)
+    max_tokens, temperature, seed = gw.sampling(req.max_tokens, req.temperature, req.seed)
+    prompts = _text_prompts(req.prompt)
+    counts = gw.check_prompts(prompts, max_tokens)
+    routing = gw.route(prompts, principal=caller, budget=req.budget, unit=req.budget_unit,
+                       max_samples=req.max_samples, max_tokens=max_tokens, prompt_tokens=counts)
+    answers = await gw.complete(prompts, routing, max_tokens=max_tokens, temperature=temperature, seed=seed,
+                                strategy=req.strategy)
+    return CompletionResponse(
+        id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=gw.settings.served_model,
+        choices=[CompletionChoice(index=i, text=a.text, finish_reason=a.finish_reason, isocompute=a.info)
+                 for i, a in enumerate(answers)],
+        usage=_usage(answers), isocompute=answers[0].info,
+    )
+
+
+@router.post("/v1/route", response_model=RouteResponse, responses=ROUTE_ERRORS)
+async def route(req: RouteRequest, gw: GatewayDep, caller: CallerDep) -> RouteResponse:
+    """The decision alone: k per prompt under the budget, without sampling (a dry run)."""
+    _log_unknown(req)
+    gw.check_model(req.model)
+    if (req.prompt is None) == (req.messages is None):
+        raise InputError("send exactly one of prompt (string or list of strings) or messages")
+    prompts = [gw.chat_prompt(req.messages)] if req.messages is not None else _text_prompts(req.prompt)
+    max_tokens = gw.settings.default_max_tokens
+    counts = gw.check_prompts(prompts, max_tokens)
+    # A dry run must not move the controller, so it reads the internal budget without observing a cost.
+    r = gw.route(prompts, principal=caller, budget=req.budget, unit=req.budget_unit,
+                 max_samples=req.max_samples, max_tokens=max_tokens, prompt_tokens=counts)
+    return RouteResponse(
+        model=gw.settings.served_model, budget=r.budget, budget_unit=r.unit,  # type: ignore[arg-type]
+        internal_budget=r.internal_budget, lambda_=r.lam,
+        decisions=[RouteDecision(action=a, k=k, policy_k=pk, expected_cost=c)
+                   for a, k, pk, c in zip(r.actions, r.ks, r.policy_ks, r.costs, strict=True)],
+    )
+
+
+@router.get("/v1/models", response_model=ModelList)
+async def models(request: Request) -> ModelList:
+    """The one model this gateway serves."""
+    return ModelList(data=[ModelCard(id=request.app.state.settings.served_model,
+                                     created=int(request.app.state.started_at))])
+
+
+@router.get("/health", response_model=HealthResponse)
+async def health() -> HealthResponse:
+    """Liveness: the process answers."""
+    return HealthResponse()
+
+
+@router.get("/ready", response_model=ReadyResponse, responses={503: {"model": ReadyResponse}})
+async def ready(request: Request) -> Any:
+    """Readiness: a policy is loaded and the upstream has answered a real request."""
+    gw: Gateway | None = getattr(request.app.state, "gateway", None)
+    policy_loaded = gw is not None and gw.policy is not None
+    answered = gw is not None and gw.upstream_answered
+    body = ReadyResponse(
+        ready=policy_loaded and answered, policy_loaded=policy_loaded, upstream_answered=answered,
+        engine=None if gw is None else gw.engine.name,
+        detail=None if policy_loaded and answered else
+        ("no policy loaded" if not policy_loaded else "waiting for the upstream to answer a real request"),
+    )
+    return JSONResponse(body.model_dump(), status_code=200 if body.ready else 503)
+
+
+@router.get("/metrics", response_class=Response)
+async def metrics(request: Request) -> Response:
+    """Prometheus metrics of this app (its own registry)."""
+    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+class ReloadRequest(BaseModel):
+    policy_dir: str | None = None
+
+
+@router.post("/admin/reload", response_model=ReloadResponse, responses=error_responses(400, 401, 403, 422, 503))
+async def reload_policy(
+    request: Request,
+    gw: GatewayDep,
+    keys: KeysDep,
+    body: Annotated[ReloadRequest | None, Body()] = None,
+    authorization: Annotated[str | None, Header()] = None,
+) -> ReloadResponse:
+    """Reload the policy from ``policy_dir`` (default: the configured one). Needs the admin key."""
+    who = keys.authorize_admin(authorization)
+    from isocompute.app.main import load_policy
+
+    path = (body.policy_dir if body else None) or request.app.state.settings.policy_dir
+    if path is None:
+        raise InputError("no policy_dir configured; send {\"policy_dir\": \"DIR\"}")
+    try:
+        policy = await asyncio.to_thread(load_policy, Path(path))
+    except ArtifactError as e:  # the running policy stays; the admin sent a bad directory
+        raise InputError(f"cannot reload: {e}") from None
+    gw.replace_policy(policy)
+    log.info("policy reloaded from %s by %s", path, who)
+    return ReloadResponse(reloaded=True, policy_dir=str(path))

@@ -1,0 +1,247 @@
+"""Request and response schemas: OpenAI's fields in OpenAI's order, then a fenced block of extensions.
+
+Extensions (every request type):
+
+* ``budget`` — target mean cost per request under this key: samples (default unit) or FLOPs;
+  omitted → the server's ``default_budget``;
+* ``budget_unit`` — ``"samples"`` | ``"flops"``;
+* ``max_samples`` — hard cap on k for this request (never exceeded, also not by budget control);
+* ``strategy`` — ``"majority"`` (plurality vote over extracted answers) | ``"best_of"`` (highest verifier
+  score; only when the server has a verifier).
+
+OpenAI fields the gateway cannot honour are refused with 400 when they would change the answer's form
+(``stream``, ``n`` > 1, ``logprobs``, ``tools``, ``echo``, ``suffix``, ``best_of`` > 1, a non-text
+``response_format``) and accepted but ignored otherwise (``stop``, ``top_p``, penalties, ``logit_bias``,
+``user``, …). Unknown fields are accepted and logged. ``seed`` is reduced modulo 2**31 before it reaches
+an engine, so every back-end accepts it.
+
+Responses follow OpenAI; the first choice carries the aggregated answer (the text of one sample that
+gave the winning answer); ``usage`` adds ``flops``; ``isocompute`` (top level, and on each choice of a
+multi-prompt completion) reports the decision and the vote.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+BudgetUnit = Literal["samples", "flops"]
+Strategy = Literal["majority", "best_of"]
+
+_INT64 = 2**63
+
+
+class _Open(BaseModel):
+    # Unknown fields are kept (and logged by the route) rather than rejected: clients of newer OpenAI
+    # API versions send fields we do not know yet.
+    model_config = ConfigDict(extra="allow")
+
+
+class TextPart(_Open):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Open):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(_Open):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    model: str
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    n: int | None = Field(1, ge=1)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    response_format: dict[str, Any] | None = None
+    seed: int | None = Field(None, ge=-_INT64, lt=_INT64)
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: dict[str, Any] | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    user: str | None = None
+    # --- isocompute extensions -------------------------------------------------------------------
+    budget: float | None = Field(None, gt=0, allow_inf_nan=False)
+    budget_unit: BudgetUnit | None = None
+    max_samples: int | None = Field(None, ge=1)
+    strategy: Strategy = "majority"
+    # --- end of extensions -----------------------------------------------------------------------
+
+
+class CompletionRequest(_Open):
+    """``POST /v1/completions``; ``prompt`` may be one string or a list of strings (one choice each)."""
+
+    model: str
+    prompt: str | list[str] | list[int] | list[list[int]]
+    best_of: int | None = Field(None, ge=1)
+    echo: bool | None = False
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    logprobs: int | None = Field(None, ge=0, le=5)
+    max_tokens: int | None = Field(None, ge=1)
+    n: int | None = Field(1, ge=1)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    seed: int | None = Field(None, ge=-_INT64, lt=_INT64)
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: dict[str, Any] | None = None
+    suffix: str | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    user: str | None = None
+    # --- isocompute extensions -------------------------------------------------------------------
+    budget: float | None = Field(None, gt=0, allow_inf_nan=False)
+    budget_unit: BudgetUnit | None = None
+    max_samples: int | None = Field(None, ge=1)
+    strategy: Strategy = "majority"
+    # --- end of extensions -----------------------------------------------------------------------
+
+
+class RouteRequest(_Open):
+    """``POST /v1/route``: the decision alone. Send ``prompt`` (one or several) or ``messages``."""
+
+    model: str | None = None
+    prompt: str | list[str] | None = None
+    messages: list[ChatMessage] | None = None
+    # --- isocompute extensions -------------------------------------------------------------------
+    budget: float | None = Field(None, gt=0, allow_inf_nan=False)
+    budget_unit: BudgetUnit | None = None
+    max_samples: int | None = Field(None, ge=1)
+    # --- end of extensions -----------------------------------------------------------------------
+
+
+# ---- responses ---------------------------------------------------------------------------------
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    flops: float | None = Field(None, description="FLOPs spent: one shared prefill plus every decode step")
+
+
+class IsoComputeInfo(BaseModel):
+    """What the gateway decided and how the vote went, for one prompt."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    action: int = Field(description="index of the policy's action")
+    k: int = Field(description="samples drawn (after max_samples caps)")
+    policy_k: int = Field(description="samples the policy asked for before caps")
+    strategy: Strategy
+    answer: str | None = Field(description="winning extracted answer (null when no sample had one)")
+    votes: dict[str, int] = Field(description="answer → votes, in order of first occurrence")
+    samples_received: int
+    partial: bool = Field(description="true when fewer than k samples came back; the vote used what arrived")
+    lambda_: float | None = Field(None, alias="lambda", description="λ (price of one cost unit) of the decision")
+    budget: float
+    budget_unit: BudgetUnit
+    internal_budget: float = Field(description="budget handed to the policy after online control")
+    expected_cost: float | None = Field(None, description="the policy's expected cost of the action, in policy_unit")
+    policy_unit: BudgetUnit = Field("samples", description="unit of the policy's budgets and expected costs")
+    flops: float | None = None
+
+
+class ChatMessageOut(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatMessageOut
+    logprobs: None = None
+    finish_reason: str
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+    isocompute: IsoComputeInfo
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: None = None
+    finish_reason: str
+    isocompute: IsoComputeInfo | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+    isocompute: IsoComputeInfo
+
+
+class RouteDecision(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    action: int
+    k: int
+    policy_k: int
+    expected_cost: float | None = None
+
+
+class RouteResponse(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    object: Literal["isocompute.route"] = "isocompute.route"
+    model: str
+    budget: float
+    budget_unit: BudgetUnit
+    internal_budget: float
+    lambda_: float | None = Field(None, alias="lambda")
+    decisions: list[RouteDecision]
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "isocompute"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class ReadyResponse(BaseModel):
+    ready: bool
+    policy_loaded: bool
+    upstream_answered: bool
+    engine: str | None = None
+    detail: str | None = None
+
+
+class ReloadResponse(BaseModel):
+    reloaded: bool
+    policy_dir: str

@@ -1,0 +1,143 @@
+"""The gateway's settings: one typed config, read once from arguments, environment and a config file.
+
+Precedence, highest first: keyword arguments to :class:`Settings` (what ``isocompute serve`` passes),
+environment variables ``ISOCOMPUTE_<FIELD>`` (upper-case field name; lists and records as JSON), the TOML
+file named by ``ISOCOMPUTE_CONFIG`` (top-level keys are field names), then the defaults below.
+:func:`get_settings` builds them once per process (cached); tests build :class:`Settings` directly.
+
+This table is the one place each option is documented:
+
+=====================  ====================  ==========================================================
+field                  default               meaning
+=====================  ====================  ==========================================================
+host                   ``127.0.0.1``         address to bind (loopback unless you mean to expose it)
+port                   ``8000``              TCP port
+policy_dir             none                  fitted policy artifact directory (``isocompute fit``)
+engine                 ``transformers``      ``transformers`` | ``vllm-http`` | ``vllm``
+model_dir              none                  checkpoint directory for ``transformers`` / ``vllm``
+upstreams              ``[]``                vLLM base URLs for ``vllm-http`` (load-balanced)
+served_model           ``isocompute``        the model id clients send (``model`` field) and ``/v1/models`` lists
+default_budget         ``4.0``               budget for requests that send none
+default_budget_unit    ``samples``           unit of ``default_budget``: ``samples`` | ``flops``
+max_samples            ``64``                server-wide hard cap on k (a request's ``max_samples`` can lower it)
+max_budget             ``64.0``              largest budget in samples a request may ask for
+temperature            ``0.7``               sampling temperature when the request sends none
+default_max_tokens     ``256``               completion length when the request sends none
+max_tokens_limit       ``2048``              largest ``max_tokens`` a request may ask for
+max_prompt_chars       ``32000``             longest prompt (after the chat template) accepted
+max_batch_prompts      ``32``                most prompts in one ``/v1/completions`` request
+upstream_timeout_s     ``120.0``             a request's whole upstream call; past it → 504
+retry_after_s          ``5``                 ``Retry-After`` seconds sent with 502/503/504 and 429
+ready_probe_timeout_s  ``120.0``             how long startup keeps trying the first real upstream request
+tie_break              ``first``             majority-vote ties: ``first`` occurrence or ``seeded`` (request seed)
+budget_control         ``true``              correct each budget key's internal budget online (dual ascent)
+control_gain           ``0.05``              η of the controller (see ``app.budget_control``)
+control_max_step       ``0.5``               largest internal-budget move per request, in units of the budget
+control_max_keys       ``10000``             budget keys tracked at once (least recently used dropped)
+api_keys_file          none                  JSON file of hashed API keys (format in ``app.auth``)
+api_keys               ``[]``                the same records inline (JSON in ``ISOCOMPUTE_API_KEYS``)
+admin_key_sha256       none                  sha256 hex of the admin key (needed for ``/admin/*``)
+=====================  ====================  ==========================================================
+
+Authentication is on exactly when at least one API key is configured (file or inline).
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from isocompute.app.auth import ApiKeyRecord
+
+CONFIG_ENV = "ISOCOMPUTE_CONFIG"
+
+
+class Settings(BaseSettings):
+    """See the module docstring for every field."""
+
+    model_config = SettingsConfigDict(env_prefix="ISOCOMPUTE_", extra="forbid", validate_default=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    policy_dir: Path | None = None
+    engine: Literal["transformers", "vllm-http", "vllm"] = "transformers"
+    model_dir: Path | None = None
+    upstreams: list[str] = Field(default_factory=list)
+    served_model: str = "isocompute"
+    default_budget: float = Field(4.0, gt=0, allow_inf_nan=False)
+    default_budget_unit: Literal["samples", "flops"] = "samples"
+    max_samples: int = Field(64, ge=1)
+    max_budget: float = Field(64.0, gt=0, allow_inf_nan=False)
+    temperature: float = Field(0.7, ge=0, le=2)
+    default_max_tokens: int = Field(256, ge=1)
+    max_tokens_limit: int = Field(2048, ge=1)
+    max_prompt_chars: int = Field(32_000, ge=1)
+    max_batch_prompts: int = Field(32, ge=1)
+    upstream_timeout_s: float = Field(120.0, gt=0)
+    retry_after_s: int = Field(5, ge=0)
+    ready_probe_timeout_s: float = Field(120.0, gt=0)
+    tie_break: Literal["first", "seeded"] = "first"
+    budget_control: bool = True
+    control_gain: float = Field(0.05, gt=0, le=1)
+    control_max_step: float = Field(0.5, gt=0)
+    control_max_keys: int = Field(10_000, ge=1)
+    api_keys_file: Path | None = None
+    api_keys: list[ApiKeyRecord] = Field(default_factory=list)
+    admin_key_sha256: str | None = None
+
+    @field_validator("admin_key_sha256")
+    @classmethod
+    def _hex64(cls, v: str | None) -> str | None:
+        if v is not None and (len(v) != 64 or any(c not in "0123456789abcdef" for c in v.lower())):
+            raise ValueError(
+                "admin_key_sha256 must be the 64-character sha256 hex digest of the admin key, "
+                "e.g. `printf %s \"$KEY\" | sha256sum`; never the key itself"
+            )
+        return None if v is None else v.lower()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        if self.default_max_tokens > self.max_tokens_limit:
+            raise ValueError(
+                f"default_max_tokens ({self.default_max_tokens}) exceeds max_tokens_limit "
+                f"({self.max_tokens_limit}); lower the default or raise the limit"
+            )
+        if self.default_budget_unit == "samples" and self.default_budget > self.max_budget:
+            raise ValueError(
+                f"default_budget ({self.default_budget}) exceeds max_budget ({self.max_budget}); "
+                "lower the default or raise max_budget"
+            )
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config = os.environ.get(CONFIG_ENV)
+        if config:
+            if not Path(config).is_file():
+                raise ValueError(f"{CONFIG_ENV}={config} is not a file; point it at a TOML config or unset it")
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config))
+        return tuple(sources)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings, built once (environment and config file are read on first call)."""
+    return Settings()
