@@ -151,11 +151,15 @@ def test_drift_easy_to_hard_stays_on_budget_where_fixed_lambda_drifts():
 
 def test_bank_is_lru_bounded_and_reports_evictions():
     evicted = []
-    bank = ControllerBank(lambda t: BudgetController(t, lo=1, hi=16), max_keys=2, on_evict=evicted.append)
-    a = bank.get(("k", 4.0), 4.0)
-    bank.get(("k", 8.0), 8.0)
-    assert bank.get(("k", 4.0), 4.0) is a  # a becomes most recent
-    bank.get(("k", 2.0), 2.0)
+    bank = ControllerBank(max_keys=2, on_evict=evicted.append)
+
+    def make(t):
+        return lambda: BudgetController(t, lo=1, hi=16)
+
+    a = bank.get(("k", 4.0), make(4.0))
+    bank.get(("k", 8.0), make(8.0))
+    assert bank.get(("k", 4.0), make(4.0)) is a  # a becomes most recent
+    bank.get(("k", 2.0), make(2.0))
     assert evicted == [("k", 8.0)] and len(bank) == 2
     bank.clear()
     assert len(bank) == 0 and set(evicted) == {("k", 8.0), ("k", 4.0), ("k", 2.0)}
@@ -168,6 +172,7 @@ def test_bank_is_lru_bounded_and_reports_evictions():
         ({"target": math.nan}, "positive finite"),
         ({"target": 4.0, "lo": 5.0, "hi": 1.0}, "lo <= hi"),
         ({"target": 4.0, "gain": 0.0}, "gain and max_step must be positive"),
+        ({"target": 4.0, "initial": 0.0}, "initial internal budget"),
     ],
 )
 def test_bad_parameters(kwargs, match):
@@ -180,3 +185,19 @@ def test_bad_parameters(kwargs, match):
 def test_bad_cost():
     with pytest.raises(ValueError, match="finite non-negative"):
         BudgetController(4.0, lo=1, hi=16).observe(math.nan)
+
+
+def test_foreign_unit_budget_converges_from_a_wrong_conversion():
+    """A FLOP budget: the controller measures error in FLOPs but moves an internal budget in samples.
+
+    Each sample costs 1,000 FLOPs, so B = 4,000 FLOPs needs a mean of 4 samples; the gateway's first
+    conversion guessed 2 samples (S = 2). The policy here spends exactly round(b) samples.
+    """
+    ctl = BudgetController(4000.0, lo=1, hi=16, gain=0.05, initial=2.0)
+    spent = []
+    for _ in range(2000):
+        k = round(ctl.internal)
+        spent.append(1000.0 * k)
+        ctl.observe(1000.0 * k)
+    assert np.mean(spent) == pytest.approx(4000, rel=0.03)
+    assert np.mean(spent[500:]) == pytest.approx(4000, rel=0.01)

@@ -1,0 +1,79 @@
+"""``isocompute serve``: run the OpenAI-compatible gateway on uvicorn.
+
+    isocompute serve --policy DIR (--upstream URL … | --engine transformers --model DIR)
+                     [--host 127.0.0.1 --port 8000]
+
+Flags override the environment (``ISOCOMPUTE_*``) and the TOML config (``--config`` or
+``ISOCOMPUTE_CONFIG``); every option and its default is documented once, in
+:mod:`isocompute.app.settings`. ``--upstream`` (repeatable) implies ``--engine vllm-http``; pass
+``--model DIR`` with it too so the gateway has the chat template and the FLOP accounting of the served
+checkpoint. The server binds to loopback unless ``--host`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from isocompute.errors import InputError
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("serve", help="run the OpenAI-compatible gateway",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--policy", type=Path, help="fitted policy directory (isocompute fit)")
+    p.add_argument("--upstream", action="append", default=None, metavar="URL",
+                   help="vLLM base URL, repeatable (implies --engine vllm-http)")
+    p.add_argument("--engine", choices=("transformers", "vllm-http", "vllm"), help="generation back-end")
+    p.add_argument("--model", type=Path, help="checkpoint directory (engine model; tokenizer/config for vLLM)")
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="TCP port (default 8000)")
+    p.add_argument("--config", type=Path, help="TOML settings file (same keys as app.settings)")
+    p.add_argument("--served-model", help="model id clients send (default 'isocompute')")
+    p.add_argument("--default-budget", type=float, help="budget for requests without one (default 4)")
+    p.add_argument("--api-keys", type=Path, help="JSON file of hashed API keys (see app.auth)")
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    p.set_defaults(func=run)
+
+
+def settings_from_args(args: argparse.Namespace) -> Any:
+    """The gateway's :class:`Settings`, flags first (``None`` flags fall through to env/config/defaults)."""
+    from pydantic import ValidationError
+
+    from isocompute.app.settings import CONFIG_ENV, Settings
+
+    if args.config is not None:
+        if not args.config.is_file():
+            raise InputError(f"--config {args.config} is not a file; pass a TOML settings file")
+        os.environ[CONFIG_ENV] = str(args.config)
+    engine = args.engine or ("vllm-http" if args.upstream else None)
+    if engine == "vllm-http" and not args.upstream:
+        raise InputError("--engine vllm-http needs --upstream URL (repeatable), e.g. --upstream http://127.0.0.1:8001")
+    overrides = {
+        "policy_dir": args.policy, "engine": engine, "model_dir": args.model, "upstreams": args.upstream,
+        "host": args.host, "port": args.port, "served_model": args.served_model,
+        "default_budget": args.default_budget, "api_keys_file": args.api_keys,
+    }
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first.get("loc", ())) or "settings"
+        raise InputError(f"invalid setting {where}: {first['msg']}; fix the flag, ISOCOMPUTE_* variable "
+                         "or config entry") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from isocompute.app.main import create_app
+
+    s = settings_from_args(args)
+    if s.policy_dir is None:
+        raise InputError("no policy: pass --policy DIR (a directory written by `isocompute fit`)")
+    if s.engine in ("transformers", "vllm") and s.model_dir is None:
+        raise InputError(f"--engine {s.engine} needs --model DIR (a checkpoint directory)")
+    uvicorn.run(create_app(s), host=s.host, port=s.port, log_level=args.log_level)
+    return 0
