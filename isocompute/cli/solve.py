@@ -1,0 +1,284 @@
+"""``isocompute solve``: per-prompt oracle actions under a mean compute budget, from an outcome table.
+
+Reads the outcome table, builds utilities U[i, a] (:func:`isocompute.solver.estimators.utilities`, the
+chosen strategy with k = actions[a] samples) and costs C[i, a] (:func:`isocompute.solver.costs.cost_table`,
+in samples or analytic FLOPs), solves the budget exactly (:func:`isocompute.solver.allocate.allocate`)
+and writes a ``solution`` artifact (schema version 1) with :func:`isocompute.artifacts.artifact_writer`:
+
+``manifest.json``   inputs' sha256 (the outcome table, the model config) and every parameter
+``solution.jsonl``  one line per prompt, in table order::
+
+                        {"id": "gsm8k-17", "action": 1, "k": 2, "p": 1.0,
+                         "utilities": [0.41, 0.55, …], "costs": [1.0, 2.0, …]}
+
+                    ``action``/``k`` is the oracle action (the cheap side a(λ*)); a prompt that mixes
+                    also has ``action_hi``/``k_hi``, played with probability ``p_hi`` (then ``p`` =
+                    1 − ``p_hi``). ``utilities``/``costs`` are the prompt's rows of U and C.
+``summary.json``    budget, lambda, mean_cost, mean_utility (expected), lp_utility, n_prompts, n_mixed,
+                    mix_prob, status, message, the expected share of each k, the uniform-k baselines,
+                    feasible_range, actions, strategy, cost_unit, rounding
+``frontier.json``   with ``--budgets``: the optimal mean utility and λ at each requested budget, every
+``frontier.png``    breakpoint of the frontier, and the uniform-k points (plotted for comparison)
+
+Budgets are mean costs per prompt in the cost unit: mean samples per request for ``samples``, mean
+FLOPs per request for ``flops``. Ignores: anything about features or policies (``isocompute fit``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from isocompute.errors import InputError
+
+SCHEMA_VERSION = 1
+KIND = "solution"
+STRATEGIES = ("majority", "pass", "best_of")
+COST_UNITS = ("samples", "flops")
+
+
+def parse_actions(text: str) -> list[int]:
+    """"1,2,4,8" → [1, 2, 4, 8] (sorted, deduplicated); raise InputError on anything but integers ≥ 1."""
+    try:
+        ks = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise InputError(f"--actions must be a comma list of sample counts like 1,2,4,8; got {text!r}.") from None
+    if not ks or ks[0] < 1:
+        raise InputError(f"--actions must list sample counts k ≥ 1, like 1,2,4,8; got {text!r}.")
+    return ks
+
+
+def parse_budgets(text: str) -> list[float]:
+    """"1:16:0.5" (start:stop:step, stop included) or "1,2,4" → a list of budgets."""
+    try:
+        if ":" in text:
+            start, stop, step = (float(x) for x in text.split(":"))
+            if not (step > 0 and stop >= start and math.isfinite(start) and math.isfinite(stop)):
+                raise ValueError
+            n = int(math.floor((stop - start) / step + 1e-9)) + 1
+            if n > 100_000:
+                raise InputError(f"--budgets {text} asks for {n} budgets; use a larger step (at most 100,000).")
+            return [start + i * step for i in range(n)]
+        out = [float(x) for x in text.split(",") if x.strip()]
+        if not out:
+            raise ValueError
+        return out
+    except ValueError:
+        raise InputError(f"--budgets must be start:stop:step with step > 0 and stop ≥ start (e.g. 1:16:0.5) "
+                         f"or a comma list (e.g. 1,2,4); got {text!r}.") from None
+
+
+@dataclass
+class SolveConfig:
+    """One ``isocompute solve`` run; the CLI flags mirror the fields (see ``isocompute solve --help``)."""
+
+    outcomes: Path
+    out: Path
+    budget: float
+    actions: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
+    strategy: str = "majority"
+    budgets: list[float] | None = None
+    cost_unit: str = "samples"
+    model_config: Path | None = None
+    prefix_sharing: bool = True
+    rounding: str = "mix"
+
+    def __post_init__(self) -> None:
+        self.outcomes, self.out = Path(self.outcomes), Path(self.out)
+        if self.strategy not in STRATEGIES:
+            raise InputError(f"--strategy must be one of {', '.join(STRATEGIES)}; you passed {self.strategy!r}.")
+        if self.cost_unit not in COST_UNITS:
+            raise InputError(f"--cost-unit must be one of {', '.join(COST_UNITS)}; you passed {self.cost_unit!r}.")
+        if self.rounding not in ("mix", "deterministic"):
+            raise InputError(f"--rounding must be mix or deterministic; you passed {self.rounding!r}.")
+        if self.model_config is not None and self.cost_unit != "flops":
+            raise InputError("--model-config only matters with --cost-unit flops; add that or drop --model-config.")
+
+
+def solve(cfg: SolveConfig) -> dict[str, Any]:
+    """Run the whole stage and write the artifact; return the summary (what summary.json holds)."""
+    import numpy as np
+
+    from isocompute.artifacts import artifact_writer, sha256_file
+    from isocompute.flops import load_model_flops
+    from isocompute.solver.allocate import allocate, check_budget, feasible_range
+    from isocompute.solver.costs import cost_table
+    from isocompute.solver.estimators import utilities
+    from isocompute.solver.frontier import frontier
+    from isocompute.solver.outcomes import read_outcomes
+
+    table = read_outcomes(cfg.outcomes)
+    inputs = {"outcomes": table.sha256 or sha256_file(cfg.outcomes)}
+    model = None
+    if cfg.cost_unit == "flops":
+        if cfg.model_config is not None:
+            model = load_model_flops(cfg.model_config)
+            inputs["model_config"] = sha256_file(cfg.model_config if cfg.model_config.is_file()
+                                                 else cfg.model_config / "config.json")
+        elif isinstance(table.meta.get("model_config"), dict):  # written by `isocompute sample`
+            model = load_model_flops(table.meta["model_config"])
+        else:
+            raise InputError("--cost-unit flops needs the policy model's config: pass --model-config "
+                             "PATH (a config.json or model directory); this table's meta has none.")
+    C = cost_table(table.prompt_tokens, table.mean_completion_tokens, cfg.actions, unit=cfg.cost_unit,
+                   model=model, prefix_sharing=cfg.prefix_sharing)
+    # Check budgets before the (slower) utilities, so a typo fails fast with the feasible range.
+    check_budget(cfg.budget, C)
+    for b in cfg.budgets or []:
+        check_budget(b, C)
+    U = utilities(table, cfg.actions, cfg.strategy)
+
+    res = allocate(U, C, cfg.budget, rounding=cfg.rounding)
+    ks = np.asarray(cfg.actions)
+    uniform = [{"k": int(k), "mean_cost": float(C[:, a].mean()), "mean_utility": float(U[:, a].mean())}
+               for a, k in enumerate(ks)]
+    probs = res.action_probs()
+    summary: dict[str, Any] = {
+        "budget": res.budget, "lambda": res.lam, "mean_cost": res.mean_cost, "mean_utility": res.mean_utility,
+        "lp_utility": res.lp_utility, "n_prompts": res.n_prompts, "n_mixed": int(res.mixed.size),
+        "mix_prob": res.mix_prob, "status": res.status, "message": res.message,
+        "k_share": {str(int(k)): float(s) for k, s in zip(ks, probs.mean(axis=0), strict=True)},
+        "uniform": uniform, "feasible_range": list(feasible_range(C)),
+        "actions": [int(k) for k in ks], "strategy": cfg.strategy, "cost_unit": cfg.cost_unit,
+        "rounding": cfg.rounding,
+    }
+    front = None
+    if cfg.budgets:
+        f = frontier(U, C)
+        front = {
+            "budgets": list(cfg.budgets), "utility": np.atleast_1d(f.utility_at(cfg.budgets)).tolist(),
+            "lambda": np.atleast_1d(f.lam_at(cfg.budgets)).tolist(),
+            "breakpoints": {"cost": f.cost.tolist(), "utility": f.utility.tolist(), "lambda": f.lam.tolist()},
+            "max_cost": f.max_cost, "uniform": uniform, "strategy": cfg.strategy, "cost_unit": cfg.cost_unit,
+        }
+
+    params = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items() if k not in ("out",)}
+    with artifact_writer(cfg.out, kind=KIND, schema_version=SCHEMA_VERSION, inputs=inputs, params=params) as d:
+        _write_solution(d / "solution.jsonl", table.ids, res, ks, U, C)
+        (d / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if front is not None:
+            (d / "frontier.json").write_text(json.dumps(front) + "\n")
+            _plot(d / "frontier.png", front, cfg)
+    summary["out"] = str(cfg.out)
+    if front is not None:
+        summary["frontier"] = {"budgets": front["budgets"], "utility": front["utility"]}
+    return summary
+
+
+def _write_solution(path: Path, ids: list[str], res: Any, ks: Any, U: Any, C: Any) -> None:
+    mixed = set(res.mixed.tolist())
+    p = res.mix_prob
+    with open(path, "w", encoding="utf-8") as f:
+        for i, (rid, a, a_hi) in enumerate(zip(ids, res.actions.tolist(), res.actions_hi.tolist(), strict=True)):
+            row: dict[str, Any] = {"id": rid, "action": a, "k": int(ks[a]), "p": 1.0 - p if i in mixed else 1.0}
+            if i in mixed:
+                row.update(action_hi=a_hi, k_hi=int(ks[a_hi]), p_hi=p)
+            row.update(utilities=U[i].tolist(), costs=C[i].tolist())
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def _plot(path: Path, front: dict[str, Any], cfg: SolveConfig) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    bp = front["breakpoints"]
+    ax.plot(bp["cost"] + [front["max_cost"]], bp["utility"] + [bp["utility"][-1]], color="C0", lw=1.5,
+            label="oracle (Lagrangian, exact)")
+    ax.plot(front["budgets"], front["utility"], "o", color="C0", ms=3.5, label="requested budgets")
+    uni = front["uniform"]
+    ax.plot([u["mean_cost"] for u in uni], [u["mean_utility"] for u in uni], "s--", color="C1", ms=5,
+            lw=1, label="uniform k")
+    for u in uni:
+        ax.annotate(f"k={u['k']}", (u["mean_cost"], u["mean_utility"]), textcoords="offset points",
+                    xytext=(4, -10), fontsize=8, color="C1")
+    unit = "samples per prompt" if cfg.cost_unit == "samples" else "FLOPs per prompt"
+    ax.set_xlabel(f"mean cost ({unit})")
+    ax.set_ylabel(f"mean accuracy ({cfg.strategy})")
+    ax.set_title(f"accuracy vs budget — {cfg.outcomes.name}")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _print_table(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    t = Table(title=f"oracle solution → {summary['out']}", show_header=False)
+    t.add_column(style="bold")
+    t.add_column(justify="right")
+    t.add_row("prompts", str(summary["n_prompts"]))
+    t.add_row(f"budget ({summary['cost_unit']})", f"{summary['budget']:.6g}")
+    t.add_row("λ*", f"{summary['lambda']:.6g}")
+    t.add_row("mean cost (expected)", f"{summary['mean_cost']:.6g}")
+    t.add_row(f"mean utility ({summary['strategy']})", f"{summary['mean_utility']:.4f}")
+    t.add_row("LP bound", f"{summary['lp_utility']:.4f}")
+    t.add_row("mixed prompts", f"{summary['n_mixed']} (p = {summary['mix_prob']:.3g})")
+    t.add_row("share of k", "  ".join(f"{k}:{s:.2f}" for k, s in summary["k_share"].items()))
+    console.print(t)
+    u = Table(title="uniform k (same k for every prompt)")
+    for col in ("k", "mean cost", "mean utility"):
+        u.add_column(col, justify="right")
+    for row in summary["uniform"]:
+        u.add_row(str(row["k"]), f"{row['mean_cost']:.6g}", f"{row['mean_utility']:.4f}")
+    console.print(u)
+    if summary["message"]:
+        console.print(summary["message"])
+    if "frontier" in summary:
+        console.print(f"frontier at {len(summary['frontier']['budgets'])} budgets → frontier.json, frontier.png")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "solve",
+        help="per-prompt oracle actions under a mean compute budget (exact Lagrangian solver)",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("outcomes", type=Path, help="outcome table (.jsonl, see isocompute.solver.outcomes)")
+    p.add_argument("--actions", default="1,2,4,8,16",
+                   help="sample counts k to choose from, comma-separated")
+    p.add_argument("--strategy", default="majority", choices=STRATEGIES,
+                   help="how k samples become one answer (utility = its expected accuracy)")
+    p.add_argument("--budget", type=float, required=True,
+                   help="mean cost per prompt, in the cost unit (e.g. 4 = four samples on average)")
+    p.add_argument("--budgets",
+                   help="also write the frontier at these budgets: start:stop:step (stop included) or 1,2,4")
+    p.add_argument("--cost-unit", default="samples", choices=COST_UNITS,
+                   help="samples (C = k) or analytic FLOPs from token counts and --model-config")
+    p.add_argument("--model-config", type=Path,
+                   help="config.json or model directory of the policy model (cost unit flops; default: "
+                   "the model_config in the table's meta)")
+    p.add_argument("--no-prefix-sharing", dest="prefix_sharing", action="store_false",
+                   help="FLOPs: charge the prompt's prefill once per sample instead of once per request")
+    p.add_argument("--rounding", default="mix", choices=("mix", "deterministic"),
+                   help="mix: randomise boundary prompts so the expected cost equals the budget; "
+                   "deterministic: greedy rounding that never exceeds it")
+    p.add_argument("--out", type=Path, required=True, help="artifact directory to write (replaced atomically)")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object instead of a table")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    fields = SolveConfig.__dataclass_fields__
+    opts = {k: v for k, v in vars(args).items() if k in fields}
+    # Parsed here rather than as argparse types so a bad list gets our message (and exit code 2).
+    opts["actions"] = parse_actions(args.actions)
+    opts["budgets"] = parse_budgets(args.budgets) if args.budgets is not None else None
+    cfg = SolveConfig(**opts)
+    summary = solve(cfg)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        _print_table(summary)
+    return 0
