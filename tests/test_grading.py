@@ -220,3 +220,25 @@ def test_gsm8k_example_solutions_agree_with_their_labels(grader: Grader) -> None
         )
         agree = sum(c == r[model]["is_correct"] for c, r in zip(result.correct, rows, strict=True))
         assert agree == len(rows), (model, agree)
+
+
+def test_in_process_timeout_restores_an_outer_timer() -> None:
+    """grade() inside someone else's SIGALRM watchdog must not cancel it."""
+    import signal
+
+    fired: list[int] = []
+
+    def watchdog(*_: object) -> None:
+        fired.append(1)
+
+    previous = signal.signal(signal.SIGALRM, watchdog)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 60.0)
+        start = time.monotonic()
+        assert answer_correct("2", "\\boxed{2.0}", "math") is True
+        left, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert left == pytest.approx(60.0 - (time.monotonic() - start), abs=0.5)
+        assert signal.getsignal(signal.SIGALRM) is watchdog and fired == []
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

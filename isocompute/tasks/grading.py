@@ -17,12 +17,13 @@ The rule for ``(gold, text, task)``:
 Timeouts. math-verify's own timeouts use ``SIGALRM`` and cannot run outside the main thread, so they are
 switched off (``parsing_timeout=None``, ``timeout_seconds=None``) and replaced by ours, in two layers:
 
-* soft: each item runs under an interval timer in the worker's main thread; a Python-level runaway
-  (a slow ``simplify``) raises there and the item is marked timed out — the worker survives;
-* hard: sympy stuck in C (``9^{9^{9^9}}`` asks GMP for a 370-million-digit integer) never returns to
-  the interpreter, so the parent gives each chunk ``len(chunk) * timeout + grace`` seconds, then kills
-  the pool's processes, rebuilds the pool and re-runs that chunk's items one at a time, alone, to find
-  the culprit. A worker that dies (segfault, out of memory) is handled the same way.
+* soft: each item runs under an interval timer in the worker's main thread. A runaway comparison
+  (``10^{10^{8}}+1`` makes sympy build a 100-million-digit integer; CPython's big-integer loops check
+  for signals) raises there and the item is marked timed out — the worker survives;
+* hard: code that never returns to the interpreter (a C extension that ignores signals) would outlive
+  that timer, so the parent gives each chunk ``len(chunk) * timeout + grace`` seconds, then kills the
+  pool's processes, rebuilds the pool and re-runs that chunk's items one at a time, alone, to find the
+  culprit. A worker that dies (segfault, out-of-memory kill) is handled the same way.
 
 A timed-out or crashed item counts as incorrect and is listed in :class:`GradeResult`.
 
@@ -149,12 +150,18 @@ def _soft_timeout(seconds: float | None) -> Iterator[None]:
         raise _ItemTimeout
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    outer_delay, outer_interval = signal.setitimer(signal.ITIMER_REAL, seconds)
+    started = time.monotonic()
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if outer_delay:
+            # The caller had its own timer running (pytest-timeout, a trainer's watchdog): re-arm what
+            # is left of it rather than silently cancelling it.
+            left = max(outer_delay - (time.monotonic() - started), 1e-3)
+            signal.setitimer(signal.ITIMER_REAL, left, outer_interval)
 
 
 def _math_equal_status(gold: str, pred: str, timeout: float | None) -> int:
