@@ -150,7 +150,7 @@ def training_batches(cfg: SFTConfig, tokenizer: Any, *, bucket: int = 16) -> lis
 def lr_at(step: int, cfg: SFTConfig) -> float:
     """Linear warm-up to ``lr`` over ``warmup`` steps, then cosine decay to ``0.1·lr`` at the last step.
 
-    With lr=1, warmup=10, steps=110: step 0 → 0.1, step 9 → 1.0, step 60 → 0.55, step 109 → 0.1.
+    With lr=1, warmup=10, steps=111: step 0 → 0.1, step 9 → 1.0, step 60 → 0.1 + 0.9·0.5 = 0.55, step 110 → 0.1.
     """
     import math
 
