@@ -1,0 +1,169 @@
+"""Budget calibration: a monotone table from the requested mean cost to a learner's internal knob.
+
+A learned policy has one scalar knob that moves its spend: the classifier's *internal budget* b' (the
+budget fed to it as an input feature) and the utility learner's *price* λ. The knob's mean cost on
+held-out validation prompts, c(knob), is what a request actually spends, and it is not the knob itself
+(an imitator under-spends where it misses expensive oracle actions). Calibration inverts c:
+
+    for each requested budget B on a grid:   knob(B) = the knob whose validation cost is nearest B,
+
+subject to knob(B) being monotone in B (non-decreasing for b', non-increasing for λ), and serving
+interpolates linearly between grid entries. Two searches:
+
+* :func:`calibrate_on_candidates` — c is only known on a finite set of candidate knobs (the classifier
+  changes its decisions only between the budgets it was trained on, so those are the candidates);
+  entries are picked greedily in B so each is the nearest-cost candidate not below the previous one.
+* :func:`calibrate_by_bisection` — c is monotone non-increasing in λ by construction (each prompt's
+  ``argmax_a U − λ·c_a`` only moves to cheaper actions as λ grows); bisection finds the smallest λ
+  whose cost is ≤ B and the entry keeps whichever side of that step lies nearer B.
+
+Worked example (candidates): knobs [1, 2, 3, 4] with validation costs [1.0, 1.4, 2.6, 3.1] and requested
+budgets [1.5, 2.5, 3.0] give knobs [2, 3, 4] and realised costs [1.4, 2.6, 3.1].
+
+Ignores: costs beyond the achievable range — a budget above the largest validation cost maps to the
+costliest knob and under-spends (reported in ``realised``; budgets the policy cannot usefully spend are
+budgets the oracle does not spend either).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+KNOBS = ("internal_budget", "lam")
+
+
+@dataclass(frozen=True, eq=False)
+class Calibration:
+    """Requested budget → knob, a monotone table interpolated linearly.
+
+    ``budgets`` strictly increasing; ``values`` the knob per budget (non-decreasing for
+    ``internal_budget``, non-increasing for ``lam``); ``realised`` the validation mean cost at each entry;
+    ``n_validation`` the number of validation prompts it was measured on.
+    """
+
+    knob: str
+    budgets: np.ndarray
+    values: np.ndarray
+    realised: np.ndarray
+    n_validation: int
+
+    def __call__(self, budget: float) -> float:
+        return float(np.interp(budget, self.budgets, self.values))
+
+    def expected_cost(self, budget: float) -> float:
+        """Validation mean cost at ``budget`` (interpolated): what a request is expected to spend."""
+        return float(np.interp(budget, self.budgets, self.realised))
+
+    def max_relative_error(self) -> float:
+        """Largest |realised − requested| / requested over the table (0 for a zero budget)."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rel = np.where(self.budgets > 0, np.abs(self.realised - self.budgets) / self.budgets, 0.0)
+        return float(rel.max())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"knob": self.knob, "budgets": self.budgets.tolist(), "values": self.values.tolist(),
+                "realised": self.realised.tolist(), "n_validation": self.n_validation}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Calibration:
+        return cls(knob=str(d["knob"]), budgets=np.asarray(d["budgets"], dtype=np.float64),
+                   values=np.asarray(d["values"], dtype=np.float64),
+                   realised=np.asarray(d["realised"], dtype=np.float64), n_validation=int(d["n_validation"]))
+
+
+def grid_position(budget: float | np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """Position x of a budget on an evenly spaced grid (geometric when grid[0] > 0): x = j at grid[j]."""
+    b = np.asarray(budget, dtype=np.float64)
+    if grid[0] > 0:
+        return (np.log(b) - math.log(grid[0])) / (math.log(grid[-1]) - math.log(grid[0])) * (grid.size - 1)
+    return (b - grid[0]) / (grid[-1] - grid[0]) * (grid.size - 1)
+
+
+def grid_budget(x: float | np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`grid_position`."""
+    t = np.asarray(x, dtype=np.float64) / (grid.size - 1)
+    if grid[0] > 0:
+        return np.exp(math.log(grid[0]) + t * (math.log(grid[-1]) - math.log(grid[0])))
+    return grid[0] + t * (grid[-1] - grid[0])
+
+
+def mixed_grid_index(x: float | np.ndarray, u: np.ndarray, n_grid: int) -> np.ndarray:
+    """Grid budget each prompt plays at position x: ``clip(rint(x + u − ½))`` with u ∈ [0, 1) per prompt.
+
+    A prompt plays grid[j+1] iff u > j + 1 − x, so at x = j + w a share w of the prompts (u uniform)
+    plays grid[j+1] and 1 − w plays grid[j]: linear interpolation between adjacent grid budgets, exact
+    for each prompt's draw and pure (u is a hash of the prompt text).
+    """
+    return np.clip(np.floor(np.asarray(x) + u), 0, n_grid - 1).astype(np.intp)
+
+
+def calibrate_mixed_grid(budgets: np.ndarray, grid: np.ndarray, grid_costs: np.ndarray, u: np.ndarray,
+                         *, n_validation: int) -> Calibration:
+    """Internal-budget table for a learner whose decisions are only known on a grid of budgets.
+
+    ``grid_costs[g, i]`` is the cost of prompt i's decision at ``grid[g]`` (held-out prompts), ``u[i]`` its
+    tie-breaking uniform. With :func:`mixed_grid_index`, the mean cost c(x) is a step function whose
+    steps are single prompts moving to the next grid budget at x = j + 1 − u_i; the events are sorted
+    once and each requested budget takes the first x where c(x) reaches it (or the nearer side of that
+    step), so the table is monotone in B even where c is not.
+    """
+    budgets = np.asarray(budgets, dtype=np.float64)
+    G, n = grid_costs.shape
+    j0 = mixed_grid_index(0.0, u, G)
+    start = float(grid_costs[j0, np.arange(n)].mean())
+    # Event (prompt i moves from grid j to j+1) at x = j + 1 − u_i, changing the total by Δ.
+    js = np.arange(G - 1)[:, None]
+    at = (js + 1 - u[None, :]).ravel()
+    delta = (grid_costs[1:] - grid_costs[:-1]).ravel() / n
+    order = np.argsort(at, kind="stable")
+    xs = np.concatenate([[0.0], at[order]])
+    cs = start + np.concatenate([[0.0], np.cumsum(delta[order])])
+    run_max = np.maximum.accumulate(cs)
+    values = np.empty_like(budgets)
+    for r, b in enumerate(budgets):
+        e = int(np.searchsorted(run_max, b, side="left"))  # first event whose cost reaches b
+        if e >= xs.size:
+            e = int(np.argmax(cs))  # out of reach: spend as much as the learner can
+        elif e > 0 and abs(cs[e - 1] - b) < abs(cs[e] - b):
+            e -= 1
+        values[r] = xs[e]
+    values = np.maximum.accumulate(values)
+    realised = cs[np.searchsorted(xs, values, side="right") - 1]
+    return Calibration("internal_budget", budgets, grid_budget(values, grid), realised, n_validation)
+
+
+def calibrate_by_bisection(budgets: np.ndarray, cost_at: Callable[[float], float], lam_max: float,
+                           *, n_validation: int, iters: int = 60) -> Calibration:
+    """Price table for a cost ``cost_at(λ)`` that is non-increasing in λ ≥ 0, with λ ≤ ``lam_max``
+    enough to reach the cheapest decisions."""
+    budgets = np.asarray(budgets, dtype=np.float64)
+    values = np.empty_like(budgets)
+    realised = np.empty_like(budgets)
+    top = cost_at(0.0)
+    for r, b in enumerate(budgets):
+        if top <= b:  # not binding: even λ = 0 spends at most B
+            values[r], realised[r] = 0.0, top
+            continue
+        lo, hi = 0.0, float(lam_max)  # invariant: cost(lo) > b ≥ cost(hi)
+        c_lo, c_hi = top, cost_at(hi)
+        for _ in range(iters):
+            mid = 0.5 * (lo + hi)
+            c = cost_at(mid)
+            if c > b:
+                lo, c_lo = mid, c
+            else:
+                hi, c_hi = mid, c
+        if c_lo - b < b - c_hi:
+            values[r], realised[r] = lo, c_lo
+        else:
+            values[r], realised[r] = hi, c_hi
+    # Entries are picked per budget; nearest-side choices are monotone in theory, enforce it against ties.
+    mono = np.minimum.accumulate(values)
+    for r in np.flatnonzero(mono != values):
+        realised[r] = cost_at(float(mono[r]))
+    return Calibration("lam", budgets, mono, realised, n_validation)

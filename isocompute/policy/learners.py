@@ -1,0 +1,226 @@
+"""The two learners behind a policy, both LightGBM on the prompt features.
+
+**OracleClassifier** (the seed's learner) imitates the solver. For a grid of budgets b_1 < … < b_G
+spanning the trained range it computes the oracle's actions (deterministic rounding, so each prompt has
+one label) and trains one multiclass model on rows ``[x_i, b_g] → a_i(b_g)``: the budget is an input
+feature, so one model serves every budget in the range. Each prompt contributes distinct grid
+budgets, all of them for small tables and at least 4 for large ones (about ``max_rows`` rows in all). Decisions are ``argmax_a p(a | x, b')`` at an
+internal budget b' chosen by calibration. Because trees split the budget feature only between grid
+values, the decisions change only between grid budgets: the grid is the calibration's candidate set.
+
+**UtilityRegressor** predicts every action's utility, Û(x, a) ≈ U[i, a], with one LightGBM model on
+stacked rows ``[x_i, k_a] → U[i, a]`` (cross-entropy objective: utilities are probabilities in [0, 1]),
+which is one model file and one ``predict`` call per batch. Decisions price the predictions like the
+oracle prices the truth: ``argmax_a Û(x, a) − λ·c_a`` with per-action costs c_a and a calibrated λ.
+
+Worked example of the utility rule: Û = (0.50, 0.62, 0.70) for k = (1, 2, 4) at λ = 0.05 scores
+(0.45, 0.52, 0.50) → k = 2; at λ = 0.1, (0.40, 0.42, 0.30) → k = 2; at λ = 0.2, (0.30, 0.22, -0.10) → k = 1.
+
+Both follow scikit-learn habits: ``__init__`` stores hyper-parameters, ``fit`` sets ``booster_`` and
+friends, ``predict`` is pure. Persistence is LightGBM's own text format (``model.txt``) plus a small
+JSON dict, no pickle. Ignores: class weights and cost-sensitive imitation (every oracle label counts the
+same, which is what the imitation-accuracy target measures).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from isocompute.policy.calibration import grid_position, mixed_grid_index
+from isocompute.solver.allocate import allocate
+
+PRICE_JITTER = 0.2  # log-width of the per-prompt price spread of the utility learner (±10%)
+
+
+
+def _lgb_params(objective: dict[str, Any], *, num_leaves: int, learning_rate: float, min_data_in_leaf: int,
+                seed: int) -> dict[str, Any]:
+    return {
+        **objective,
+        "num_leaves": num_leaves,
+        "learning_rate": learning_rate,
+        "min_data_in_leaf": min_data_in_leaf,
+        "lambda_l2": 1.0,
+        "feature_fraction": 0.9,
+        "seed": seed,
+        "deterministic": True,
+        "force_col_wise": True,
+        "verbose": -1,
+        # One thread: OpenMP workers spin-wait, and on a busy machine two threads train 10x slower than one.
+        "num_threads": 1,
+    }
+
+
+def _predict(booster: Any, X: np.ndarray) -> np.ndarray:
+    # One thread: a request batch is small, and thread start-up would dominate a single-row call.
+    return booster.predict(X, num_threads=1)
+
+
+def _booster_from_string(text: str) -> Any:
+    import lightgbm as lgb
+
+    return lgb.Booster(model_str=text)
+
+
+def budget_grid(lo: float, hi: float, n: int) -> np.ndarray:
+    """``n`` budgets from lo to hi, geometric when lo > 0 (budgets are ratios of compute), else linear."""
+    return np.geomspace(lo, hi, n) if lo > 0 else np.linspace(lo, hi, n)
+
+
+class OracleClassifier:
+    """Budget-conditioned multiclass imitation of the oracle's actions (see the module docstring)."""
+
+    def __init__(self, *, n_rounds: int = 100, num_leaves: int = 15, learning_rate: float = 0.1,
+                 min_data_in_leaf: int = 20, n_budget_grid: int = 129, max_rows: int = 24_000,
+                 seed: int = 0) -> None:
+        self.n_rounds = n_rounds
+        self.num_leaves = num_leaves
+        self.learning_rate = learning_rate
+        self.min_data_in_leaf = min_data_in_leaf
+        self.n_budget_grid = n_budget_grid
+        self.max_rows = max_rows
+        self.seed = seed
+
+    def oracle_labels(self, U: np.ndarray, C: np.ndarray, grid: np.ndarray) -> np.ndarray:
+        """(G, N) oracle action per grid budget and prompt (deterministic rounding: cost ≤ budget)."""
+        return np.stack([allocate(U, C, float(b), rounding="deterministic").actions for b in grid])
+
+    def fit(self, X: np.ndarray, U: np.ndarray, C: np.ndarray, budget_range: tuple[float, float]) -> OracleClassifier:
+        import lightgbm as lgb
+
+        n, n_actions = U.shape
+        grid = budget_grid(budget_range[0], budget_range[1], self.n_budget_grid)
+        labels = self.oracle_labels(U, C, grid)
+        # Small tables get every grid budget; large ones a random subset per prompt (≥ 4), ~max_rows in all.
+        m = int(np.clip(self.max_rows // max(n, 1), 4, grid.size))
+        rng = np.random.default_rng(self.seed)
+        pick = np.argsort(rng.random((n, grid.size)), axis=1)[:, :m]  # m distinct budgets per prompt
+        rows = np.repeat(np.arange(n), m)
+        g = pick.ravel()
+        Xb = np.column_stack([X[rows], grid[g]])
+        y = labels[g, rows]
+        params = _lgb_params({"objective": "multiclass", "num_class": n_actions},
+                             num_leaves=self.num_leaves, learning_rate=self.learning_rate,
+                             min_data_in_leaf=self.min_data_in_leaf, seed=self.seed)
+        # The budget column gets more histogram bins so every grid value is a possible split.
+        params["max_bin_by_feature"] = [255] * X.shape[1] + [max(255, grid.size + 1)]
+        self.booster_ = lgb.train(params, lgb.Dataset(Xb, y, free_raw_data=True), num_boost_round=self.n_rounds)
+        self.budget_grid_ = grid
+        self.n_actions_ = n_actions
+        self.train_rows_ = int(y.size)
+        self.train_label_counts_ = np.bincount(y, minlength=n_actions).tolist()
+        return self
+
+    def predict_proba(self, X: np.ndarray, budgets: float | np.ndarray) -> np.ndarray:
+        """(N, A) predicted probability of each oracle action at budget feature(s) ``budgets``."""
+        b = np.broadcast_to(np.asarray(budgets, dtype=np.float64), (X.shape[0],))
+        p = _predict(self.booster_, np.column_stack([X, b]))
+        return p.reshape(X.shape[0], self.n_actions_)
+
+    def predict(self, X: np.ndarray, internal_budget: float, u: np.ndarray) -> np.ndarray:
+        """(N,) action index at internal budget b': the most probable oracle action (ties to the cheaper)
+        with each prompt's budget feature mixed onto the grid by its uniform ``u`` (see calibration)."""
+        j = mixed_grid_index(grid_position(internal_budget, self.budget_grid_), u, self.budget_grid_.size)
+        return np.argmax(self.predict_proba(X, self.budget_grid_[j]), axis=1)
+
+    def grid_actions(self, X: np.ndarray) -> np.ndarray:
+        """(G, N) action index of every prompt at every grid budget (one batched predict)."""
+        n, G = X.shape[0], self.budget_grid_.size
+        if n == 0:
+            return np.zeros((G, 0), dtype=np.intp)
+        Xb = np.column_stack([np.tile(X, (G, 1)), np.repeat(self.budget_grid_, n)])
+        return np.argmax(_predict(self.booster_, Xb).reshape(G * n, self.n_actions_), axis=1).reshape(G, n)
+
+    def state(self) -> dict[str, Any]:
+        return {"params": {k: getattr(self, k) for k in ("n_rounds", "num_leaves", "learning_rate",
+                                                          "min_data_in_leaf", "n_budget_grid",
+                                                          "max_rows", "seed")},
+                "budget_grid": self.budget_grid_.tolist(), "n_actions": self.n_actions_,
+                "train_rows": self.train_rows_, "train_label_counts": self.train_label_counts_}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], model_text: str) -> OracleClassifier:
+        obj = cls(**state["params"])
+        obj.booster_ = _booster_from_string(model_text)
+        obj.budget_grid_ = np.asarray(state["budget_grid"], dtype=np.float64)
+        obj.n_actions_ = int(state["n_actions"])
+        obj.train_rows_ = int(state["train_rows"])
+        obj.train_label_counts_ = list(state["train_label_counts"])
+        return obj
+
+
+class UtilityRegressor:
+    """Per-action utility regression, priced at serve time (see the module docstring)."""
+
+    def __init__(self, *, n_rounds: int = 100, num_leaves: int = 15, learning_rate: float = 0.1,
+                 min_data_in_leaf: int = 20, seed: int = 0) -> None:
+        self.n_rounds = n_rounds
+        self.num_leaves = num_leaves
+        self.learning_rate = learning_rate
+        self.min_data_in_leaf = min_data_in_leaf
+        self.seed = seed
+
+    def fit(self, X: np.ndarray, U: np.ndarray, ks: np.ndarray) -> UtilityRegressor:
+        import lightgbm as lgb
+
+        n, n_actions = U.shape
+        ks = np.asarray(ks, dtype=np.float64)
+        Xs = np.column_stack([np.repeat(X, n_actions, axis=0), np.tile(ks, n)])
+        y = np.clip(U.reshape(-1), 0.0, 1.0)
+        params = _lgb_params({"objective": "cross_entropy"}, num_leaves=self.num_leaves,
+                             learning_rate=self.learning_rate, min_data_in_leaf=self.min_data_in_leaf,
+                             seed=self.seed)
+        self.booster_ = lgb.train(params, lgb.Dataset(Xs, y, free_raw_data=True), num_boost_round=self.n_rounds)
+        self.ks_ = ks
+        self.n_actions_ = n_actions
+        return self
+
+    def predict_utilities(self, X: np.ndarray) -> np.ndarray:
+        """(N, A) predicted utility Û(x, a) of every action."""
+        n, A = X.shape[0], self.n_actions_
+        Xs = np.column_stack([np.repeat(X, A, axis=0), np.tile(self.ks_, n)])
+        return _predict(self.booster_, Xs).reshape(n, A)
+
+    def predict(self, X: np.ndarray, lam: float, action_costs: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """(N,) ``argmax_a Û(x, a) − λ_i·c_a`` with each prompt's jittered price λ_i (see :func:`price`)."""
+        return price(self.predict_utilities(X), lam, action_costs, u)
+
+    def state(self) -> dict[str, Any]:
+        return {"params": {k: getattr(self, k) for k in ("n_rounds", "num_leaves", "learning_rate",
+                                                          "min_data_in_leaf", "seed")},
+                "ks": self.ks_.tolist(), "n_actions": self.n_actions_}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], model_text: str) -> UtilityRegressor:
+        obj = cls(**state["params"])
+        obj.booster_ = _booster_from_string(model_text)
+        obj.ks_ = np.asarray(state["ks"], dtype=np.float64)
+        obj.n_actions_ = int(state["n_actions"])
+        return obj
+
+
+def price(U_hat: np.ndarray, lam: float, action_costs: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Lagrangian rule on predicted utilities: ``argmax_a U_hat[i, a] − λ_i·c_a`` with the per-prompt
+    price ``λ_i = λ·exp(PRICE_JITTER·(u_i − ½))``.
+
+    Why the jitter: prompts with identical features have identical predictions and would all switch
+    action at the same λ, so the mean cost would be a staircase whose steps are too tall to meet a
+    budget within 2%. Spreading the price ±10% by a hash of the prompt splits such groups in proportion;
+    it only moves prompts whose two best actions are within ~0.1·λ·Δc in priced utility. The mean cost
+    stays non-increasing in λ (every λ_i is increasing in λ). np.argmax keeps the first maximum, i.e.
+    the cheaper action on ties, since actions are sorted by cost.
+    """
+    lam_i = lam * np.exp(PRICE_JITTER * (np.asarray(u) - 0.5))
+    return np.argmax(U_hat - lam_i[:, None] * np.asarray(action_costs)[None, :], axis=1)
+
+
+def prompt_uniforms(prompts: Sequence[str]) -> np.ndarray:
+    """A uniform in [0, 1) per prompt from a hash of its text (murmurhash3, seed 7): the policy's only
+    randomness, so decisions stay pure and a repeated prompt gets the same decision."""
+    from sklearn.utils import murmurhash3_32
+
+    h = [murmurhash3_32(p.encode("utf-8"), seed=7, positive=True) for p in prompts]
+    return np.asarray(h, dtype=np.float64) / 2.0**32

@@ -1,0 +1,378 @@
+"""The fitted policy: prompt features → a learner → an action (k samples) per prompt at a requested budget.
+
+``Policy(PolicyConfig(...)).fit(table)`` splits the table's prompts into a *fit* part and a
+*validation* part (``validation_fraction``, seeded), fits the features and the learner(s) on the fit
+part, and calibrates each learner on the validation part so that the mean cost of its decisions on
+prompts it never saw is the requested budget (:mod:`isocompute.policy.calibration`). With
+``learner="auto"`` both learners are fitted and the one with the higher mean validation accuracy over
+the budget range becomes the default (ties go to the classifier, the seed's learner); the reason is
+recorded in :attr:`Policy.selection_`.
+
+``Policy.decide(prompts, budget)`` is pure and fast (no pandas, one LightGBM call, one thread for
+small batches): features, knob from the calibration table, decisions. A budget outside the trained
+range raises :class:`~isocompute.errors.BudgetError` naming the range.
+
+Costs: ``cost_unit="samples"`` (default) prices action a at c_a = k_a. With ``"flops"`` the solver's
+cost table prices each training prompt from its token counts, and serving prices action a at the mean
+training cost of that action (a new prompt's completion length is unknown before it is generated).
+
+Artifact (``save``/``load``; manifest kind ``policy``, schema 1): ``policy.json`` (config, actions,
+action costs, budget range, default learner and why, heuristic data), ``features.json`` +
+``features_svd.npz``, and per learner ``<learner>/model.txt`` (LightGBM text) + ``<learner>/state.json``
+(hyper-parameters, calibration table). No pickle. ``load`` refuses another kind, schema or checksum.
+
+Ignores: per-request caps (``max_samples`` is the gateway's), probes that call a model.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from isocompute.artifacts import artifact_writer, load_manifest
+from isocompute.errors import ArtifactError, BudgetError, InputError
+from isocompute.policy.calibration import (
+    Calibration,
+    calibrate_by_bisection,
+    calibrate_mixed_grid,
+    grid_position,
+    mixed_grid_index,
+)
+from isocompute.policy.features import PromptFeatures
+from isocompute.policy.learners import OracleClassifier, UtilityRegressor, budget_grid, price, prompt_uniforms
+from isocompute.solver.allocate import feasible_range
+from isocompute.solver.estimators import STRATEGIES
+
+KIND = "policy"
+SCHEMA_VERSION = 1
+LEARNERS = ("classifier", "utility")
+COST_UNITS = ("samples", "flops")
+N_CALIBRATION = 65  # entries of the calibration table over the budget range
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Everything that defines how a policy is fitted (stored in its artifact; report refits with it).
+
+    actions: strictly increasing sample counts k ≥ 1 (at least two). strategy: how k samples become an
+    answer (``majority``, ``pass``, ``best_of``). budget_range: (lo, hi) mean cost per request the
+    policy serves, in ``cost_unit``. learner: ``classifier``, ``utility`` or ``auto`` (fit both, keep
+    the better). validation_fraction: share of prompts held out for calibration. The rest are
+    LightGBM/feature hyper-parameters and the seed.
+    """
+
+    actions: tuple[int, ...] = (1, 2, 4, 8, 16)
+    strategy: str = "majority"
+    budget_range: tuple[float, float] = (1.0, 16.0)
+    learner: str = "auto"
+    cost_unit: str = "samples"
+    calibration_folds: int = 3
+    n_components: int = 16
+    n_rounds: int = 100
+    num_leaves: int = 15
+    learning_rate: float = 0.1
+    min_data_in_leaf: int = 20
+    n_budget_grid: int = 129
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        acts = tuple(self.actions)
+        if (len(acts) < 2 or any(not isinstance(k, int | np.integer) or isinstance(k, bool) or k < 1 for k in acts)
+                or any(b <= a for a, b in zip(acts, acts[1:], strict=False))):
+            raise InputError(f"actions must be at least two strictly increasing sample counts k ≥ 1, e.g. "
+                             f"1,2,4,8,16; you passed {list(self.actions)}.")
+        object.__setattr__(self, "actions", tuple(int(k) for k in acts))
+        if self.strategy not in STRATEGIES:
+            raise InputError(f"unknown strategy {self.strategy!r}; use one of {', '.join(STRATEGIES)}.")
+        if self.learner not in (*LEARNERS, "auto"):
+            raise InputError(f"unknown learner {self.learner!r}; use classifier, utility or auto.")
+        if self.cost_unit not in COST_UNITS:
+            raise InputError(f"unknown cost unit {self.cost_unit!r}; use samples or flops.")
+        lo, hi = (float(b) for b in self.budget_range)
+        if not (np.isfinite(lo) and np.isfinite(hi) and 0 <= lo < hi):
+            raise InputError(f"budget range must be two finite numbers 0 ≤ lo < hi, e.g. 1:16; you passed "
+                             f"{self.budget_range}.")
+        object.__setattr__(self, "budget_range", (lo, hi))
+        if not 2 <= self.calibration_folds <= 20:
+            raise InputError(f"calibration_folds must be in 2..20; you passed {self.calibration_folds}.")
+        if self.n_budget_grid < 3 or self.n_rounds < 1 or self.num_leaves < 2:
+            raise InputError("n_budget_grid must be ≥ 3, n_rounds ≥ 1 and num_leaves ≥ 2.")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["actions"], d["budget_range"] = list(self.actions), list(self.budget_range)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PolicyConfig:
+        d = dict(d)
+        d["actions"], d["budget_range"] = tuple(d["actions"]), tuple(d["budget_range"])
+        return cls(**d)
+
+
+@dataclass(frozen=True, eq=False)
+class Decision:
+    """What :meth:`Policy.decide` returns for a batch of N prompts.
+
+    ``k``: (N,) samples to draw per prompt; ``action_index``: (N,) index into ``Policy.actions``;
+    ``internal_budget`` (classifier) or ``lam`` (utility learner): the calibrated knob used, the other
+    is None; ``costs``: (N,) expected cost per prompt and ``expected_cost`` their mean, in ``cost_unit``.
+    """
+
+    k: np.ndarray
+    action_index: np.ndarray
+    budget: float
+    learner: str
+    internal_budget: float | None
+    lam: float | None
+    costs: np.ndarray
+    expected_cost: float
+    cost_unit: str
+
+
+@dataclass
+class _Fitted:
+    model: OracleClassifier | UtilityRegressor
+    calibration: Calibration
+
+
+def crossfit_folds(n: int, k: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Seeded k-fold split of ``range(n)``: a list of (train, held-out) sorted index arrays."""
+    perm = np.random.default_rng(seed).permutation(n)
+    parts = np.array_split(perm, k)
+    return [(np.sort(np.concatenate(parts[:j] + parts[j + 1:])), np.sort(parts[j])) for j in range(k)]
+
+
+class Policy:
+    """A fitted allocation policy (see the module docstring). Construct with a :class:`PolicyConfig`
+    (or its fields as keywords), then :meth:`fit` or :meth:`load`."""
+
+    def __init__(self, config: PolicyConfig | None = None, **kwargs: Any) -> None:
+        self.config = config if config is not None else PolicyConfig(**kwargs)
+
+    # ------------------------------------------------------------------------------------------ fitting
+    def fit(self, table: Any, *, costs: np.ndarray | None = None, model_flops: Any = None) -> Policy:
+        """Fit on an :class:`~isocompute.solver.outcomes.OutcomeTable`; ``costs`` overrides the cost table."""
+        from isocompute.solver.costs import cost_table
+        from isocompute.solver.estimators import utilities
+
+        cfg = self.config
+        U = utilities(table, cfg.actions, cfg.strategy)
+        if costs is None:
+            costs = cost_table(table.prompt_tokens, table.mean_completion_tokens, cfg.actions,
+                               unit=cfg.cost_unit, model=model_flops)
+        return self.fit_arrays(table.prompts, U, costs)
+
+    def fit_arrays(self, prompts: Sequence[str], U: np.ndarray, C: np.ndarray) -> Policy:
+        """Fit from prompts and their utility and cost tables (N × A each)."""
+        cfg = self.config
+        U, C = np.asarray(U, dtype=np.float64), np.asarray(C, dtype=np.float64)
+        prompts = list(prompts)
+        n = len(prompts)
+        if U.shape != (n, len(cfg.actions)) or C.shape != U.shape:
+            raise InputError(f"utilities and costs must be (prompts × actions) = ({n}, {len(cfg.actions)}); got "
+                             f"{U.shape} and {C.shape}.")
+        if n < 4 * cfg.calibration_folds:
+            raise InputError(f"a policy with {cfg.calibration_folds} calibration folds needs at least "
+                             f"{4 * cfg.calibration_folds} prompts; the table has {n}. Sample more prompts.")
+        lo, hi = feasible_range(C)
+        b_lo, b_hi = cfg.budget_range
+        if b_lo < lo * (1 - 1e-9) or b_hi > hi * (1 + 1e-9):
+            raise BudgetError(f"budget range [{b_lo:g}, {b_hi:g}] is outside what the actions "
+                              f"{list(cfg.actions)} can spend on this table, [{lo:.6g}, {hi:.6g}] mean "
+                              f"{cfg.cost_unit} per prompt; pass --budgets within it.")
+        self.features_ = PromptFeatures(n_components=cfg.n_components, seed=cfg.seed).fit(prompts)
+        X = self.features_.transform(prompts)
+        u = prompt_uniforms(prompts)
+        self.action_costs_ = C.mean(axis=0)
+        self.n_train_ = n
+        self.train_lengths_ = np.sort(np.array([len(p) for p in prompts], dtype=np.int64))
+        requested = budget_grid(b_lo, b_hi, N_CALIBRATION)
+        folds = crossfit_folds(n, cfg.calibration_folds, cfg.seed)
+        rows = np.arange(n)
+
+        names = LEARNERS if cfg.learner == "auto" else (cfg.learner,)
+        self.learners_: dict[str, _Fitted] = {}
+        held_out: dict[str, Callable[[float], np.ndarray]] = {}  # budget → out-of-fold actions
+        for name in names:
+            if name == "classifier":
+                grid_act = np.empty((cfg.n_budget_grid, n), dtype=np.intp)
+                for tr, ho in folds:
+                    grid_act[:, ho] = self._classifier().fit(X[tr], U[tr], C[tr], cfg.budget_range).grid_actions(X[ho])
+                model: OracleClassifier | UtilityRegressor = self._classifier().fit(X, U, C, cfg.budget_range)
+                grid = model.budget_grid_
+                cal = calibrate_mixed_grid(requested, grid, C[rows[None, :], grid_act], u, n_validation=n)
+
+                def oof(b: float, cal: Calibration = cal, act: np.ndarray = grid_act, grid: np.ndarray = grid):
+                    return act[mixed_grid_index(grid_position(cal(b), grid), u, grid.size), rows]
+            else:
+                ks = np.asarray(cfg.actions)
+                Uh = np.empty_like(U)
+                for tr, ho in folds:
+                    Uh[ho] = self._regressor().fit(X[tr], U[tr], ks).predict_utilities(X[ho])
+                model = self._regressor().fit(X, U, ks)
+                def cost_at(lam: float, Uh: np.ndarray = Uh) -> float:
+                    return float(C[rows, price(Uh, lam, self.action_costs_, u)].mean())
+
+                cal = calibrate_by_bisection(requested, cost_at, _max_useful_price(Uh, self.action_costs_), n_validation=n)
+
+                def oof(b: float, cal: Calibration = cal, Uh: np.ndarray = Uh):
+                    return price(Uh, cal(b), self.action_costs_, u)
+            self.learners_[name] = _Fitted(model, cal)
+            held_out[name] = oof
+        self.default_learner_, self.selection_ = _select(held_out, U, C, cfg)
+        return self
+
+    def _hyper(self) -> dict[str, Any]:
+        c = self.config
+        return {"n_rounds": c.n_rounds, "num_leaves": c.num_leaves, "learning_rate": c.learning_rate,
+                "min_data_in_leaf": c.min_data_in_leaf, "seed": c.seed}
+
+    def _classifier(self) -> OracleClassifier:
+        return OracleClassifier(n_budget_grid=self.config.n_budget_grid, **self._hyper())
+
+    def _regressor(self) -> UtilityRegressor:
+        return UtilityRegressor(**self._hyper())
+
+    # ------------------------------------------------------------------------------------------ serving
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "learners_"):
+            raise InputError("the policy is not fitted; call fit(table) or Policy.load(dir).")
+
+    @property
+    def actions(self) -> tuple[int, ...]:
+        return self.config.actions
+
+    @property
+    def budget_range(self) -> tuple[float, float]:
+        return self.config.budget_range
+
+    def check_budget(self, budget: float) -> float:
+        """The budget as a float, or BudgetError naming the trained range."""
+        lo, hi = self.config.budget_range
+        try:
+            b = float(budget)
+        except (TypeError, ValueError):
+            raise BudgetError(f"budget must be a number, not {budget!r}; pick one in [{lo:g}, {hi:g}].") from None
+        if not (np.isfinite(b) and lo * (1 - 1e-12) <= b <= hi * (1 + 1e-12)):
+            raise BudgetError(f"budget {b:g} is outside the range [{lo:g}, {hi:g}] mean {self.config.cost_unit} "
+                              "per request that this policy was trained for; request a budget in that range "
+                              "or re-fit with a wider --budgets.")
+        return min(max(b, lo), hi)
+
+    def decide_features(self, X: np.ndarray, u: np.ndarray, budget: float,
+                        learner: str | None = None) -> tuple[np.ndarray, float]:
+        """(action index per prompt, knob) from precomputed features and uniforms (evaluation uses this)."""
+        f = self.learners_[learner or self.default_learner_]
+        knob = f.calibration(budget)
+        if isinstance(f.model, OracleClassifier):
+            return f.model.predict(X, knob, u), knob
+        return f.model.predict(X, knob, self.action_costs_, u), knob
+
+    def decide(self, prompts: Sequence[str], budget: float, *, learner: str | None = None) -> Decision:
+        """Actions for ``prompts`` at mean cost ``budget`` per request (pure; features included)."""
+        self._check_fitted()
+        b = self.check_budget(budget)
+        name = learner or self.default_learner_
+        if name not in self.learners_:
+            raise InputError(f"learner {name!r} is not in this policy; it has {', '.join(self.learners_)}.")
+        a, knob = self.decide_features(self.features_.transform(prompts), prompt_uniforms(prompts), b, name)
+        costs = self.action_costs_[a]
+        is_budget = self.learners_[name].calibration.knob == "internal_budget"
+        return Decision(
+            k=np.asarray(self.config.actions, dtype=np.int64)[a], action_index=a, budget=b, learner=name,
+            internal_budget=knob if is_budget else None, lam=None if is_budget else knob,
+            costs=costs, expected_cost=float(costs.mean()) if costs.size else 0.0,
+            cost_unit=self.config.cost_unit,
+        )
+
+    # -------------------------------------------------------------------------------------- persistence
+    def save(self, out_dir: str | Path, *, inputs: dict[str, str] | None = None) -> Path:
+        """Write the artifact directory atomically (see the module docstring for its files)."""
+        self._check_fitted()
+        with artifact_writer(out_dir, kind=KIND, schema_version=SCHEMA_VERSION, inputs=inputs,
+                             params=self.config.to_dict()) as d:
+            self.features_.save(d)
+            meta = {
+                "config": self.config.to_dict(),
+                "actions": list(self.config.actions),
+                "action_costs": self.action_costs_.tolist(),
+                "cost_unit": self.config.cost_unit,
+                "budget_range": list(self.config.budget_range),
+                "default_learner": self.default_learner_,
+                "selection": self.selection_,
+                "learners": sorted(self.learners_),
+                "n_train": self.n_train_,
+                "heuristic": {"train_prompt_lengths": self.train_lengths_.tolist()},
+            }
+            (d / "policy.json").write_text(json.dumps(meta, indent=2) + "\n")
+            for name, f in self.learners_.items():
+                (d / name).mkdir()
+                (d / name / "model.txt").write_text(f.model.booster_.model_to_string())
+                state = {"model": f.model.state(), "calibration": f.calibration.to_dict()}
+                (d / name / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+        return Path(out_dir)
+
+    @classmethod
+    def load(cls, artifact_dir: str | Path) -> Policy:
+        """Read a policy artifact; raises :class:`ArtifactError` on a kind/schema/checksum mismatch."""
+        d = Path(artifact_dir)
+        manifest = load_manifest(d, kind=KIND, schema_version=SCHEMA_VERSION)
+        try:
+            meta = json.loads((d / "policy.json").read_text())
+            obj = cls(PolicyConfig.from_dict(meta["config"]))
+            obj.features_ = PromptFeatures.load(d)
+            obj.action_costs_ = np.asarray(meta["action_costs"], dtype=np.float64)
+            obj.default_learner_ = meta["default_learner"]
+            obj.selection_ = meta["selection"]
+            obj.n_train_ = meta["n_train"]
+            obj.train_lengths_ = np.asarray(meta["heuristic"]["train_prompt_lengths"], dtype=np.int64)
+            obj.learners_ = {}
+            for name in meta["learners"]:
+                state = json.loads((d / name / "state.json").read_text())
+                text = (d / name / "model.txt").read_text()
+                model_cls = OracleClassifier if name == "classifier" else UtilityRegressor
+                obj.learners_[name] = _Fitted(model_cls.from_state(state["model"], text),
+                                              Calibration.from_dict(state["calibration"]))
+        except (OSError, KeyError, TypeError, ValueError, InputError) as e:
+            raise ArtifactError(f"{d}: the policy artifact is incomplete or malformed ({type(e).__name__}: {e}); "
+                                "re-create it with `isocompute fit`.") from e
+        obj.manifest_ = manifest
+        return obj
+
+
+def _max_useful_price(U_hat: np.ndarray, action_costs: np.ndarray) -> float:
+    """A price at which every prompt takes its cheapest action: above every pairwise utility slope."""
+    du = float(U_hat.max() - U_hat.min()) if U_hat.size else 0.0
+    dc = float(np.diff(action_costs).min()) if action_costs.size > 1 else 1.0
+    return (du + 1.0) / max(dc, 1e-300)
+
+
+def _select(held_out: dict[str, Callable[[float], np.ndarray]], U: np.ndarray, C: np.ndarray,
+            cfg: PolicyConfig) -> tuple[str, dict[str, Any]]:
+    """The default learner: higher mean out-of-fold accuracy at calibrated budgets (ties → classifier)."""
+    budgets = budget_grid(*cfg.budget_range, 9)
+    rows = np.arange(U.shape[0])
+    scores: dict[str, dict[str, float]] = {}
+    for name, oof in held_out.items():
+        acc, err = [], []
+        for b in budgets:
+            a = oof(float(b))
+            acc.append(float(U[rows, a].mean()))
+            err.append(abs(float(C[rows, a].mean()) - b) / b if b > 0 else 0.0)
+        scores[name] = {"heldout_accuracy": float(np.mean(acc)), "heldout_cost_error": float(np.mean(err))}
+    names = list(held_out)
+    if len(names) == 1:
+        return names[0], {"rule": f"learner {names[0]!r} was requested", "scores": scores}
+    c, u = scores["classifier"]["heldout_accuracy"], scores["utility"]["heldout_accuracy"]
+    best = "utility" if u > c + 1e-12 else "classifier"
+    why = (f"{best}: mean out-of-fold accuracy {max(c, u):.4f} vs {min(c, u):.4f} over {budgets.size} budgets in "
+           f"[{budgets[0]:g}, {budgets[-1]:g}] ({cfg.calibration_folds}-fold cross-fit on {U.shape[0]} prompts)"
+           + (" (tie: the classifier, the seed's learner, wins)" if abs(u - c) <= 1e-12 else ""))
+    return best, {"rule": "higher mean out-of-fold accuracy at calibrated budgets; ties → classifier",
+                  "why": why, "scores": scores}
