@@ -16,18 +16,22 @@ C_EX = np.array([[1.0, 2.0, 4.0], [1.0, 2.0, 4.0]])
 
 
 def lp_value(U, C, budget, *, integral=False):
-    """Optimal mean utility of the (relaxed or integer) multiple-choice knapsack, by HiGHS."""
+    """Optimal mean utility of the (relaxed or integer) multiple-choice knapsack, by HiGHS.
+
+    Posed in sums with costs scaled to O(1): mean-form coefficients U/N can fall below HiGHS's 1e-7
+    dual tolerance and stop it short of the optimum."""
     n, a = U.shape
+    scale = max(float(np.abs(C).max()), 1e-12)
     one_each = np.kron(np.eye(n), np.ones(a))
     if integral:
-        res = milp(-U.ravel() / n, integrality=np.ones(n * a), bounds=(0, 1),
+        res = milp(-U.ravel(), integrality=np.ones(n * a), bounds=(0, 1),
                    constraints=[LinearConstraint(one_each, 1, 1),
-                                LinearConstraint(C.ravel()[None] / n, -np.inf, budget)])
+                                LinearConstraint(C.ravel()[None] / scale, -np.inf, n * budget / scale)])
     else:
-        res = linprog(-U.ravel() / n, A_ub=C.ravel()[None] / n, b_ub=[budget], A_eq=one_each,
+        res = linprog(-U.ravel(), A_ub=C.ravel()[None] / scale, b_ub=[n * budget / scale], A_eq=one_each,
                       b_eq=np.ones(n), bounds=(0, 1), method="highs")
     assert res.status == 0, res.message
-    return -res.fun
+    return -res.fun / n
 
 
 def random_instance(rng, n, a, *, kind):

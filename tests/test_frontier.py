@@ -18,11 +18,14 @@ C_EX = np.array([[1.0, 2.0, 4.0], [1.0, 2.0, 4.0]])
 
 
 def lp_value(U, C, budget):
+    """LP optimum by HiGHS, posed in sums with O(1) costs (mean-form coefficients U/N can fall below
+    HiGHS's 1e-7 dual tolerance)."""
     n, a = U.shape
-    res = linprog(-U.ravel() / n, A_ub=C.ravel()[None] / n, b_ub=[budget], A_eq=np.kron(np.eye(n), np.ones(a)),
-                  b_eq=np.ones(n), bounds=(0, 1), method="highs")
+    scale = max(float(np.abs(C).max()), 1e-12)
+    res = linprog(-U.ravel(), A_ub=C.ravel()[None] / scale, b_ub=[n * budget / scale],
+                  A_eq=np.kron(np.eye(n), np.ones(a)), b_eq=np.ones(n), bounds=(0, 1), method="highs")
     assert res.status == 0, res.message
-    return -res.fun
+    return -res.fun / n
 
 
 def random_instance(seed, n, a, kind):
