@@ -319,3 +319,19 @@ def test_wait_ready_times_out_with_hint():
 
     with pytest.raises(EngineUnavailable, match=r"no vLLM upstream became ready.*a\.test.*b\.test.*--upstream"):
         run(go())
+
+
+def test_greedy_asks_once_and_repeats():
+    """vLLM rejects n > 1 at temperature 0; the engine sends n=1 and returns n equal completions."""
+    fake = FakeVLLM()
+
+    async def go():
+        eng = engine_for(fake, [A], model=MODEL)
+        try:
+            return await eng.generate(["p", "q"], n=3, max_tokens=4, temperature=0.0)
+        finally:
+            await eng.aclose()
+
+    out = run(go())
+    assert all(b["n"] == 1 for _, b in fake.calls) and len(fake.calls) == 2
+    assert [len(o) for o in out] == [3, 3] and out[0][0] == out[0][1] == out[0][2]

@@ -8,6 +8,9 @@ field (plain OpenAI-compatible servers) gets ``usage.completion_tokens`` split e
 remainder to the first ones — a last resort, logged once as a warning, since then the per-sample counts
 are only right on average. Example: usage 10 over 4 choices → ``[3, 3, 2, 2]``.
 
+Greedy decoding (``temperature == 0``) asks for one sample and repeats it ``n`` times, since vLLM
+rejects ``n > 1`` without sampling and the samples would be identical anyway.
+
 Seeds: vLLM gives sample ``j`` of a request with seed ``s`` the seed ``s + j``; this engine sends prompt
 ``i`` of a call the seed ``seed + i·n`` so no two samples of one call share a random stream.
 
@@ -169,13 +172,15 @@ class VLLMHTTPEngine:
         if not prompts:
             return []
         model = await self._model_name()
+        # vLLM refuses n > 1 with greedy decoding (all samples would be equal): ask once, copy n times.
+        n_req = 1 if temperature == 0 else n
         tasks = [
             self._complete_one(
-                model, p, n, max_tokens, temperature, None if seed is None else seed + i * n
+                model, p, n_req, max_tokens, temperature, None if seed is None else seed + i * n
             )
             for i, p in enumerate(prompts)
         ]
-        return list(await asyncio.gather(*tasks))
+        return [comps * (n // n_req) for comps in await asyncio.gather(*tasks)]
 
     async def aclose(self) -> None:
         if self._client is not None:

@@ -5,7 +5,8 @@ schedules it with continuous batching and shares each prompt's prefix across its
 come from vLLM's own outputs: ``prompt_tokens = len(output.prompt_token_ids)`` and
 ``completion_tokens = len(sample.token_ids)`` (which includes the end-of-sequence token, as vLLM's usage
 does). Seeds follow the HTTP engine: prompt ``i`` gets ``seed + i·n`` and vLLM gives its sample ``j``
-``seed + i·n + j``.
+``seed + i·n + j``. Greedy decoding (``temperature == 0``) samples once and repeats it ``n`` times (vLLM
+rejects ``n > 1`` without sampling).
 
 ``LLM.generate`` blocks, so it runs in a worker thread behind a lock (concurrent calls serialise).
 ``import vllm`` happens in ``__init__`` only; without vLLM the constructor raises
@@ -67,9 +68,11 @@ class VLLMEngine:
     def _generate_locked(
         self, prompts: list[str], n: int, max_tokens: int, temperature: float, seed: int | None
     ) -> list[list[Completion]]:
+        # vLLM refuses n > 1 with greedy decoding (all samples would be equal): ask once, copy n times.
+        n_req = 1 if temperature == 0 else n
         params = [
             self._vllm.SamplingParams(
-                n=n,
+                n=n_req,
                 max_tokens=max_tokens,
                 temperature=temperature,
                 seed=None if seed is None else seed + i * n,
@@ -82,9 +85,8 @@ class VLLMEngine:
         for out in outputs:
             plen = len(out.prompt_token_ids or [])
             samples = sorted(out.outputs, key=lambda s: s.index)
-            result.append(
-                [Completion(s.text, plen, len(s.token_ids), s.finish_reason or "stop") for s in samples]
-            )
+            comps = [Completion(s.text, plen, len(s.token_ids), s.finish_reason or "stop") for s in samples]
+            result.append(comps * (n // n_req))
         return result
 
     async def aclose(self) -> None:
