@@ -6,21 +6,21 @@ Format, schema version 1 — JSONL, one JSON object per line, one line per promp
      "samples": [{"answer": "18", "correct": true, "completion_tokens": 143, "score": 0.82}, …],
      "meta": {"task": "gsm8k", "model": "…", "temperature": 0.7}}
 
-========================  ========  ================================================================
-field                     required  meaning
-========================  ========  ================================================================
-``id``                    yes       non-empty string, unique in the file
-``prompt``                yes       the text given to the model
-``gold``                  yes       reference final answer (a JSON number is read as its string)
-``samples``               yes       non-empty list, one object per sampled completion
-``samples[].answer``      yes       extracted final answer; ``null`` when none could be extracted
-                                    (a JSON number is read as its string); equal strings are one vote
-``samples[].correct``     yes       ``true``/``false``: the grader's verdict on this sample
-``samples[].completion_tokens``  no  generated tokens (integer ≥ 0)
-``samples[].score``       no        verifier / reward-model score (finite number) for best-of-k
-``prompt_tokens``         no        prompt length in tokens (integer ≥ 0)
-``meta``                  no        free-form object (task, model, temperature, …)
-========================  ========  ================================================================
+Fields (required unless marked optional):
+
+* ``id`` — non-empty string, unique in the file.
+* ``prompt`` — the text given to the model.
+* ``gold`` — reference final answer (a JSON number is read as its string).
+* ``samples`` — non-empty list, one object per sampled completion:
+
+  * ``answer`` — the extracted final answer, ``null`` when none could be extracted (a JSON number
+    is read as its string). Equal strings are one vote in majority voting.
+  * ``correct`` — ``true``/``false``, the grader's verdict on this sample.
+  * ``completion_tokens`` (optional) — generated tokens, integer ≥ 0.
+  * ``score`` (optional) — verifier / reward-model score, a finite number (needed for best-of-k).
+
+* ``prompt_tokens`` (optional) — prompt length in tokens, integer ≥ 0.
+* ``meta`` (optional) — free-form object (task, model, temperature, …).
 
 Unknown keys are kept in :attr:`OutcomeTable.records` and otherwise ignored. Prompts may have different
 numbers of samples (a *ragged* table); the vectorised views are then padded and :attr:`OutcomeTable.mask`
@@ -53,7 +53,7 @@ SCHEMA_VERSION = 1
 NULL_CODE = -1  # answer code of a sample whose answer is null
 PAD_CODE = -2  # answer code of a padding entry in a ragged table
 
-_FIX = "Fix that line (schema: isocompute.solver.outcomes docstring) or regenerate the table."
+_FIX = "Fix it (the format is in the isocompute.solver.outcomes docstring) or regenerate the table."
 
 
 # --------------------------------------------------------------------------------------------- records
