@@ -18,6 +18,7 @@ from isocompute.cli.sample import SampleConfig, derive_seed, make_formatter, run
 from isocompute.errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +121,23 @@ def test_plain_format_and_zero_temperature(tiny_dir, tmp_path):
     for r in read_lines(out):
         assert r["prompt_tokens"] == len(r["prompt"]) + 2  # <s> PROMPT \n
         assert len({json.dumps(s) for s in r["samples"]}) == 1  # greedy: identical samples
+
+
+@pytest.mark.data
+@pytest.mark.slow
+def test_gsm8k_file_graded_in_the_process_pool(tiny_dir, tmp_path):
+    """Real GSM8K prompts: answers go through the math-verify grader pool."""
+    data = DATA / "gsm8k_test.jsonl"
+    if not data.exists():
+        pytest.skip(f"{data} not present (real data lives in <repo>/../shared/data)")
+    out = tmp_path / "gsm8k.jsonl"
+    args = ["sample", "--task", "gsm8k", "--data", str(data), "--limit", "3", "--engine", "transformers",
+            "--model", str(tiny_dir), "--n", "2", "--max-tokens", "8", "--threads", "1", "--grade-workers", "1",
+            "--no-progress", "--out", str(out)]
+    assert main(args) == 0
+    rows = read_lines(out)
+    assert len(rows) == 3 and all(r["id"].startswith("gsm8k-") and r["meta"]["task"] == "gsm8k" for r in rows)
+    assert all(isinstance(s["correct"], bool) for r in rows for s in r["samples"])
 
 
 def test_derive_seed_is_stable():
