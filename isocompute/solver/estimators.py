@@ -53,6 +53,7 @@ from isocompute.solver.outcomes import PAD_CODE, OutcomeTable
 
 STRATEGIES: tuple[str, ...] = ("pass", "majority", "best_of")
 MAX_SAMPLES = 1000  # C(n, k) must stay finite in float64 (C(1029, 514) overflows)
+_CHUNK = 2048  # count profiles per block in the maj@k generating-function pass
 
 
 def _binomials(n_max: int) -> np.ndarray:
@@ -191,7 +192,10 @@ def majority_at_k(answer_codes: np.ndarray, correct: np.ndarray, k: int | Sequen
     others = others[:, : max(1, int((others > 0).sum(axis=1).max()))]
     profile = np.column_stack([n[e_row], m, others])
     uniq, inv = np.unique(profile, axis=0, return_inverse=True)
-    share = _win_share(uniq[:, 0], uniq[:, 1], uniq[:, 2:], ks, _binomials(int(n.max())))
+    binom = _binomials(int(n.max()))
+    # chunks bound the (profiles, k, ties) work arrays to a few tens of MB even for k up to n
+    share = np.concatenate([_win_share(u[:, 0], u[:, 1], u[:, 2:], ks, binom)
+                            for u in np.array_split(uniq, -(-len(uniq) // _CHUNK))])
     contrib = share[inv.ravel()] * value[:, None]
     for a in range(ks.size):
         out[:, a] = np.bincount(e_row, weights=contrib[:, a], minlength=N)
@@ -211,7 +215,8 @@ def _win_share(n: np.ndarray, m: np.ndarray, others: np.ndarray, ks: np.ndarray,
         order = np.argsort(-n_big, kind="stable")
         sel, n_big = sel[order], n_big[order]
         oth = others[sel]
-        dz, dw = kmax - j + 1, (kmax - j) // j + 1
+        ties_max = int((oth >= j).sum(axis=1).max(initial=0))  # at most this many others can tie
+        dz, dw = kmax - j + 1, min((kmax - j) // j, ties_max) + 1
         poly = np.zeros((sel.size, dz, dw))  # poly[e, a, t] = coefficient of z^a w^t
         poly[:, 0, 0] = 1.0
         for q in range(int(n_big.max(initial=0))):
