@@ -402,7 +402,7 @@ def read_outcomes(path: str | os.PathLike[str]) -> OutcomeTable:
     def items() -> Iterable[tuple[Any, Callable[[], str]]]:
         # split on "\n" only: str.splitlines() would also split on U+2028 inside JSON strings.
         for lineno, line in enumerate(text.split("\n"), start=1):
-            if not line.strip():
+            if not line or line.isspace():  # isspace stops at the first character; strip() would copy
                 continue
             where = lambda lineno=lineno: f"{p}, line {lineno}"  # noqa: E731
             try:
