@@ -48,6 +48,7 @@ class Calibration:
 
     knob: str
     budgets: np.ndarray
+    targets: np.ndarray
     values: np.ndarray
     realised: np.ndarray
     n_validation: int
@@ -60,18 +61,21 @@ class Calibration:
         return float(np.interp(budget, self.budgets, self.realised))
 
     def max_relative_error(self) -> float:
-        """Largest |realised − requested| / requested over the table (0 for a zero budget)."""
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rel = np.where(self.budgets > 0, np.abs(self.realised - self.budgets) / self.budgets, 0.0)
-        return float(rel.max())
+        """Largest |realised − target| / target over the table (0 where the target is 0)."""
+        ok = self.targets > 0
+        if not ok.any():
+            return 0.0
+        return float((np.abs(self.realised[ok] - self.targets[ok]) / self.targets[ok]).max())
 
     def to_dict(self) -> dict[str, Any]:
-        return {"knob": self.knob, "budgets": self.budgets.tolist(), "values": self.values.tolist(),
+        return {"knob": self.knob, "budgets": self.budgets.tolist(), "targets": self.targets.tolist(),
+                "values": self.values.tolist(),
                 "realised": self.realised.tolist(), "n_validation": self.n_validation}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Calibration:
         return cls(knob=str(d["knob"]), budgets=np.asarray(d["budgets"], dtype=np.float64),
+                   targets=np.asarray(d["targets"], dtype=np.float64),
                    values=np.asarray(d["values"], dtype=np.float64),
                    realised=np.asarray(d["realised"], dtype=np.float64), n_validation=int(d["n_validation"]))
 
@@ -102,17 +106,18 @@ def mixed_grid_index(x: float | np.ndarray, u: np.ndarray, n_grid: int) -> np.nd
     return np.clip(np.floor(np.asarray(x) + u), 0, n_grid - 1).astype(np.intp)
 
 
-def calibrate_mixed_grid(budgets: np.ndarray, grid: np.ndarray, grid_costs: np.ndarray, u: np.ndarray,
-                         *, n_validation: int) -> Calibration:
+def calibrate_mixed_grid(budgets: np.ndarray, targets: np.ndarray, grid: np.ndarray, grid_costs: np.ndarray,
+                         u: np.ndarray, *, n_validation: int) -> Calibration:
     """Internal-budget table for a learner whose decisions are only known on a grid of budgets.
 
     ``grid_costs[g, i]`` is the cost of prompt i's decision at ``grid[g]`` (held-out prompts), ``u[i]`` its
     tie-breaking uniform. With :func:`mixed_grid_index`, the mean cost c(x) is a step function whose
     steps are single prompts moving to the next grid budget at x = j + 1 − u_i; the events are sorted
-    once and each requested budget takes the first x where c(x) reaches it (or the nearer side of that
-    step), so the table is monotone in B even where c is not.
+    once and each requested budget takes the first x where c(x) reaches its target (or the nearer side
+    of that step), so the table is monotone in B even where c is not.
     """
     budgets = np.asarray(budgets, dtype=np.float64)
+    targets = np.asarray(targets, dtype=np.float64)
     G, n = grid_costs.shape
     j0 = mixed_grid_index(0.0, u, G)
     start = float(grid_costs[j0, np.arange(n)].mean())
@@ -125,7 +130,7 @@ def calibrate_mixed_grid(budgets: np.ndarray, grid: np.ndarray, grid_costs: np.n
     cs = start + np.concatenate([[0.0], np.cumsum(delta[order])])
     run_max = np.maximum.accumulate(cs)
     values = np.empty_like(budgets)
-    for r, b in enumerate(budgets):
+    for r, b in enumerate(targets):
         e = int(np.searchsorted(run_max, b, side="left"))  # first event whose cost reaches b
         if e >= xs.size:
             e = int(np.argmax(cs))  # out of reach: spend as much as the learner can
@@ -134,18 +139,19 @@ def calibrate_mixed_grid(budgets: np.ndarray, grid: np.ndarray, grid_costs: np.n
         values[r] = xs[e]
     values = np.maximum.accumulate(values)
     realised = cs[np.searchsorted(xs, values, side="right") - 1]
-    return Calibration("internal_budget", budgets, grid_budget(values, grid), realised, n_validation)
+    return Calibration("internal_budget", budgets, targets, grid_budget(values, grid), realised, n_validation)
 
 
-def calibrate_by_bisection(budgets: np.ndarray, cost_at: Callable[[float], float], lam_max: float,
-                           *, n_validation: int, iters: int = 60) -> Calibration:
+def calibrate_by_bisection(budgets: np.ndarray, targets: np.ndarray, cost_at: Callable[[float], float],
+                           lam_max: float, *, n_validation: int, iters: int = 60) -> Calibration:
     """Price table for a cost ``cost_at(λ)`` that is non-increasing in λ ≥ 0, with λ ≤ ``lam_max``
     enough to reach the cheapest decisions."""
     budgets = np.asarray(budgets, dtype=np.float64)
+    targets = np.asarray(targets, dtype=np.float64)
     values = np.empty_like(budgets)
     realised = np.empty_like(budgets)
     top = cost_at(0.0)
-    for r, b in enumerate(budgets):
+    for r, b in enumerate(targets):
         if top <= b:  # not binding: even λ = 0 spends at most B
             values[r], realised[r] = 0.0, top
             continue
@@ -166,4 +172,4 @@ def calibrate_by_bisection(budgets: np.ndarray, cost_at: Callable[[float], float
     mono = np.minimum.accumulate(values)
     for r in np.flatnonzero(mono != values):
         realised[r] = cost_at(float(mono[r]))
-    return Calibration("lam", budgets, mono, realised, n_validation)
+    return Calibration("lam", budgets, targets, mono, realised, n_validation)

@@ -45,7 +45,7 @@ from isocompute.policy.calibration import (
 )
 from isocompute.policy.features import PromptFeatures
 from isocompute.policy.learners import OracleClassifier, UtilityRegressor, budget_grid, price, prompt_uniforms
-from isocompute.solver.allocate import feasible_range
+from isocompute.solver.allocate import allocate, feasible_range
 from isocompute.solver.estimators import STRATEGIES
 
 KIND = "policy"
@@ -193,6 +193,8 @@ class Policy:
         self.n_train_ = n
         self.train_lengths_ = np.sort(np.array([len(p) for p in prompts], dtype=np.int64))
         requested = budget_grid(b_lo, b_hi, N_CALIBRATION)
+        # Spend what the oracle spends: B where the budget binds, less where extra samples buy nothing.
+        targets = np.array([allocate(U, C, float(b), rounding="mix").mean_cost for b in requested])
         folds = crossfit_folds(n, cfg.calibration_folds, cfg.seed)
         rows = np.arange(n)
 
@@ -206,7 +208,7 @@ class Policy:
                     grid_act[:, ho] = self._classifier().fit(X[tr], U[tr], C[tr], cfg.budget_range).grid_actions(X[ho])
                 model: OracleClassifier | UtilityRegressor = self._classifier().fit(X, U, C, cfg.budget_range)
                 grid = model.budget_grid_
-                cal = calibrate_mixed_grid(requested, grid, C[rows[None, :], grid_act], u, n_validation=n)
+                cal = calibrate_mixed_grid(requested, targets, grid, C[rows[None, :], grid_act], u, n_validation=n)
 
                 def oof(b: float, cal: Calibration = cal, act: np.ndarray = grid_act, grid: np.ndarray = grid):
                     return act[mixed_grid_index(grid_position(cal(b), grid), u, grid.size), rows]
@@ -219,7 +221,7 @@ class Policy:
                 def cost_at(lam: float, Uh: np.ndarray = Uh) -> float:
                     return float(C[rows, price(Uh, lam, self.action_costs_, u)].mean())
 
-                cal = calibrate_by_bisection(requested, cost_at, _max_useful_price(Uh, self.action_costs_), n_validation=n)
+                cal = calibrate_by_bisection(requested, targets, cost_at, _max_useful_price(Uh, self.action_costs_), n_validation=n)
 
                 def oof(b: float, cal: Calibration = cal, Uh: np.ndarray = Uh):
                     return price(Uh, cal(b), self.action_costs_, u)

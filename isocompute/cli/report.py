@@ -1,0 +1,118 @@
+"""``isocompute report``: held-out evaluation of a policy against the oracle and baselines at matched budgets.
+
+By default k-fold cross-validation over the outcome table's prompts, for several seeds, refitting the
+policy's configuration on each fold's training part (both learners); with ``--holdout`` the fitted
+policy is scored as it is on a table it never saw. Writes a ``report`` artifact: report.json,
+report.md and PNG plots (see :mod:`isocompute.policy.report` and :mod:`isocompute.policy.evaluate`).
+Ignores: serving and latency (``bench/bench_policy.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from isocompute.errors import InputError
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    """"3" → (0, 1, 2); "0,5,7" → (0, 5, 7)."""
+    try:
+        if "," in text:
+            seeds = tuple(int(x) for x in text.split(",") if x.strip())
+        else:
+            seeds = tuple(range(int(text)))
+    except ValueError:
+        raise InputError(f"--seeds must be a count (e.g. 3) or a comma list (e.g. 0,5,7); got {text!r}.") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise InputError(f"--seeds must name at least one distinct seed; got {text!r}.")
+    return seeds
+
+
+def run(args: argparse.Namespace) -> int:
+    from isocompute.artifacts import sha256_file
+    from isocompute.cli.fit import model_flops_for, parse_budgets, read_table
+    from isocompute.policy.evaluate import check_targets, cross_validate, default_budgets, holdout, summarise
+    from isocompute.policy.policy import Policy
+    from isocompute.policy.report import write_report
+    from isocompute.solver.costs import cost_table
+    from isocompute.solver.estimators import utilities
+
+    policy = Policy.load(args.policy)
+    cfg = policy.config
+    lo, hi = cfg.budget_range
+    if args.budgets is None:
+        budgets = default_budgets(lo, hi)
+    else:
+        spec = parse_budgets(args.budgets)
+        budgets = default_budgets(*spec) if ":" in args.budgets and args.budgets.count(":") == 1 else spec
+    for b in budgets:
+        policy.check_budget(b)  # fail before any fitting, naming the trained range
+    table = read_table(args.outcomes)
+    inputs = {"outcomes": table.sha256, "policy_manifest": sha256_file(Path(args.policy) / "manifest.json")}
+    if args.holdout and table.sha256 == policy.manifest_["inputs"].get("outcomes"):
+        raise InputError(f"{args.outcomes} is the table the policy was fitted on; --holdout needs a table it never "
+                         "saw. Drop --holdout to cross-validate on this table instead.")
+    model = None
+    if cfg.cost_unit == "flops":
+        model, extra = model_flops_for(table, args.model_config)
+        inputs.update(extra)
+    C = cost_table(table.prompt_tokens, table.mean_completion_tokens, cfg.actions, unit=cfg.cost_unit, model=model)
+    U = utilities(table, cfg.actions, cfg.strategy)
+    if args.holdout:
+        ev = holdout(policy, table.prompts, U, C, budgets)
+        seeds: tuple[int, ...] = (cfg.seed,)
+    else:
+        seeds = parse_seeds(args.seeds)
+        ev = cross_validate(table.prompts, U, C, cfg, budgets, folds=args.folds, seeds=seeds, progress=True)
+    summary = summarise(ev, n_boot=args.bootstrap, seed=args.seed)
+    report = {
+        "mode": ev.mode, "folds": ev.n_folds, "seeds": list(seeds), "actions": list(cfg.actions),
+        "strategy": cfg.strategy, "cost_unit": cfg.cost_unit, "inputs": inputs,
+        "policy": {"path": str(args.policy), "default_learner": policy.default_learner_,
+                   "selection": policy.selection_, "config": cfg.to_dict()},
+        **summary,
+    }
+    report["targets"] = check_targets(summary)
+    params = {"folds": ev.n_folds, "seeds": list(seeds), "budgets": [float(b) for b in budgets],
+              "holdout": bool(args.holdout), "bootstrap": args.bootstrap, "bootstrap_seed": args.seed}
+    write_report(args.out, report, inputs=inputs, params=params)
+
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"held-out accuracy ({ev.mode}, {len(table)} prompts) → {args.out}")
+    for col in ("budget", "oracle", "learned", "uniform", "heuristic", "random", "cost", "gain vs uniform [CI]",
+                "imitation"):
+        t.add_column(col, justify="right")
+    for e in report["budgets"]:
+        m, g = e["methods"], e["gain_vs_uniform"]
+        sig = "" if g["significant"] else " n.s."
+        t.add_row(f"{e['budget']:g}", *(f"{m[k]['accuracy']:.4f}" for k in ("oracle", "learned", "uniform",
+                                                                             "heuristic", "random")),
+                  f"{m['learned']['cost']:.4g}",
+                  f"{100 * g['relative']:+.1f}% [{100 * g['ci95'][0]:+.1f}, {100 * g['ci95'][1]:+.1f}]{sig}",
+                  f"{e['imitation_accuracy']:.3f}")
+    Console().print(t)
+    Console().print(report["learner_comparison"]["why"])
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "report", help="held-out regret of a policy vs oracle, uniform, heuristic and random at matched budgets",
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("outcomes", type=Path, help="outcome table to evaluate on (.jsonl)")
+    p.add_argument("--policy", type=Path, required=True, help="policy artifact directory (from isocompute fit)")
+    p.add_argument("--out", type=Path, required=True, help="report artifact directory to write")
+    p.add_argument("--folds", type=int, default=5, help="cross-validation folds over prompts")
+    p.add_argument("--seeds", default="3", help="number of CV seeds (e.g. 3) or a comma list of seeds")
+    p.add_argument("--budgets", help="budgets to evaluate: a list (1,2,4,8), start:stop:step, or lo:hi for the "
+                                     "default grid in that range (default: the policy's range)")
+    p.add_argument("--holdout", action="store_true",
+                   help="score the fitted policy on this table (one it never saw) instead of cross-validating")
+    p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the CIs")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    p.add_argument("--model-config", type=Path, help="config.json or model directory (cost unit flops)")
+    p.set_defaults(func=run)

@@ -1,0 +1,351 @@
+"""Held-out evaluation: the learned policy against the oracle and three baselines at matched budgets.
+
+Two protocols. **Cross-validation** (``cross_validate``): for each seed, the prompts are split into k
+folds; a policy with the given configuration is fitted on k − 1 folds (its own features, learners and
+calibration) and scored on the held-out fold, so every prompt is scored once per seed by a policy that
+never saw it. **Holdout** (``holdout``): a fitted policy is scored on a table it never saw.
+
+Methods, each scored per held-out prompt i at requested budget B (U, C: the held-out prompts' utility
+and cost tables; expectations are exact, nothing is sampled):
+
+* ``oracle`` — the solver on the held-out prompts in hindsight (``allocate(U, C, B,
+  rounding="deterministic")``: cost ≤ B, within one prompt's gap of the LP bound, which is reported
+  as ``oracle_lp``). Not achievable; the upper reference.
+* ``learned`` — the policy's default learner; ``learned_classifier`` / ``learned_utility`` each learner.
+* ``uniform`` — every prompt gets the same k, mixing the two actions adjacent to B so the mean cost
+  is B: with mean action costs c̄_j ≤ B ≤ c̄_{j+1}, q = (B − c̄_j)/(c̄_{j+1} − c̄_j) and prompt i scores
+  (1 − q)·U[i, j] + q·U[i, j+1]. Example: k ∈ {1, 2, 4, 8}, B = 3 → half k = 2, half k = 4.
+* ``heuristic`` — "longer prompts get more samples": the same two actions as uniform, but the top
+  q-share of prompts by character length (threshold from the *training* prompts, ties split in
+  proportion) take the larger one.
+* ``random`` — the oracle's own action histogram h dealt to random prompts: prompt i scores
+  Σ_a h_a·U[i, a]. Same spend as the oracle, no targeting; isolates the value of *which* prompts get
+  compute.
+
+Per budget the report carries, pooled over folds and seeds: accuracy (mean utility) and realised mean
+cost per method; imitation accuracy (learned action = oracle action); regret = oracle − learned
+accuracy and the bound (1 − imitation) × max_i gap_i with gap_i = U[i, o_i] − min_a U[i, a] — it holds
+per fold by construction (a mismatched prompt loses at most its gap), so a violation flags a bug; the
+relative gain over uniform with a paired bootstrap 95% CI over prompts (per-prompt utilities averaged
+over seeds, prompts resampled with replacement); and APGR = (learned − uniform)/(oracle − uniform), the
+share of the uniform→oracle gap recovered (None when that gap is 0).
+
+Ignores: the variance of a single sampled answer (utilities are exact expectations over the table's
+samples) and serving-time effects (batching, latency).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from isocompute.errors import InputError
+from isocompute.policy.learners import prompt_uniforms
+from isocompute.policy.policy import LEARNERS, Policy, PolicyConfig
+from isocompute.solver.allocate import allocate
+
+BASE_METHODS = ("oracle", "learned", "uniform", "heuristic", "random")
+METHODS = (*BASE_METHODS, "oracle_lp", *(f"learned_{name}" for name in LEARNERS))
+
+
+@dataclass(frozen=True, eq=False)
+class Evaluation:
+    """Per-prompt scores of every method: arrays indexed (seed, method, budget, prompt).
+
+    ``utility``/``cost``: (S, M, B, N) with methods in :data:`METHODS` (NaN for a learner the policy
+    lacks); ``oracle_actions``/``learned_actions``: (S, B, N) action indices, ``learner_actions``: (S, L, B, N)
+    per learner in :data:`LEARNERS` order (−1 where the policy lacks it); ``gap``: (S, B, N)
+    U[i, o_i] − min_a U[i, a]; ``fold``: (S, N) held-out fold of each prompt; ``default_learner``:
+    per (seed, fold) the learner ``learned`` used.
+    """
+
+    mode: str
+    budgets: np.ndarray
+    actions: tuple[int, ...]
+    seeds: tuple[int, ...]
+    n_folds: int
+    utility: np.ndarray
+    cost: np.ndarray
+    oracle_actions: np.ndarray
+    learned_actions: np.ndarray
+    learner_actions: np.ndarray
+    gap: np.ndarray
+    fold: np.ndarray
+    default_learner: list[list[str]]
+    selection: list[list[dict[str, Any]]]
+
+
+def default_budgets(lo: float, hi: float) -> list[float]:
+    """Report grid: 9 geometric steps over [lo, hi] plus the powers of two inside it."""
+    grid = set(np.round(np.geomspace(lo, hi, 9) if lo > 0 else np.linspace(lo, hi, 9), 6).tolist())
+    if lo > 0:
+        grid |= {float(2.0**j) for j in range(int(np.floor(np.log2(lo))), int(np.ceil(np.log2(hi))) + 1)
+                 if lo <= 2.0**j <= hi}
+    return sorted(grid)
+
+
+def uniform_mix(mean_costs: np.ndarray, budget: float) -> tuple[int, int, float]:
+    """(j, j + 1, q): the adjacent actions and the share q of the dearer one whose mean cost is budget."""
+    j = int(np.clip(np.searchsorted(mean_costs, budget, side="right") - 1, 0, mean_costs.size - 2))
+    span = mean_costs[j + 1] - mean_costs[j]
+    q = float(np.clip((budget - mean_costs[j]) / span, 0.0, 1.0)) if span > 0 else 0.0
+    return j, j + 1, q
+
+
+def length_rule(train_lengths: np.ndarray, lengths: np.ndarray, share: float) -> np.ndarray:
+    """Probability that each prompt takes the dearer action when the longest ``share`` of the training
+    prompts do: 1 above the threshold length, 0 below, and a split at it so the training share is exact."""
+    t = np.sort(np.asarray(train_lengths))
+    m = share * t.size  # training prompts to upgrade
+    if m <= 0:
+        return np.zeros(len(lengths))
+    if m >= t.size:
+        return np.ones(len(lengths))
+    thr = t[t.size - int(np.ceil(m))]
+    above = int((t > thr).sum())
+    at = int((t == thr).sum())
+    r = (m - above) / at
+    lengths = np.asarray(lengths)
+    return np.where(lengths > thr, 1.0, np.where(lengths == thr, r, 0.0))
+
+
+def _score(policy: Policy, prompts: Sequence[str], U: np.ndarray, C: np.ndarray, budgets: np.ndarray,
+           train_lengths: np.ndarray, default: str) -> dict[str, np.ndarray]:
+    """Scores of every method on one held-out part: dict of arrays (M, B, n) / (B, n)."""
+    n, A = U.shape
+    rows = np.arange(n)
+    X = policy.features_.transform(prompts)
+    u = prompt_uniforms(prompts)
+    lengths = np.array([len(p) for p in prompts])
+    util = np.full((len(METHODS), budgets.size, n), np.nan)
+    cost = np.full_like(util, np.nan)
+    o_act = np.empty((budgets.size, n), dtype=np.intp)
+    l_act = np.empty((budgets.size, n), dtype=np.intp)
+    per_learner = np.full((len(LEARNERS), budgets.size, n), -1, dtype=np.intp)
+    gap = np.empty((budgets.size, n))
+    mean_costs = C.mean(axis=0)
+    M = {m: j for j, m in enumerate(METHODS)}
+    for bi, b in enumerate(budgets):
+        b = policy.check_budget(b)
+        det = allocate(U, C, b, rounding="deterministic")
+        lp = allocate(U, C, b, rounding="mix").action_probs()
+        o = det.actions
+        o_act[bi], gap[bi] = o, U[rows, o] - U.min(axis=1)
+        util[M["oracle"], bi], cost[M["oracle"], bi] = U[rows, o], C[rows, o]
+        util[M["oracle_lp"], bi], cost[M["oracle_lp"], bi] = (lp * U).sum(1), (lp * C).sum(1)
+        for name in policy.learners_:
+            a, _ = policy.decide_features(X, u, b, name)
+            util[M[f"learned_{name}"], bi], cost[M[f"learned_{name}"], bi] = U[rows, a], C[rows, a]
+            per_learner[LEARNERS.index(name), bi] = a
+            if name == default:
+                l_act[bi] = a
+                util[M["learned"], bi], cost[M["learned"], bi] = U[rows, a], C[rows, a]
+        lo, hi, q = uniform_mix(mean_costs, b)
+        util[M["uniform"], bi] = (1 - q) * U[:, lo] + q * U[:, hi]
+        cost[M["uniform"], bi] = (1 - q) * C[:, lo] + q * C[:, hi]
+        # The heuristic decides from training data only: its two actions and share come from the
+        # policy's per-action training costs, its threshold from the training lengths.
+        hlo, hhi, hq = uniform_mix(policy.action_costs_, b)
+        p_up = length_rule(train_lengths, lengths, hq)
+        util[M["heuristic"], bi] = (1 - p_up) * U[:, hlo] + p_up * U[:, hhi]
+        cost[M["heuristic"], bi] = (1 - p_up) * C[:, hlo] + p_up * C[:, hhi]
+        h = np.bincount(o, minlength=A) / n
+        util[M["random"], bi], cost[M["random"], bi] = U @ h, C @ h
+    return {"utility": util, "cost": cost, "oracle_actions": o_act, "learned_actions": l_act,
+            "learner_actions": per_learner, "gap": gap}
+
+
+def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config: PolicyConfig,
+                   budgets: Sequence[float], *, folds: int = 5, seeds: Sequence[int] = (0, 1, 2),
+                   progress: bool = False) -> Evaluation:
+    """k-fold CV over prompts for each seed, refitting ``config`` (both learners) on each training part."""
+    from tqdm.auto import tqdm
+
+    prompts = list(prompts)
+    n = len(prompts)
+    if folds < 2:
+        raise InputError(f"--folds must be ≥ 2 for cross-validation (got {folds}); use --holdout to score a "
+                         "fitted policy on a separate table.")
+    min_train = 4 * config.calibration_folds
+    if n // folds < 2 or n - (n + folds - 1) // folds < min_train:
+        raise InputError(f"{folds} folds over {n} prompts leave held-out parts of {n // folds} prompt(s) and "
+                         f"training parts of {n - (n + folds - 1) // folds}; each needs ≥ 2 held-out and ≥ "
+                         f"{min_train} training prompts. Use fewer folds or a larger table.")
+    budgets_arr = np.asarray(budgets, dtype=np.float64)
+    refit = dataclasses.replace(config, learner="auto")
+    S, N = len(seeds), n
+    util = np.full((S, len(METHODS), budgets_arr.size, N), np.nan)
+    cost = np.full_like(util, np.nan)
+    o_act = np.empty((S, budgets_arr.size, N), dtype=np.intp)
+    l_act = np.empty_like(o_act)
+    per_learner = np.full((S, len(LEARNERS), budgets_arr.size, N), -1, dtype=np.intp)
+    gap = np.empty((S, budgets_arr.size, N))
+    fold_of = np.empty((S, N), dtype=np.intp)
+    defaults: list[list[str]] = []
+    selections: list[list[dict[str, Any]]] = []
+    bar = tqdm(total=S * folds, desc="report: fitting folds", unit="fold", disable=not progress)
+    for si, seed in enumerate(seeds):
+        perm = np.random.default_rng(seed).permutation(N)
+        parts = np.array_split(perm, folds)
+        defaults.append([])
+        selections.append([])
+        for f, test in enumerate(parts):
+            test = np.sort(test)
+            train = np.sort(np.concatenate(parts[:f] + parts[f + 1:]))
+            pol = Policy(dataclasses.replace(refit, seed=config.seed + 1000 * seed + f)).fit_arrays(
+                [prompts[i] for i in train], U[train], C[train])
+            default = config.learner if config.learner in LEARNERS else pol.default_learner_
+            sc = _score(pol, [prompts[i] for i in test], U[test], C[test], budgets_arr,
+                        pol.train_lengths_, default)
+            util[si][:, :, test], cost[si][:, :, test] = sc["utility"], sc["cost"]
+            o_act[si][:, test], l_act[si][:, test], gap[si][:, test] = (
+                sc["oracle_actions"], sc["learned_actions"], sc["gap"])
+            per_learner[si][:, :, test] = sc["learner_actions"]
+            fold_of[si, test] = f
+            defaults[si].append(default)
+            selections[si].append(pol.selection_)
+            bar.update(1)
+    bar.close()
+    return Evaluation("cv", budgets_arr, config.actions, tuple(seeds), folds, util, cost, o_act, l_act,
+                      per_learner, gap, fold_of, defaults, selections)
+
+
+def holdout(policy: Policy, prompts: Sequence[str], U: np.ndarray, C: np.ndarray,
+            budgets: Sequence[float]) -> Evaluation:
+    """Score a fitted policy on prompts it never saw (one part, no refitting)."""
+    prompts = list(prompts)
+    if len(prompts) < 2:
+        raise InputError(f"a holdout table needs at least 2 prompts; it has {len(prompts)}.")
+    budgets_arr = np.asarray(budgets, dtype=np.float64)
+    sc = _score(policy, prompts, U, C, budgets_arr, policy.train_lengths_, policy.default_learner_)
+    n = len(prompts)
+    return Evaluation("holdout", budgets_arr, policy.actions, (policy.config.seed,), 1,
+                      sc["utility"][None], sc["cost"][None], sc["oracle_actions"][None],
+                      sc["learned_actions"][None], sc["learner_actions"][None], sc["gap"][None],
+                      np.zeros((1, n), dtype=np.intp),
+                      [[policy.default_learner_]], [[policy.selection_]])
+
+
+# --------------------------------------------------------------------------------------------- summary
+
+
+def bootstrap_indices(n: int, n_boot: int, seed: int) -> np.ndarray:
+    """(n_boot, n) prompt indices drawn with replacement (shared by all methods: a paired bootstrap)."""
+    return np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+
+
+def _ci(samples: np.ndarray) -> list[float]:
+    return [float(np.percentile(samples, 2.5)), float(np.percentile(samples, 97.5))]
+
+
+def summarise(ev: Evaluation, *, n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """The report's numbers (JSON-able): per budget, per method, gains, CIs, imitation, regret, bound."""
+    S, M, B, N = ev.utility.shape
+    idx = bootstrap_indices(N, n_boot, seed)
+    mi = {m: j for j, m in enumerate(METHODS)}
+    per_prompt = ev.utility.mean(axis=0)  # (M, B, N): averaged over seeds, so prompts are the unit
+    A = len(ev.actions)
+    entries = []
+    for bi, b in enumerate(ev.budgets):
+        methods: dict[str, Any] = {}
+        for m in METHODS:
+            u = per_prompt[mi[m], bi]
+            if np.isnan(u).any():
+                continue
+            boot = u[idx].mean(axis=1)
+            methods[m] = {"accuracy": float(ev.utility[:, mi[m], bi].mean()),
+                          "cost": float(ev.cost[:, mi[m], bi].mean()), "ci95": _ci(boot)}
+        uL, uU = per_prompt[mi["learned"], bi], per_prompt[mi["uniform"], bi]
+        rel = (uL.mean() - uU.mean()) / uU.mean() if uU.mean() > 0 else float("nan")
+        bL, bU = uL[idx].mean(axis=1), uU[idx].mean(axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            boot_rel = np.where(bU > 0, (bL - bU) / bU, np.nan)
+        ci = _ci(boot_rel[np.isfinite(boot_rel)]) if np.isfinite(boot_rel).any() else [float("nan")] * 2
+        match = ev.oracle_actions[:, bi] == ev.learned_actions[:, bi]  # (S, N)
+        imitation = float(match.mean())
+        regret = methods["oracle"]["accuracy"] - methods["learned"]["accuracy"]
+        gap_max = float(ev.gap[:, bi].max())
+        per_fold = []
+        for s in range(S):
+            for f in range(ev.n_folds):
+                sel = ev.fold[s] == f
+                o = ev.utility[s, mi["oracle"], bi, sel].mean()
+                lrn = ev.utility[s, mi["learned"], bi, sel].mean()
+                imit = float(match[s, sel].mean())
+                bound = (1 - imit) * float(ev.gap[s, bi, sel].max())
+                per_fold.append({"seed": ev.seeds[s], "fold": f, "n": int(sel.sum()),
+                                 "oracle": float(o), "learned": float(lrn),
+                                 "uniform": float(ev.utility[s, mi["uniform"], bi, sel].mean()),
+                                 "cost": float(ev.cost[s, mi["learned"], bi, sel].mean()),
+                                 "imitation_accuracy": imit, "regret": float(o - lrn), "bound": bound,
+                                 "regret_le_bound": bool(o - lrn <= bound + 1e-12),
+                                 "learner": ev.default_learner[s][f]})
+        gap_uo = methods["oracle"]["accuracy"] - methods["uniform"]["accuracy"]
+        confusion = np.zeros((A, A), dtype=np.int64)
+        np.add.at(confusion, (ev.learned_actions[:, bi].ravel(), ev.oracle_actions[:, bi].ravel()), 1)
+        learners = {}
+        for name in LEARNERS:
+            m = f"learned_{name}"
+            if m in methods:
+                la = ev.learner_actions[:, LEARNERS.index(name), bi]
+                learners[name] = {**methods[m], "imitation_accuracy": float((la == ev.oracle_actions[:, bi]).mean()),
+                                  "gain_vs_uniform": float(
+                    (methods[m]["accuracy"] - methods["uniform"]["accuracy"]) / methods["uniform"]["accuracy"])
+                    if methods["uniform"]["accuracy"] > 0 else None}
+        entries.append({
+            "budget": float(b),
+            "methods": {m: methods[m] for m in METHODS if m in methods},
+            "gain_vs_uniform": {"relative": float(rel), "absolute": float(uL.mean() - uU.mean()), "ci95": ci,
+                                "significant": bool(ci[0] > 0 or ci[1] < 0)},
+            "imitation_accuracy": imitation,
+            "regret": float(regret),
+            "bound": float((1 - imitation) * gap_max),
+            "regret_le_bound_all_folds": all(p["regret_le_bound"] for p in per_fold),
+            "apgr": float((methods["learned"]["accuracy"] - methods["uniform"]["accuracy"]) / gap_uo)
+            if gap_uo > 1e-12 else None,
+            "cost_error": float(methods["learned"]["cost"] / b - 1) if b > 0 else None,
+            "oracle_budget_binding": bool(methods["oracle_lp"]["cost"] >= b * (1 - 1e-6)),
+            "learners": learners,
+            "action_histogram": {
+                "oracle": np.bincount(ev.oracle_actions[:, bi].ravel(), minlength=A).tolist(),
+                "learned": np.bincount(ev.learned_actions[:, bi].ravel(), minlength=A).tolist(),
+            },
+            "confusion_learned_vs_oracle": confusion.tolist(),
+            "per_fold": per_fold,
+        })
+    return {"budgets": entries, "n_prompts": N, "bootstrap": n_boot, "bootstrap_seed": seed,
+            "learner_comparison": compare_learners(entries)}
+
+
+def compare_learners(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Which learner did better on held-out prompts, averaged over the budgets both were scored at."""
+    acc = {name: [e["learners"][name]["accuracy"] for e in entries if name in e["learners"]] for name in LEARNERS}
+    acc = {k: float(np.mean(v)) for k, v in acc.items() if len(v) == len(entries) and v}
+    if len(acc) < 2:
+        return {"scores": acc, "better": next(iter(acc), None), "why": "only one learner was scored"}
+    c, u = acc["classifier"], acc["utility"]
+    better = "utility" if u > c + 1e-12 else "classifier"
+    return {"scores": acc, "better": better,
+            "why": f"{better}: mean held-out accuracy {max(c, u):.4f} vs {min(c, u):.4f} over {len(entries)} budgets"
+                   + (" (tie → classifier, the seed's learner)" if abs(u - c) <= 1e-12 else "")}
+
+
+def check_targets(summary: dict[str, Any], budget: float = 4.0) -> dict[str, Any] | None:
+    """The issue's targets at ``budget`` (None when it was not evaluated): imitation ≥ 91%, gain over
+    uniform ≥ 5% relative with a CI excluding 0, realised cost within ±2%."""
+    entry = next((e for e in summary["budgets"] if abs(e["budget"] - budget) < 1e-9), None)
+    if entry is None:
+        return None
+    g = entry["gain_vs_uniform"]
+    return {
+        "budget": budget,
+        "imitation_ge_91pct": {"value": entry["imitation_accuracy"], "pass": entry["imitation_accuracy"] >= 0.91},
+        "gain_ge_5pct_ci_excludes_0": {"value": g["relative"], "ci95": g["ci95"],
+                                       "pass": bool(g["relative"] >= 0.05 and g["ci95"][0] > 0)},
+        "cost_within_2pct": {"value": entry["cost_error"],
+                             "pass": entry["cost_error"] is not None and abs(entry["cost_error"]) <= 0.02},
+    }

@@ -1,0 +1,228 @@
+"""Render an evaluation summary as a report artifact: report.json, report.md and three PNG plots.
+
+``write_report(out_dir, report)`` writes, atomically (one ``artifact_writer`` directory, kind
+``report``, schema 1):
+
+* ``report.json`` — the summary of :func:`isocompute.policy.evaluate.summarise` plus the run's
+  seeds, inputs' sha256 and parameters; top-level ``budgets`` is a list of
+  ``{"budget", "methods": {method: {"accuracy", "cost", "ci95"}}, "gain_vs_uniform": {"relative",
+  "ci95", ...}, "imitation_accuracy", "regret", "bound", ...}``.
+* ``report.md`` — the same numbers as tables, with the significance of every gain spelled out
+  ("not significant" when the 95% CI contains 0) and a warning when the sample is small.
+* ``accuracy.png`` (accuracy vs budget per method with bootstrap CI bands), ``actions.png`` (oracle
+  vs learned action histograms per budget), ``confusion.png`` (learned vs oracle actions at the
+  reference budget: 4 if evaluated, else the middle one).
+
+Ignores: styling beyond legibility; plots use matplotlib's Agg backend (no display needed).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from isocompute.artifacts import artifact_writer
+
+KIND = "report"
+SCHEMA_VERSION = 1
+SMALL_SAMPLE = 300  # below this many prompts the report warns that its CIs are wide
+PLOT_METHODS = ("oracle", "learned", "uniform", "heuristic", "random")
+
+
+def reference_budget(report: dict[str, Any]) -> float:
+    budgets = [e["budget"] for e in report["budgets"]]
+    return 4.0 if any(abs(b - 4.0) < 1e-9 for b in budgets) else budgets[len(budgets) // 2]
+
+
+def _pct(x: float | None, digits: int = 1) -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:+.{digits}f}%"
+
+
+def _acc(x: float) -> str:
+    return f"{x:.4f}"
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    """The human-readable report (GitHub-flavoured Markdown)."""
+    n = report["n_prompts"]
+    lines = [f"# isocompute report — {report['mode']}", ""]
+    if report["mode"] == "cv":
+        lines.append(f"{report['folds']}-fold cross-validation over {n} prompts, seeds {report['seeds']}: every "
+                     "prompt is scored once per seed by a policy refitted without it.")
+    else:
+        lines.append(f"Holdout: the policy scored on {n} prompts it never saw.")
+    lines += ["", f"Actions k = {report['actions']}, strategy `{report['strategy']}`, cost unit "
+              f"`{report['cost_unit']}`; bootstrap: {report['bootstrap']} resamples of prompts (seed "
+              f"{report['bootstrap_seed']}).", ""]
+    if n < SMALL_SAMPLE:
+        lines += [f"> **Small sample ({n} prompts).** Confidence intervals are wide and a difference whose CI "
+                  "contains 0 is *not significant*; read the numbers as a pipeline check, not as evidence.", ""]
+    lines += ["## Inputs", ""] + [f"- `{k}`: `{v}`" for k, v in report["inputs"].items()] + [""]
+
+    lc = report["learner_comparison"]
+    lines += ["## Learners", "", f"- Default learner of the policy: **{report['policy']['default_learner']}** — "
+              f"{report['policy']['selection'].get('why', report['policy']['selection'].get('rule', ''))}.",
+              f"- On these held-out prompts: {lc['why']}." if lc.get("better") else "", ""]
+
+    lines += ["## Accuracy at matched budgets", "",
+              "| budget | oracle | learned | uniform | heuristic | random | learned cost | gain vs uniform "
+              "[95% CI] | imitation | regret ≤ bound | APGR |",
+              "|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---:|"]
+    for e in report["budgets"]:
+        m = e["methods"]
+        g = e["gain_vs_uniform"]
+        sig = "" if g["significant"] else " *not significant*"
+        apgr = "—" if e["apgr"] is None else f"{e['apgr']:.2f}"
+        lines.append(
+            f"| {e['budget']:g} | {_acc(m['oracle']['accuracy'])} | {_acc(m['learned']['accuracy'])} | "
+            f"{_acc(m['uniform']['accuracy'])} | {_acc(m['heuristic']['accuracy'])} | "
+            f"{_acc(m['random']['accuracy'])} | {m['learned']['cost']:.4g} ({_pct(e['cost_error'])}) | "
+            f"{_pct(g['relative'])} [{_pct(g['ci95'][0])}, {_pct(g['ci95'][1])}]{sig} | "
+            f"{e['imitation_accuracy']:.3f} | {e['regret']:.4f} ≤ {e['bound']:.4f} "
+            f"{'✓' if e['regret_le_bound_all_folds'] else '✗ (a fold violates it: a bug)'} | {apgr} |")
+    lines += ["", "Accuracy is the mean utility (expected correctness under the strategy); costs are realised "
+              "mean costs on the held-out prompts. The oracle solves the held-out prompts in hindsight (an upper "
+              "reference, not achievable); `oracle_lp` in report.json is its LP bound. Uniform mixes the two "
+              "k adjacent to the budget; the heuristic gives the larger k to the longest prompts; random deals "
+              "the oracle's action histogram to random prompts. The bound is (1 − imitation) × the worst "
+              "per-prompt gap; it holds by construction, so ✗ would flag a bug.", ""]
+
+    not_binding = [e["budget"] for e in report["budgets"] if not e["oracle_budget_binding"]]
+    if not_binding:
+        lines += [f"At budgets {', '.join(f'{b:g}' for b in not_binding)} the oracle spends less than the budget: "
+                  "extra samples buy nothing on these prompts, so a learned policy under-spends there too.", ""]
+
+    lines += ["## Both learners", "", "| budget | classifier acc | classifier cost | classifier imitation | "
+              "utility acc | utility cost | utility imitation |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    for e in report["budgets"]:
+        row = [f"{e['budget']:g}"]
+        for name in ("classifier", "utility"):
+            x = e["learners"].get(name)
+            row += ([_acc(x["accuracy"]), f"{x['cost']:.4g}", f"{x['imitation_accuracy']:.3f}"] if x
+                    else ["—", "—", "—"])
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+
+    t = report.get("targets")
+    if t:
+        lines += [f"## Targets at budget {t['budget']:g}", "",
+                  f"- imitation accuracy ≥ 91%: {t['imitation_ge_91pct']['value']:.3f} — "
+                  f"{'met' if t['imitation_ge_91pct']['pass'] else 'not met'}",
+                  f"- gain over uniform ≥ 5% with CI excluding 0: {_pct(t['gain_ge_5pct_ci_excludes_0']['value'])} "
+                  f"[{_pct(t['gain_ge_5pct_ci_excludes_0']['ci95'][0])}, "
+                  f"{_pct(t['gain_ge_5pct_ci_excludes_0']['ci95'][1])}] — "
+                  f"{'met' if t['gain_ge_5pct_ci_excludes_0']['pass'] else 'not met'}",
+                  f"- realised cost within ±2%: {_pct(t['cost_within_2pct']['value'], 2)} — "
+                  f"{'met' if t['cost_within_2pct']['pass'] else 'not met'}", ""]
+    lines += ["## Plots", "", "![accuracy vs budget](accuracy.png)", "", "![actions per budget](actions.png)", "",
+              f"![learned vs oracle actions at budget {reference_budget(report):g}](confusion.png)", ""]
+    return "\n".join(lines)
+
+
+def plot_accuracy(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    budgets = [e["budget"] for e in report["budgets"]]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for m in PLOT_METHODS:
+        acc = [e["methods"][m]["accuracy"] for e in report["budgets"]]
+        lo = [e["methods"][m]["ci95"][0] for e in report["budgets"]]
+        hi = [e["methods"][m]["ci95"][1] for e in report["budgets"]]
+        (line,) = ax.plot(budgets, acc, marker="o", ms=3, label=m)
+        ax.fill_between(budgets, lo, hi, color=line.get_color(), alpha=0.15, lw=0)
+    if min(budgets) > 0:
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel(f"budget (mean {report['cost_unit']} per request)")
+    ax.set_ylabel("accuracy (mean utility)")
+    ax.set_title(f"held-out accuracy at matched budgets ({report['n_prompts']} prompts, 95% CI)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_actions(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    entries = report["budgets"]
+    ks = report["actions"]
+    cols = min(len(entries), 5)
+    rows = math.ceil(len(entries) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.8 * cols, 2.4 * rows), squeeze=False)
+    x = np.arange(len(ks))
+    for ax, e in zip(axes.ravel(), entries, strict=False):
+        o = np.asarray(e["action_histogram"]["oracle"], dtype=float)
+        learned = np.asarray(e["action_histogram"]["learned"], dtype=float)
+        ax.bar(x - 0.2, o / max(o.sum(), 1), 0.4, label="oracle")
+        ax.bar(x + 0.2, learned / max(learned.sum(), 1), 0.4, label="learned")
+        ax.set_xticks(x, [str(k) for k in ks])
+        ax.set_title(f"budget {e['budget']:g}", fontsize=9)
+    for ax in axes.ravel()[len(entries):]:
+        ax.axis("off")
+    axes[0, 0].legend(fontsize=7)
+    fig.supxlabel("k (samples)")
+    fig.supylabel("share of prompts")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_confusion(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    b = reference_budget(report)
+    e = next(e for e in report["budgets"] if abs(e["budget"] - b) < 1e-9)
+    cm = np.asarray(e["confusion_learned_vs_oracle"], dtype=float)
+    ks = report["actions"]
+    fig, ax = plt.subplots(figsize=(4.6, 4))
+    ax.imshow(cm, cmap="Blues")
+    for i in range(cm.shape[0]):
+        for j in range(cm.shape[1]):
+            ax.text(j, i, f"{int(cm[i, j])}", ha="center", va="center", fontsize=8,
+                    color="white" if cm[i, j] > cm.max() / 2 else "black")
+    ax.set_xticks(range(len(ks)), [str(k) for k in ks])
+    ax.set_yticks(range(len(ks)), [str(k) for k in ks])
+    ax.set_xlabel("oracle k")
+    ax.set_ylabel("learned k")
+    ax.set_title(f"budget {b:g}: imitation {e['imitation_accuracy']:.3f}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _finite(obj: Any) -> Any:
+    """NaN/inf → None, recursively, so report.json is strict JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def write_report(out_dir: str | Path, report: dict[str, Any], *, inputs: dict[str, str],
+                 params: dict[str, Any]) -> Path:
+    """Write the report artifact atomically; nothing is left behind if any part fails."""
+    report = _finite(report)
+    with artifact_writer(out_dir, kind=KIND, schema_version=SCHEMA_VERSION, inputs=inputs, params=params) as d:
+        (d / "report.json").write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+        plot_accuracy(report, d / "accuracy.png")
+        plot_actions(report, d / "actions.png")
+        plot_confusion(report, d / "confusion.png")
+        (d / "report.md").write_text(render_markdown(report))
+    return Path(out_dir)
