@@ -157,7 +157,8 @@ def install_error_handlers(app: Any, retry_after_s: int) -> None:
         retry = exc.retry_after if isinstance(exc, RateLimited) else (retry_after_s if status >= 502 else None)
         if status >= 500:
             log.warning("%s %s → %d: %s", request.method, request.url.path, status, exc)
-        return respond(status, error_body(str(exc), type_, param=getattr(exc, "param", None), code=code), retry)
+        param = getattr(exc, "param", None) or ("budget" if isinstance(exc, BudgetError) else None)
+        return respond(status, error_body(str(exc), type_, param=param, code=code), retry)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

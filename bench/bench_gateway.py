@@ -1,0 +1,242 @@
+"""Gateway overhead against a direct vLLM call (k = 1), and the policy's decision latency.
+
+Baseline, in the same run: the same greedy completion requests (temperature 0, so both paths generate
+exactly the same tokens) sent straight to the vLLM server, alternating direct and gateway phases so
+drift in the machine's load hits both alike. The gateway runs as ``isocompute serve --upstream`` in its
+own process, with ``max_samples: 1`` so every request is one sample (k = 1).
+
+Targets (issue 5): throughput through the gateway ≥ 0.9 × direct at concurrency 16, p50 added latency
+≤ 3 ms, ``Policy.decide`` for one prompt ≤ 1 ms at p99.
+
+    .venv/bin/python bench/bench_gateway.py [--requests 480] [--concurrency 16] [--max-tokens 16]
+                                            [--policy DIR] [--model DIR] [--check]
+
+Without ``--model`` the tiny model is saved with random weights; without ``--policy`` a small policy is
+fitted on synthetic arithmetic outcomes. Needs the vLLM environment (``make vllm-env``). Loopback only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPTS = [f"What is {a} + {b}?\n" for a, b in zip(range(10, 90, 7), range(3, 300, 23), strict=False)]
+
+
+def tiny_model(out: Path) -> Path:
+    from isocompute.training.tiny import save_tiny
+
+    return save_tiny(out / "tiny", seed=0)
+
+
+def small_policy(out: Path) -> Path:
+    from isocompute.policy.policy import Policy
+    from isocompute.policy.synthetic import synthetic_records
+    from isocompute.solver.outcomes import from_records
+
+    table = from_records(synthetic_records(500, 16, seed=0))
+    return Policy(learner="utility", n_rounds=40, n_components=8).fit(table).save(out / "policy")
+
+
+def decision_latency(policy_dir: Path, n: int = 2000) -> dict[str, float]:
+    """p50/p99 ms of ``Policy.decide`` on one prompt at a time, after 100 warm-up calls: wall time, and the
+    thread's CPU time (what the decision itself costs, without preemption by other processes)."""
+    from isocompute.policy.policy import Policy
+    from isocompute.policy.synthetic import synthetic_records
+
+    policy = Policy.load(policy_dir)
+    prompts = [r["prompt"] for r in synthetic_records(n, 1, seed=3)]
+    for p in prompts[:100]:
+        policy.decide([p], 4.0)
+    wall, cpu = [], []
+    for p in prompts:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        policy.decide([p], 4.0)
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.thread_time() - c0)
+    pct = {f"{name}_p{q}": float(np.percentile(v, q) * 1e3) for name, v in (("wall", wall), ("cpu", cpu))
+           for q in (50, 99)}
+    return pct
+
+
+def start_gateway(policy: Path, port: int, log: Path, *, upstream: str | None = None, model: Path | None = None,
+                  env: dict[str, str] | None = None) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "isocompute", "serve", "--policy", str(policy), "--port", str(port),
+           "--log-level", "warning"]
+    if upstream:
+        cmd += ["--upstream", upstream]
+    else:
+        cmd += ["--engine", "transformers"]
+    if model:
+        cmd += ["--model", str(model)]
+    with open(log, "ab") as fh:
+        return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, **(env or {})}, cwd=REPO, start_new_session=True)
+
+
+def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"gateway exited with {proc.returncode}; log {log}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/ready", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    raise SystemExit(f"gateway at {url} not ready after {timeout:.0f} s; log {log}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        import signal
+
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def gateway_times(url: str) -> tuple[float, float, float]:
+    """(requests, Σ request seconds, Σ upstream seconds) of /v1/completions from the gateway's /metrics."""
+    count = total = upstream = 0.0
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith('isocompute_request_latency_seconds_count{route="/v1/completions"}'):
+            count = float(line.split()[-1])
+        elif line.startswith('isocompute_request_latency_seconds_sum{route="/v1/completions"}'):
+            total = float(line.split()[-1])
+        elif line.startswith("isocompute_upstream_latency_seconds_sum"):
+            upstream = float(line.split()[-1])
+    return count, total, upstream
+
+
+async def phase(url: str, bodies: list[dict], concurrency: int) -> tuple[float, list[float], list[int]]:
+    """Send ``bodies`` to ``url`` with ``concurrency`` workers; (wall s, latencies s, status codes)."""
+    lat: list[float] = []
+    codes: list[int] = []
+    queue = list(reversed(bodies))
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+
+        async def worker() -> None:
+            while queue:
+                body = queue.pop()
+                t0 = time.perf_counter()
+                r = await client.post(url, json=body)
+                lat.append(time.perf_counter() - t0)
+                codes.append(r.status_code)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return time.perf_counter() - t0, lat, codes
+
+
+async def compare(direct_url: str, gateway_url: str, model_name: str, args: argparse.Namespace) -> dict:
+    per_phase = args.requests // (2 * args.rounds)
+    direct_body = [{"model": model_name, "prompt": PROMPTS[i % len(PROMPTS)], "n": 1, "max_tokens": args.max_tokens,
+                    "temperature": 0.0, "return_token_ids": True} for i in range(per_phase)]
+    gw_body = [{"model": "isocompute", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": args.max_tokens,
+                "temperature": 0.0, "budget": 2.0, "max_samples": 1} for i in range(per_phase)]
+    # Warm both paths (connections, caches) before measuring.
+    await phase(direct_url, direct_body[: args.concurrency], args.concurrency)
+    await phase(gateway_url, gw_body[: args.concurrency], args.concurrency)
+    res = {"direct": ([], [], []), "gateway": ([], [], [])}
+    for _ in range(args.rounds):
+        for name, url, bodies in (("direct", direct_url, direct_body), ("gateway", gateway_url, gw_body)):
+            wall, lat, codes = await phase(url, bodies, args.concurrency)
+            res[name][0].append(wall)
+            res[name][1].extend(lat)
+            res[name][2].extend(codes)
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=480, help="total measured requests (both paths)")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating direct/gateway phases per path")
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--sequential", type=int, default=60, help="requests per path at concurrency 1")
+    ap.add_argument("--policy", type=Path)
+    ap.add_argument("--model", type=Path)
+    ap.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    args = ap.parse_args()
+
+    from isocompute.engines.vllm_server import find_vllm_python, free_port, start_vllm_server
+
+    work = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    model = args.model or tiny_model(work)
+    policy = args.policy or small_policy(work)
+    dec = decision_latency(policy)
+    p99_dec = dec["wall_p99"]
+    print(f"policy decision (1 prompt): wall p50 {dec['wall_p50']:.3f} ms, p99 {dec['wall_p99']:.3f} ms; "
+          f"thread CPU p50 {dec['cpu_p50']:.3f} ms, p99 {dec['cpu_p99']:.3f} ms  (target p99 ≤ 1 ms; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
+    if find_vllm_python() is None:
+        print("no vLLM environment (.venv-vllm): run `make vllm-env` for the gateway-overhead part")
+        return 1 if args.check else 0
+
+    srv = start_vllm_server(model, log=work / "vllm.log")
+    gw = None
+    try:
+        asyncio.run(srv.wait_ready(timeout=600))
+        port = free_port()
+        gw = start_gateway(policy, port, work / "gateway.log", upstream=srv.url, model=model)
+        gw_url = f"http://127.0.0.1:{port}"
+        wait_ready(gw_url, gw, work / "gateway.log")
+        served = httpx.get(f"{srv.url}/v1/models").json()["data"][0]["id"]
+        before = gateway_times(gw_url)
+        res = asyncio.run(compare(f"{srv.url}/v1/completions", f"{gw_url}/v1/completions", served, args))
+        after = gateway_times(gw_url)
+        seq = asyncio.run(compare(f"{srv.url}/v1/completions", f"{gw_url}/v1/completions", served,
+                                  argparse.Namespace(**{**vars(args), "concurrency": 1, "rounds": 2,
+                                                        "requests": args.sequential})))
+    finally:
+        if gw is not None:
+            stop(gw)
+        srv.stop()
+
+    ok = True
+    for name in ("direct", "gateway"):
+        bad = [c for c in res[name][2] if c != 200]
+        if bad:
+            print(f"{name}: {len(bad)} non-200 answers: {sorted(set(bad))}")
+            ok = False
+    n = len(res["direct"][1])
+    thr = {k: len(v[1]) / sum(v[0]) for k, v in res.items()}
+    p50 = {k: float(np.percentile(v[1], 50) * 1e3) for k, v in res.items()}
+    p99 = {k: float(np.percentile(v[1], 99) * 1e3) for k, v in res.items()}
+    ratio = thr["gateway"] / thr["direct"]
+    added = p50["gateway"] - p50["direct"]
+    print(f"k=1, concurrency {args.concurrency}, {n} requests per path, max_tokens {args.max_tokens}, greedy")
+    print(f"direct vLLM : {thr['direct']:.1f} req/s, p50 {p50['direct']:.2f} ms, p99 {p99['direct']:.2f} ms")
+    print(f"via gateway : {thr['gateway']:.1f} req/s, p50 {p50['gateway']:.2f} ms, p99 {p99['gateway']:.2f} ms")
+    print(f"throughput ratio gateway/direct = {ratio:.3f}  (target ≥ 0.9)")
+    print(f"p50 added latency = {added:.2f} ms  (target ≤ 3 ms)")
+    n_gw = after[0] - before[0]
+    inside = ((after[1] - before[1]) - (after[2] - before[2])) / max(n_gw, 1) * 1e3
+    print(f"inside the gateway (request time − upstream call, from its /metrics): mean {inside:.2f} ms "
+          f"over {n_gw:.0f} requests")
+    s50 = {k: float(np.percentile(v[1], 50) * 1e3) for k, v in seq.items()}
+    print(f"concurrency 1: p50 direct {s50['direct']:.2f} ms, via gateway {s50['gateway']:.2f} ms, "
+          f"added {s50['gateway'] - s50['direct']:.2f} ms")
+    ok &= ratio >= 0.9 and added <= 3.0 and p99_dec <= 1.0
+    print("targets:", "met" if ok else "MISSED")
+    return 0 if ok or not args.check else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
