@@ -42,7 +42,13 @@ def _run_sft(args: argparse.Namespace) -> int:
     return 0
 
 
-STAGES: tuple[Callable[[Any], None], ...] = (_register_sft,)
+def _register_grpo(stages: Any) -> None:
+    from isocompute.cli.train_grpo import register_stage  # compute-aligned GRPO (isocompute.training.grpo)
+
+    register_stage(stages)
+
+
+STAGES: tuple[Callable[[Any], None], ...] = (_register_sft, _register_grpo)
 
 
 def register(subparsers: Any) -> None:

@@ -1,0 +1,58 @@
+"""``isocompute train grpo``: compute-aligned GRPO of a model on arith (:mod:`isocompute.training.grpo`).
+
+Hooked into ``isocompute train`` by :mod:`isocompute.cli.train` (``STAGES``); not a subcommand of its own.
+
+    isocompute train grpo --objective maj@8 --base runs/tiny-sft --out runs/tiny-maj8
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register_stage(stages: Any) -> None:
+    from isocompute.training.grpo import AlignedGRPOConfig  # light: TRL is imported inside train_grpo
+
+    d = AlignedGRPOConfig()
+    p = stages.add_parser(
+        "grpo", help="GRPO aligned with a test-time metric (maj@k, pass@k, bon@k, mean)",
+        description="GRPO post-training with compute-aligned advantages and a FLOP ledger; writes a servable "
+                    "model directory with ledger.json, train_log.jsonl and manifest.json. Options are documented "
+                    "in isocompute.training.grpo.AlignedGRPOConfig.")
+    p.add_argument("--objective", default=d.objective, help="mean, pass@K, maj@K or bon@K (default: %(default)s)")
+    p.add_argument("--base", default=None, help="model directory to start from (default: random-init tiny model)")
+    p.add_argument("--out", required=True, help="output model directory, written atomically")
+    p.add_argument("--steps", type=int, default=d.steps, help="updates M (default: %(default)s)")
+    p.add_argument("--num-generations", type=int, default=d.num_generations,
+                   help="rollouts per prompt n, ≥ k + 1 (default: %(default)s)")
+    p.add_argument("--prompts-per-step", type=int, default=d.prompts_per_step,
+                   help="prompts per update B_p (default: %(default)s)")
+    p.add_argument("--lr", type=float, default=d.lr, help="learning rate (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=d.temperature, help="sampling temperature")
+    p.add_argument("--max-completion-length", type=int, default=d.max_completion_length,
+                   help="max generated tokens (default: %(default)s)")
+    p.add_argument("--lora-rank", type=int, default=d.lora_rank, help="0 = full fine-tuning, r > 0 = LoRA rank r")
+    p.add_argument("--race-a", type=float, default=d.race_a, help="RACE frozen-backbone share a (default: %(default)s)")
+    p.add_argument("--problems", type=int, default=d.n_problems, help="training pool size (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=d.seed, help="problems/sampling seed (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads (default: %(default)s)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from isocompute.training.grpo import AlignedGRPOConfig, train_grpo
+
+    cfg = AlignedGRPOConfig(objective=args.objective, num_generations=args.num_generations,
+                            prompts_per_step=args.prompts_per_step, steps=args.steps, lr=args.lr,
+                            temperature=args.temperature, max_completion_length=args.max_completion_length,
+                            lora_rank=args.lora_rank, race_a=args.race_a, n_problems=args.problems,
+                            seed=args.seed, threads=args.threads)
+    result = train_grpo(cfg, args.out, base=args.base, progress=not args.no_progress)
+    led = result.ledger
+    print(f"wrote {result.out_dir}: {result.steps} steps, {led.samples:,} rollouts in {result.seconds:.0f} s; "
+          f"FLOPs {led.analytic.total:.3e} (rollout {led.analytic.rollout:.3e}, update {led.analytic.update:.3e}), "
+          f"rho {led.rho:.3f} (RACE {led.race_rho:.3f}); last batch correct "
+          f"{result.last('objective/correct'):.3f}")
+    return 0

@@ -1,0 +1,433 @@
+"""Compute-aligned GRPO on Hugging Face TRL: a ``GRPOTrainer`` subclass, its config, and a run function.
+
+:class:`AlignedGRPOTrainer` trains for a test-time metric (``mean``, ``pass@k``, ``maj@k``, ``bon@k``,
+:mod:`isocompute.training.rewards`) instead of single-sample reward. Rewards reach TRL's
+``_calculate_rewards`` gathered over processes and group-contiguous (each prompt's n rollouts in a row);
+there we replace the last reward column with the advantages n·(U − U₋ⱼ). The reward functions are
+
+    correct (weight 0)  — 1.0 when :func:`isocompute.tasks.grading.grade` accepts the completion;
+    verifier (weight 0) — only for bon@k: a score per completion (default :func:`step_check_score`);
+    aligned (weight 1)  — a placeholder the override fills with the transformed reward.
+
+So TRL logs raw correctness (``rewards/correct/mean``) apart from the transformed reward
+(``rewards/aligned/mean``, ≈ 0: advantages sum to zero per group), and ``objective/correct``,
+``objective/pass@k``, ``objective/maj@k`` are the batch's exact U-statistics. Because the transformed
+rewards sum to zero within a group, TRL's group-mean subtraction leaves them unchanged; std scaling
+would bias the gradient, so ``scale_rewards`` must be ``"none"`` (``loss_type="dr_grpo"`` keeps the
+token sum unbiased too).
+
+Every run keeps a :class:`isocompute.flops.FlopLedger` (analytic and RACE, ρ): rollouts charged as
+generated (no prefix sharing with transformers ``generate``, shared with vLLM), updates per trained
+sequence (prompt + completion), LoRA through peft with N_LoRA = the adapters' trainable weights.
+Ignored by the ledger: evaluation, the no-grad forward passes TRL adds for old log-probs
+(``num_iterations > 1``) and for the KL reference (``beta > 0``; a warning says so).
+
+The TRL methods overridden here are pinned in :data:`TRL_HOOKS` and checked when a trainer is built
+(and by ``tests/test_grpo_contract.py``), so an upgrade that renames or reshapes them fails loudly.
+Ignores: multi-turn tool use, multimodal prompts.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from isocompute.errors import InputError, IsoComputeError
+from isocompute.flops import FlopLedger, ModelFlops, RaceConvention
+from isocompute.tasks import arith
+from isocompute.tasks.base import Problem
+from isocompute.tasks.extract import extract_answer, normalize_answer
+from isocompute.tasks.grading import grade
+from isocompute.training.rewards import Objective, answer_codes, group_advantages, group_metrics
+
+KIND = "grpo"
+SCHEMA_VERSION = 1
+TRL_VERSION = "1.16.0"
+GRPO_SEED_OFFSET = 2_000_000  # training problems; SFT uses 1_000_000 + seed, evaluation small seeds
+
+# TRL methods we override, with the parameters we rely on (tests/test_grpo_contract.py pins them).
+TRL_HOOKS: dict[str, tuple[str, ...]] = {
+    "_calculate_rewards": ("self", "inputs", "prompts", "completions", "completion_ids_list"),
+    "_generate": ("self", "prompts"),
+    "_generate_and_score_completions": ("self", "inputs"),
+    "compute_loss": ("self", "model", "inputs", "return_outputs", "num_items_in_batch"),
+    "log": ("self", "logs", "start_time"),
+}
+_GENERATE_ARITY = 8  # prompt_ids, completion_ids, tool_mask, completions, logprobs, extra, images, tool_images
+
+
+def check_trl_contract(trainer_cls: type | None = None) -> None:
+    """Raise :class:`IsoComputeError` when TRL's ``GRPOTrainer`` no longer has the hooks we override."""
+    if trainer_cls is None:
+        from trl import GRPOTrainer as trainer_cls
+    for name, params in TRL_HOOKS.items():
+        fn = getattr(trainer_cls, name, None)
+        found = tuple(inspect.signature(fn).parameters) if callable(fn) else None
+        if found != params:
+            raise IsoComputeError(
+                f"TRL's GRPOTrainer.{name} has parameters {found}, but isocompute overrides it expecting {params}. "
+                f"Install the pinned version (pip install trl=={TRL_VERSION}) or port "
+                "isocompute/training/grpo.py to the new hook.")
+
+
+# ------------------------------------------------------------------------------------------- rewards
+
+
+def completion_text(completion: Any) -> str:
+    """The text of a TRL completion: a string, or a conversational list of messages (last one's content)."""
+    if isinstance(completion, str):
+        return completion
+    return str(completion[-1]["content"]) if completion else ""
+
+
+def correct(prompts: Sequence[Any], completions: Sequence[Any], gold: Sequence[str], task: Sequence[str],
+            **_: Any) -> list[float]:
+    """TRL reward function: 1.0 when :func:`grade` accepts the completion, else 0.0."""
+    return [float(grade(Problem("", "", g, t), completion_text(c)))
+            for c, g, t in zip(completions, gold, task, strict=True)]
+
+
+def aligned(prompts: Sequence[Any], completions: Sequence[Any], **_: Any) -> list[float]:
+    """Placeholder reward column; :meth:`AlignedGRPOTrainer._calculate_rewards` writes the advantages."""
+    return [0.0] * len(completions)
+
+
+_STEP = re.compile(r"(-?\d+)\s*([+\-*×−])\s*(-?\d+)\s*=\s*(-?\d+)")
+
+
+def step_check_score(prompts: Sequence[Any], completions: Sequence[Any], **_: Any) -> list[float]:
+    """A rule-based verifier for arith (no gold answer): the share of ``a op b = c`` steps in the
+    completion that are arithmetically right, 0 when there is none.
+
+    >>> step_check_score([""], ["2 + 3 = 5. 5 * 4 = 21. The answer is 21."])
+    [0.5]
+    """
+    out = []
+    for c in completions:
+        steps = _STEP.findall(completion_text(c))
+        ok = 0
+        for a, op, b, r in steps:
+            x, y = int(a), int(b)
+            value = x + y if op == "+" else x * y if op in "*×" else x - y
+            ok += value == int(r)
+        out.append(ok / len(steps) if steps else 0.0)
+    return out
+
+
+step_check_score.__name__ = "verifier"
+
+
+def problem_rows(problems: Sequence[Problem], *, chat: bool = True) -> list[dict[str, Any]]:
+    """Dataset rows for TRL: ``prompt`` (chat messages or plain text), ``gold``, ``task``, ``problem_id``."""
+    return [{"prompt": [{"role": "user", "content": p.prompt}] if chat else p.prompt,
+             "gold": p.gold, "task": p.task, "problem_id": p.id} for p in problems]
+
+
+# ------------------------------------------------------------------------------------------- trainer
+
+
+_TRAINER_CLS: type | None = None
+
+
+def make_trainer_class() -> type:
+    """:class:`AlignedGRPOTrainer`, defined on first use so that importing this module (the CLI does, for
+    ``--help``) does not import TRL; ``from isocompute.training.grpo import AlignedGRPOTrainer`` works too."""
+    global _TRAINER_CLS
+    if _TRAINER_CLS is None:
+        from trl import GRPOTrainer
+
+        _TRAINER_CLS = _define_trainer(GRPOTrainer)
+    return _TRAINER_CLS
+
+
+def __getattr__(name: str) -> Any:
+    if name == "AlignedGRPOTrainer":
+        return make_trainer_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _define_trainer(GRPOTrainer: type) -> type:  # noqa: C901 - one class body
+    import torch
+    from accelerate.utils import gather_object
+
+    check_trl_contract(GRPOTrainer)
+
+    class AlignedGRPOTrainer(GRPOTrainer):
+        """``GRPOTrainer`` with compute-aligned advantages and a FLOP ledger (see the module docstring).
+
+        ``objective``: an :class:`Objective` or its spelling (``"maj@8"``). ``verifier``: a TRL reward
+        function giving bon@k its scores (default :func:`step_check_score`). ``race``: the RACE constants
+        of the ledger. The other arguments are ``GRPOTrainer``'s; ``reward_funcs`` is built here, and
+        ``args.reward_weights`` is set to weight only the aligned column.
+        """
+
+        def __init__(self, model: Any, args: Any, train_dataset: Any, *, objective: Objective | str,
+                     processing_class: Any = None, verifier: Callable[..., list[float]] | None = None,
+                     peft_config: Any = None, race: RaceConvention | None = None, **kwargs: Any) -> None:
+            self.objective = Objective.parse(objective) if isinstance(objective, str) else objective
+            funcs: list[Any] = [correct]
+            if self.objective.needs_scores:
+                funcs.append(verifier or step_check_score)
+            funcs.append(aligned)
+            _check_args(args, self.objective)
+            args.reward_weights = [0.0] * (len(funcs) - 1) + [1.0]
+            super().__init__(model=model, reward_funcs=funcs, args=args, train_dataset=train_dataset,
+                             processing_class=processing_class, peft_config=peft_config, **kwargs)
+            base = self.accelerator.unwrap_model(self.model)
+            config = base.get_base_model().config if hasattr(base, "get_base_model") else base.config
+            self.policy_flops = ModelFlops.from_config(config)
+            trainable = sum(p.numel() for p in base.parameters() if p.requires_grad)
+            self.n_lora: int | None = trainable if hasattr(base, "peft_config") else None
+            self.ledger = FlopLedger(convention=race or RaceConvention())
+            if args.beta != 0.0 or args.num_iterations != 1:
+                warnings.warn("the FLOP ledger does not charge the extra no-grad forward passes of beta > 0 or "
+                              "num_iterations > 1; keep beta=0 and num_iterations=1 for an exact ledger.",
+                              stacklevel=2)
+
+        # -- rollouts -----------------------------------------------------------------------------
+        def _generate(self, prompts: list) -> tuple:
+            out = super()._generate(prompts)
+            if len(out) != _GENERATE_ARITY:
+                raise IsoComputeError(f"TRL's _generate returned {len(out)} values, not {_GENERATE_ARITY}; "
+                                      f"install trl=={TRL_VERSION}.")
+            if self.model.training:
+                self._charge_rollouts(out[0], out[1])
+            return out
+
+        def _charge_rollouts(self, prompt_ids: Sequence[Sequence[int]],
+                             completion_ids: Sequence[Sequence[int]]) -> None:
+            """One request per group: a run of at most n identical consecutive prompts (two groups of the
+            same prompt text may follow each other)."""
+            start, n = 0, self.num_generations
+            for j in range(1, len(prompt_ids) + 1):
+                if j == len(prompt_ids) or j - start == n or list(prompt_ids[j]) != list(prompt_ids[start]):
+                    self.ledger.add_rollout(self.policy_flops, len(prompt_ids[start]),
+                                            [len(c) for c in completion_ids[start:j]],
+                                            prefix_sharing=bool(self.use_vllm))
+                    start = j
+
+        # -- rewards ------------------------------------------------------------------------------
+        def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+            rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+            mode = "train" if self.model.training else "eval"
+            G = self.num_generations if mode == "train" else self.num_generations_eval
+            texts = gather_object([completion_text(c) for c in completions])
+            answers = [extract_answer(t) for t in texts]
+            answers = [normalize_answer(a) if a is not None else None for a in answers]
+            ok = (rewards[:, 0].detach().cpu().numpy() > 0.5).reshape(-1, G)
+            codes = answer_codes(np.asarray(answers, dtype=object).reshape(-1, G).tolist())
+            metrics = group_metrics(ok, codes, self.objective.k)
+            m = self._metrics[mode]
+            m["objective/correct"].append(metrics.correct)
+            m[f"objective/pass@{metrics.k}"].append(metrics.pass_at_k)
+            m[f"objective/maj@{metrics.k}"].append(metrics.maj_at_k)
+            if G < self.objective.min_generations():  # evaluation with few samples: nothing to train
+                rewards[:, -1] = 0.0
+                return rewards
+            scores = rewards[:, 1].detach().cpu().numpy().reshape(-1, G) if self.objective.needs_scores else None
+            adv = group_advantages(self.objective, ok, codes=codes, scores=scores)
+            m["objective/advantage_abs"].append(float(np.abs(adv).mean()))
+            m["objective/zero_groups"].append(float((np.abs(adv).max(axis=1) < 1e-12).mean()))
+            rewards[:, -1] = torch.as_tensor(adv.ravel(), dtype=rewards.dtype, device=rewards.device)
+            return rewards
+
+        # -- updates ------------------------------------------------------------------------------
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if model.training:
+                lengths = (inputs["prompt_mask"].sum(1) + inputs["completion_mask"].sum(1)).tolist()
+                self.ledger.add_update(self.policy_flops, lengths, n_lora=self.n_lora)
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+        def log(self, logs, start_time=None):
+            if self.ledger.samples:
+                logs = {**logs, "rollouts": float(self.ledger.samples), "flops/total": self.ledger.analytic.total,
+                        "flops/rollout": self.ledger.analytic.rollout, "flops/update": self.ledger.analytic.update,
+                        "flops/rho": self.ledger.rho, "flops/race_rho": self.ledger.race_rho}
+            return super().log(logs, start_time)
+
+    return AlignedGRPOTrainer
+
+
+def _check_args(args: Any, objective: Objective) -> None:
+    """The TRL settings the transforms need, checked once with the fix in each message."""
+    n = args.num_generations
+    if n is None or n < objective.min_generations():
+        raise InputError(f"{objective.name} needs num_generations ≥ {objective.min_generations()} (k + 1 rollouts "
+                         f"per prompt for the leave-one-out baseline); you passed {n}.")
+    if args.scale_rewards not in ("none", False) and objective.kind != "mean":
+        raise InputError(f"scale_rewards={args.scale_rewards!r} divides by the group's std, which biases the "
+                         f"{objective.name} gradient; set scale_rewards='none'.")
+    if args.multi_objective_aggregation != "sum_then_normalize":
+        raise InputError("multi_objective_aggregation must be 'sum_then_normalize' so the aligned column is the "
+                         f"advantage; you passed {args.multi_objective_aggregation!r}.")
+
+
+# ------------------------------------------------------------------------------------------- runs
+
+
+@dataclass(frozen=True)
+class AlignedGRPOConfig:
+    """One GRPO run on arith; each option is documented here only.
+
+    ``objective``: metric to train for (``mean``, ``pass@k``, ``maj@k``, ``bon@k``). ``num_generations``
+    (n): rollouts per prompt, ≥ k + 1. ``prompts_per_step`` (B_p) and ``steps`` (M): prompts per update
+    and updates, so a run generates n·B_p·M rollouts. ``lr``: constant AdamW learning rate.
+    ``temperature``/``max_completion_length``: sampling. ``lora_rank``: 0 trains every weight, r > 0 trains
+    peft LoRA adapters of rank r (alpha 2r) on all projections, merged into the saved model.
+    ``race_a``: RACE's frozen-backbone share a. ``n_problems``/``mix``: the training pool (arith seed
+    ``GRPO_SEED_OFFSET + seed``, difficulty weights). ``seed``: problems, sampling, shuffling.
+    ``threads``: torch CPU threads. ``log_every``: steps between log lines.
+    """
+
+    objective: str = "maj@8"
+    num_generations: int = 12
+    prompts_per_step: int = 4
+    steps: int = 40
+    lr: float = 5e-4
+    temperature: float = 1.0
+    max_completion_length: int = 96
+    lora_rank: int = 0
+    race_a: float = 0.85
+    n_problems: int = 2000
+    mix: Mapping[int, float] | None = None
+    seed: int = 0
+    threads: int = 2
+    log_every: int = 1
+
+    def __post_init__(self) -> None:
+        obj = Objective.parse(self.objective)
+        if self.num_generations < obj.min_generations():
+            raise InputError(f"{obj.name} needs num_generations ≥ {obj.min_generations()} (k + 1 rollouts per prompt "
+                             f"for the leave-one-out baseline); you passed {self.num_generations}.")
+        for name in ("prompts_per_step", "steps", "max_completion_length", "n_problems", "threads", "log_every"):
+            if getattr(self, name) < 1:
+                raise InputError(f"{name} must be ≥ 1; you passed {getattr(self, name)}.")
+        if not self.lr > 0 or not self.temperature > 0:
+            raise InputError(f"lr and temperature must be > 0; you passed lr={self.lr}, "
+                             f"temperature={self.temperature}.")
+        if self.lora_rank < 0:
+            raise InputError(f"lora_rank must be ≥ 0 (0 = full fine-tuning); you passed {self.lora_rank}.")
+        RaceConvention(a=self.race_a)  # raises on a outside [0, 1]
+
+    def trl_args(self, output_dir: str | Path, *, progress: bool = False) -> Any:
+        """TRL ``GRPOConfig`` for this run (no checkpoints, no reporting, constant learning rate)."""
+        from trl import GRPOConfig
+
+        return GRPOConfig(
+            output_dir=str(output_dir), per_device_train_batch_size=self.prompts_per_step * self.num_generations,
+            gradient_accumulation_steps=1, num_generations=self.num_generations, max_steps=self.steps,
+            learning_rate=self.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+            max_completion_length=self.max_completion_length, temperature=self.temperature, top_k=0, top_p=1.0,
+            scale_rewards="none", loss_type="dr_grpo", beta=0.0, num_iterations=1, seed=self.seed,
+            logging_steps=self.log_every, report_to=[], save_strategy="no", disable_tqdm=not progress,
+            bf16=False, fp16=False, dataloader_num_workers=0, remove_unused_columns=False, log_completions=False,
+        )
+
+    def problems(self) -> list[Problem]:
+        return arith.generate(self.n_problems, GRPO_SEED_OFFSET + self.seed, mix=self.mix)
+
+
+@dataclass
+class GRPOResult:
+    """What :func:`train_grpo` did: where the model is, its FLOP ledger, the log, timing."""
+
+    out_dir: Path
+    steps: int
+    ledger: FlopLedger
+    seconds: float
+    log: list[dict[str, Any]] = field(default_factory=list)
+
+    def last(self, key: str) -> float:
+        """The last logged value of ``key`` (NaN if never logged)."""
+        vals = [e[key] for e in self.log if key in e]
+        return float(vals[-1]) if vals else float("nan")
+
+
+def lora_config(rank: int) -> Any:
+    """peft ``LoraConfig`` of rank r on every attention and MLP projection (alpha = 2r, no dropout)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
+                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+
+
+def load_base(base: str | Path | None, *, seed: int = 0) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` from a model directory, or the random-init tiny model when ``base`` is None."""
+    from isocompute.training import tiny
+
+    if base is None:
+        return tiny.build_model(seed=seed), tiny.build_tokenizer()
+    path = Path(base)
+    if not (path / "config.json").is_file():
+        raise InputError(f"base model {path} has no config.json; pass a model directory, e.g. the output of "
+                         "`isocompute train sft --task arith --out runs/tiny-sft`.")
+    model, tokenizer = tiny.load_tiny(path)
+    return model.train(), tokenizer
+
+
+def save_model(model: Any, tokenizer: Any, out: Path) -> None:
+    """Save a servable Hugging Face directory; the tiny model keeps its vLLM-portable configs."""
+    from isocompute.training import tiny
+
+    if getattr(tokenizer, "chat_template", None) == tiny.CHAT_TEMPLATE:
+        tiny.save_tiny(out, model, tokenizer)
+    else:
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+
+
+def train_grpo(cfg: AlignedGRPOConfig, out_dir: str | Path, *, base: str | Path | None = None,
+               progress: bool = False, trainer_kwargs: Mapping[str, Any] | None = None) -> GRPOResult:
+    """Run compute-aligned GRPO per ``cfg`` from ``base`` and write the ``grpo`` artifact to ``out_dir``:
+    a servable model directory, ``ledger.json`` (:class:`FlopLedger`) and ``train_log.jsonl``."""
+    import torch
+    from datasets import Dataset
+
+    from isocompute.artifacts import artifact_writer, sha256_file
+
+    torch.set_num_threads(cfg.threads)
+    model, tokenizer = load_base(base, seed=cfg.seed)
+    dataset = Dataset.from_list(problem_rows(cfg.problems()))
+    trainer_cls = make_trainer_class()
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="isocompute-grpo-") as scratch:
+        trainer = trainer_cls(model, cfg.trl_args(scratch, progress=progress), dataset, objective=cfg.objective,
+                              processing_class=tokenizer, race=RaceConvention(a=cfg.race_a),
+                              peft_config=lora_config(cfg.lora_rank) if cfg.lora_rank else None,
+                              **dict(trainer_kwargs or {}))
+        trainer.train()
+    seconds = time.monotonic() - start
+    trained = trainer.accelerator.unwrap_model(trainer.model)
+    if hasattr(trained, "merge_and_unload"):
+        trained = trained.merge_and_unload()
+    trained.eval()
+    log = [dict(e) for e in trainer.state.log_history]
+    inputs = {}
+    if base is not None:
+        weights = sorted(Path(base).glob("*.safetensors"))
+        inputs = {f"base/{p.name}": sha256_file(p) for p in weights}
+    params = {**asdict(cfg), "mix": {str(k): w for k, w in (cfg.mix or arith.DEFAULT_MIX).items()},
+              "base": str(base) if base is not None else None, "trl_version": _trl_version(),
+              "n_lora": trainer.n_lora}
+    with artifact_writer(out_dir, kind=KIND, schema_version=SCHEMA_VERSION, inputs=inputs, params=params) as tmp:
+        save_model(trained, tokenizer, tmp)
+        trainer.ledger.save(tmp / "ledger.json")
+        (tmp / "train_log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in log))
+    return GRPOResult(out_dir=Path(out_dir), steps=int(trainer.state.global_step), ledger=trainer.ledger,
+                      seconds=seconds, log=log)
+
+
+def _trl_version() -> str:
+    import trl
+
+    return str(trl.__version__)
