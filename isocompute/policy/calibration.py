@@ -60,9 +60,13 @@ class Calibration:
         """Validation mean cost at ``budget`` (interpolated): what a request is expected to spend."""
         return float(np.interp(budget, self.budgets, self.realised))
 
-    def max_relative_error(self) -> float:
-        """Largest |realised − target| / target over the table (0 where the target is 0)."""
+    def max_relative_error(self, *, within_reach: bool = False) -> float:
+        """Largest |realised − target| / target over the table (0 where the target is 0); with
+        ``within_reach`` only over targets up to the most the learner spends (beyond it, it under-spends
+        by design: it predicts nothing there is worth buying)."""
         ok = self.targets > 0
+        if within_reach:
+            ok &= self.targets <= self.realised.max()
         if not ok.any():
             return 0.0
         return float((np.abs(self.realised[ok] - self.targets[ok]) / self.targets[ok]).max())
@@ -128,34 +132,44 @@ def calibrate_mixed_grid(budgets: np.ndarray, targets: np.ndarray, grid: np.ndar
     order = np.argsort(at, kind="stable")
     xs = np.concatenate([[0.0], at[order]])
     cs = start + np.concatenate([[0.0], np.cumsum(delta[order])])
-    run_max = np.maximum.accumulate(cs)
+    # Steps: c(x) = cs_k on [xs_k, xs_{k+1}) after merging events at the same x.
+    xs_u = np.unique(xs)
+    cs_u = cs[np.searchsorted(xs, xs_u, side="right") - 1]
+    # Each entry sits mid-step, so rounding in budget ↔ position round trips cannot cross an event.
+    mids = 0.5 * (xs_u + np.append(xs_u[1:], G - 1))
+    run_max = np.maximum.accumulate(cs_u)
     values = np.empty_like(budgets)
     for r, b in enumerate(targets):
-        e = int(np.searchsorted(run_max, b, side="left"))  # first event whose cost reaches b
-        if e >= xs.size:
-            e = int(np.argmax(cs))  # out of reach: spend as much as the learner can
-        elif e > 0 and abs(cs[e - 1] - b) < abs(cs[e] - b):
+        e = int(np.searchsorted(run_max, b, side="left"))  # first step whose cost reaches b
+        if e >= xs_u.size:
+            e = int(np.argmax(cs_u))  # out of reach: spend as much as the learner can
+        elif e > 0 and abs(cs_u[e - 1] - b) < abs(cs_u[e] - b):
             e -= 1
-        values[r] = xs[e]
+        values[r] = mids[e]
     values = np.maximum.accumulate(values)
-    realised = cs[np.searchsorted(xs, values, side="right") - 1]
+    realised = cs_u[np.searchsorted(xs_u, values, side="right") - 1]
     return Calibration("internal_budget", budgets, targets, grid_budget(values, grid), realised, n_validation)
 
 
 def calibrate_by_bisection(budgets: np.ndarray, targets: np.ndarray, cost_at: Callable[[float], float],
                            lam_max: float, *, n_validation: int, iters: int = 60) -> Calibration:
-    """Price table for a cost ``cost_at(λ)`` that is non-increasing in λ ≥ 0, with λ ≤ ``lam_max``
-    enough to reach the cheapest decisions."""
+    """Price table for a cost ``cost_at(λ)`` that is non-increasing in λ, searched on [−lam_max, lam_max]
+    (``lam_max`` must be enough to reach the cheapest decisions, and −lam_max the dearest).
+
+    A negative price only comes into play when the learner spends less than the target even at λ = 0,
+    i.e. it predicts no gain from samples that the oracle found worth buying: then ties in predicted
+    utility go to the dearer action until the target is met.
+    """
     budgets = np.asarray(budgets, dtype=np.float64)
     targets = np.asarray(targets, dtype=np.float64)
     values = np.empty_like(budgets)
     realised = np.empty_like(budgets)
-    top = cost_at(0.0)
+    top = cost_at(-float(lam_max))
     for r, b in enumerate(targets):
-        if top <= b:  # not binding: even λ = 0 spends at most B
-            values[r], realised[r] = 0.0, top
+        if top <= b:  # out of reach: even the dearest decisions spend at most b
+            values[r], realised[r] = -float(lam_max), top
             continue
-        lo, hi = 0.0, float(lam_max)  # invariant: cost(lo) > b ≥ cost(hi)
+        lo, hi = -float(lam_max), float(lam_max)  # invariant: cost(lo) > b ≥ cost(hi)
         c_lo, c_hi = top, cost_at(hi)
         for _ in range(iters):
             mid = 0.5 * (lo + hi)

@@ -44,7 +44,6 @@ from typing import Any
 import numpy as np
 
 from isocompute.errors import InputError
-from isocompute.policy.learners import prompt_uniforms
 from isocompute.policy.policy import LEARNERS, Policy, PolicyConfig
 from isocompute.solver.allocate import allocate
 
@@ -119,7 +118,7 @@ def _score(policy: Policy, prompts: Sequence[str], U: np.ndarray, C: np.ndarray,
     n, A = U.shape
     rows = np.arange(n)
     X = policy.features_.transform(prompts)
-    u = prompt_uniforms(prompts)
+    u, route = policy.prompt_keys(prompts)
     lengths = np.array([len(p) for p in prompts])
     util = np.full((len(METHODS), budgets.size, n), np.nan)
     cost = np.full_like(util, np.nan)
@@ -138,7 +137,7 @@ def _score(policy: Policy, prompts: Sequence[str], U: np.ndarray, C: np.ndarray,
         util[M["oracle"], bi], cost[M["oracle"], bi] = U[rows, o], C[rows, o]
         util[M["oracle_lp"], bi], cost[M["oracle_lp"], bi] = (lp * U).sum(1), (lp * C).sum(1)
         for name in policy.learners_:
-            a, _ = policy.decide_features(X, u, b, name)
+            a, _ = policy.decide_features(X, u, route, b, name)
             util[M[f"learned_{name}"], bi], cost[M[f"learned_{name}"], bi] = U[rows, a], C[rows, a]
             per_learner[LEARNERS.index(name), bi] = a
             if name == default:

@@ -33,6 +33,7 @@ from isocompute.policy.calibration import grid_position, mixed_grid_index
 from isocompute.solver.allocate import allocate
 
 PRICE_JITTER = 0.2  # log-width of the per-prompt price spread of the utility learner (±10%)
+TIE_SPREAD = 1e-9  # additive price spread: splits exact ties in Û (no tree split on k) around λ = 0
 
 
 
@@ -204,23 +205,30 @@ class UtilityRegressor:
 
 def price(U_hat: np.ndarray, lam: float, action_costs: np.ndarray, u: np.ndarray) -> np.ndarray:
     """Lagrangian rule on predicted utilities: ``argmax_a U_hat[i, a] − λ_i·c_a`` with the per-prompt
-    price ``λ_i = λ·exp(PRICE_JITTER·(u_i − ½))``.
+    price ``λ_i = λ·exp(PRICE_JITTER·(u_i − ½)) + TIE_SPREAD·(u_i − ½)``.
 
     Why the jitter: prompts with identical features have identical predictions and would all switch
     action at the same λ, so the mean cost would be a staircase whose steps are too tall to meet a
     budget within 2%. Spreading the price ±10% by a hash of the prompt splits such groups in proportion;
     it only moves prompts whose two best actions are within ~0.1·λ·Δc in priced utility. The mean cost
-    stays non-increasing in λ (every λ_i is increasing in λ). np.argmax keeps the first maximum, i.e.
-    the cheaper action on ties, since actions are sorted by cost.
+    stays non-increasing in λ (every λ_i is increasing in λ). The tiny additive spread does the same for
+    prompts whose predictions are exactly equal across actions (the trees never split on k there):
+    without it they would all flip from the cheapest to the dearest action at λ = 0. np.argmax keeps
+    the first maximum, i.e. the cheaper action on remaining ties, since actions are sorted by cost.
     """
-    lam_i = lam * np.exp(PRICE_JITTER * (np.asarray(u) - 0.5))
+    u = np.asarray(u)
+    lam_i = lam * np.exp(PRICE_JITTER * (u - 0.5)) + TIE_SPREAD * (u - 0.5)
     return np.argmax(U_hat - lam_i[:, None] * np.asarray(action_costs)[None, :], axis=1)
 
 
-def prompt_uniforms(prompts: Sequence[str]) -> np.ndarray:
-    """A uniform in [0, 1) per prompt from a hash of its text (murmurhash3, seed 7): the policy's only
-    randomness, so decisions stay pure and a repeated prompt gets the same decision."""
+MIX_SEED, ROUTE_SEED = 7, 11
+
+
+def prompt_uniforms(prompts: Sequence[str], seed: int = MIX_SEED) -> np.ndarray:
+    """A uniform in [0, 1) per prompt from a hash of its text (murmurhash3): the policy's only
+    randomness, so decisions stay pure and a repeated prompt gets the same decision. ``MIX_SEED`` drives
+    the budget mixing / price jitter, ``ROUTE_SEED`` (independent of it) which member serves the prompt."""
     from sklearn.utils import murmurhash3_32
 
-    h = [murmurhash3_32(p.encode("utf-8"), seed=7, positive=True) for p in prompts]
+    h = [murmurhash3_32(p.encode("utf-8"), seed=seed, positive=True) for p in prompts]
     return np.asarray(h, dtype=np.float64) / 2.0**32

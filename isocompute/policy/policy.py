@@ -44,7 +44,15 @@ from isocompute.policy.calibration import (
     mixed_grid_index,
 )
 from isocompute.policy.features import PromptFeatures
-from isocompute.policy.learners import OracleClassifier, UtilityRegressor, budget_grid, price, prompt_uniforms
+from isocompute.policy.learners import (
+    MIX_SEED,
+    ROUTE_SEED,
+    OracleClassifier,
+    UtilityRegressor,
+    budget_grid,
+    price,
+    prompt_uniforms,
+)
 from isocompute.solver.allocate import allocate, feasible_range
 from isocompute.solver.estimators import STRATEGIES
 
@@ -137,7 +145,9 @@ class Decision:
 
 @dataclass
 class _Fitted:
-    model: OracleClassifier | UtilityRegressor
+    """One learner: its cross-fitted members (member j never saw calibration fold j) and its table."""
+
+    models: list[OracleClassifier] | list[UtilityRegressor]
     calibration: Calibration
 
 
@@ -201,45 +211,40 @@ class Policy:
         names = LEARNERS if cfg.learner == "auto" else (cfg.learner,)
         self.learners_: dict[str, _Fitted] = {}
         held_out: dict[str, Callable[[float], np.ndarray]] = {}  # budget → out-of-fold actions
+        hyper = {"n_rounds": cfg.n_rounds, "num_leaves": cfg.num_leaves, "learning_rate": cfg.learning_rate,
+                 "min_data_in_leaf": cfg.min_data_in_leaf, "seed": cfg.seed}
         for name in names:
             if name == "classifier":
-                grid_act = np.empty((cfg.n_budget_grid, n), dtype=np.intp)
-                for tr, ho in folds:
-                    grid_act[:, ho] = self._classifier().fit(X[tr], U[tr], C[tr], cfg.budget_range).grid_actions(X[ho])
-                model: OracleClassifier | UtilityRegressor = self._classifier().fit(X, U, C, cfg.budget_range)
-                grid = model.budget_grid_
+                clfs = [OracleClassifier(n_budget_grid=cfg.n_budget_grid, **hyper).fit(
+                    X[tr], U[tr], C[tr], cfg.budget_range) for tr, _ in folds]
+                grid = clfs[0].budget_grid_
+                grid_act = np.empty((grid.size, n), dtype=np.intp)
+                for m, (_, ho) in zip(clfs, folds, strict=True):
+                    grid_act[:, ho] = m.grid_actions(X[ho])
                 cal = calibrate_mixed_grid(requested, targets, grid, C[rows[None, :], grid_act], u, n_validation=n)
+                models: list[Any] = clfs
 
                 def oof(b: float, cal: Calibration = cal, act: np.ndarray = grid_act, grid: np.ndarray = grid):
                     return act[mixed_grid_index(grid_position(cal(b), grid), u, grid.size), rows]
             else:
                 ks = np.asarray(cfg.actions)
+                models = [UtilityRegressor(**hyper).fit(X[tr], U[tr], ks) for tr, _ in folds]
                 Uh = np.empty_like(U)
-                for tr, ho in folds:
-                    Uh[ho] = self._regressor().fit(X[tr], U[tr], ks).predict_utilities(X[ho])
-                model = self._regressor().fit(X, U, ks)
+                for m, (_, ho) in zip(models, folds, strict=True):
+                    Uh[ho] = m.predict_utilities(X[ho])
+
                 def cost_at(lam: float, Uh: np.ndarray = Uh) -> float:
                     return float(C[rows, price(Uh, lam, self.action_costs_, u)].mean())
 
-                cal = calibrate_by_bisection(requested, targets, cost_at, _max_useful_price(Uh, self.action_costs_), n_validation=n)
+                cal = calibrate_by_bisection(requested, targets, cost_at, _max_useful_price(Uh, self.action_costs_),
+                                             n_validation=n)
 
                 def oof(b: float, cal: Calibration = cal, Uh: np.ndarray = Uh):
                     return price(Uh, cal(b), self.action_costs_, u)
-            self.learners_[name] = _Fitted(model, cal)
+            self.learners_[name] = _Fitted(models, cal)
             held_out[name] = oof
         self.default_learner_, self.selection_ = _select(held_out, U, C, cfg)
         return self
-
-    def _hyper(self) -> dict[str, Any]:
-        c = self.config
-        return {"n_rounds": c.n_rounds, "num_leaves": c.num_leaves, "learning_rate": c.learning_rate,
-                "min_data_in_leaf": c.min_data_in_leaf, "seed": c.seed}
-
-    def _classifier(self) -> OracleClassifier:
-        return OracleClassifier(n_budget_grid=self.config.n_budget_grid, **self._hyper())
-
-    def _regressor(self) -> UtilityRegressor:
-        return UtilityRegressor(**self._hyper())
 
     # ------------------------------------------------------------------------------------------ serving
     def _check_fitted(self) -> None:
@@ -267,14 +272,31 @@ class Policy:
                               "or re-fit with a wider --budgets.")
         return min(max(b, lo), hi)
 
-    def decide_features(self, X: np.ndarray, u: np.ndarray, budget: float,
+    def prompt_keys(self, prompts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Per prompt: the mixing uniform u and the member that serves it (both hashes of the text)."""
+        k = self.config.calibration_folds
+        route = np.minimum((prompt_uniforms(prompts, ROUTE_SEED) * k).astype(np.intp), k - 1)
+        return prompt_uniforms(prompts, MIX_SEED), route
+
+    def decide_features(self, X: np.ndarray, u: np.ndarray, route: np.ndarray, budget: float,
                         learner: str | None = None) -> tuple[np.ndarray, float]:
-        """(action index per prompt, knob) from precomputed features and uniforms (evaluation uses this)."""
+        """(action index per prompt, knob) from precomputed features and :meth:`prompt_keys`.
+
+        Member j serves the prompts routed to it. During fitting member j scored exactly the calibration
+        fold it did not see, so a new prompt meets the same process the calibration measured.
+        """
         f = self.learners_[learner or self.default_learner_]
         knob = f.calibration(budget)
-        if isinstance(f.model, OracleClassifier):
-            return f.model.predict(X, knob, u), knob
-        return f.model.predict(X, knob, self.action_costs_, u), knob
+        a = np.zeros(X.shape[0], dtype=np.intp)
+        for j, model in enumerate(f.models):
+            sel = np.flatnonzero(route == j)
+            if sel.size == 0:
+                continue
+            if isinstance(model, OracleClassifier):
+                a[sel] = model.predict(X[sel], knob, u[sel])
+            else:
+                a[sel] = model.predict(X[sel], knob, self.action_costs_, u[sel])
+        return a, knob
 
     def decide(self, prompts: Sequence[str], budget: float, *, learner: str | None = None) -> Decision:
         """Actions for ``prompts`` at mean cost ``budget`` per request (pure; features included)."""
@@ -283,7 +305,8 @@ class Policy:
         name = learner or self.default_learner_
         if name not in self.learners_:
             raise InputError(f"learner {name!r} is not in this policy; it has {', '.join(self.learners_)}.")
-        a, knob = self.decide_features(self.features_.transform(prompts), prompt_uniforms(prompts), b, name)
+        u, route = self.prompt_keys(prompts)
+        a, knob = self.decide_features(self.features_.transform(prompts), u, route, b, name)
         costs = self.action_costs_[a]
         is_budget = self.learners_[name].calibration.knob == "internal_budget"
         return Decision(
@@ -315,8 +338,9 @@ class Policy:
             (d / "policy.json").write_text(json.dumps(meta, indent=2) + "\n")
             for name, f in self.learners_.items():
                 (d / name).mkdir()
-                (d / name / "model.txt").write_text(f.model.booster_.model_to_string())
-                state = {"model": f.model.state(), "calibration": f.calibration.to_dict()}
+                for j, model in enumerate(f.models):
+                    (d / name / f"model_{j}.txt").write_text(model.booster_.model_to_string())
+                state = {"models": [m.state() for m in f.models], "calibration": f.calibration.to_dict()}
                 (d / name / "state.json").write_text(json.dumps(state, indent=2) + "\n")
         return Path(out_dir)
 
@@ -337,10 +361,13 @@ class Policy:
             obj.learners_ = {}
             for name in meta["learners"]:
                 state = json.loads((d / name / "state.json").read_text())
-                text = (d / name / "model.txt").read_text()
                 model_cls = OracleClassifier if name == "classifier" else UtilityRegressor
-                obj.learners_[name] = _Fitted(model_cls.from_state(state["model"], text),
-                                              Calibration.from_dict(state["calibration"]))
+                models = [model_cls.from_state(st, (d / name / f"model_{j}.txt").read_text())
+                          for j, st in enumerate(state["models"])]
+                if len(models) != obj.config.calibration_folds:
+                    raise ValueError(f"{name} has {len(models)} members, the config says "
+                                     f"{obj.config.calibration_folds}")
+                obj.learners_[name] = _Fitted(models, Calibration.from_dict(state["calibration"]))
         except (OSError, KeyError, TypeError, ValueError, InputError) as e:
             raise ArtifactError(f"{d}: the policy artifact is incomplete or malformed ({type(e).__name__}: {e}); "
                                 "re-create it with `isocompute fit`.") from e
