@@ -32,6 +32,7 @@ from isocompute.app.metrics import Metrics, MetricsMiddleware
 from isocompute.app.routes import router
 from isocompute.app.settings import Settings, get_settings
 from isocompute.engines.base import Engine
+from isocompute.errors import EngineUnavailable
 
 log = logging.getLogger("isocompute.app")
 
@@ -52,11 +53,11 @@ def build_engine(s: Settings) -> Engine:
     return make_engine(s.engine, model=s.model_dir, upstreams=s.upstreams, **options)
 
 
-def model_facts(engine: Engine, s: Settings) -> tuple[Any, Any, int | None]:
+def model_facts(engine: Engine, model_dir: Path | None) -> tuple[Any, Any, int | None]:
     """``(tokenizer, ModelFlops, context length)`` of the served model, each ``None`` when unknown.
 
     The in-process engine knows its tokenizer and config; for HTTP upstreams they come from
-    ``model_dir`` (the checkpoint the upstream serves) when given.
+    ``model_dir`` (the checkpoint the upstream serves).
     """
     from isocompute.flops import load_model_flops
 
@@ -64,18 +65,33 @@ def model_facts(engine: Engine, s: Settings) -> tuple[Any, Any, int | None]:
     config: dict[str, Any] | None = None
     if hasattr(engine, "model_config"):
         config = engine.model_config()
-    elif s.model_dir is not None and (s.model_dir / "config.json").is_file():
-        config = json.loads((s.model_dir / "config.json").read_text(encoding="utf-8"))
-    if tokenizer is None and s.model_dir is not None:
+    elif model_dir is not None and (model_dir / "config.json").is_file():
+        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    if tokenizer is None and model_dir is not None:
         try:
             from transformers import AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(s.model_dir)
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
         except (OSError, ValueError) as e:
-            log.warning("no tokenizer in %s (%s): chat requests will be refused", s.model_dir, e)
+            log.warning("no tokenizer in %s (%s): chat requests will be refused", model_dir, e)
     flops = load_model_flops(config) if config is not None else None
     context = config.get("max_position_embeddings") if config is not None else None
     return tokenizer, flops, None if context is None else int(context)
+
+
+async def upstream_model_dir(engine: Engine, timeout: float = 10.0) -> Path | None:
+    """The checkpoint directory an HTTP upstream serves, when it is on this machine (vLLM lists it as the
+    model's ``root``); ``None`` when the upstream cannot say or is not up yet."""
+    info = getattr(engine, "model_info", None)
+    if info is None:
+        return None
+    try:
+        root = (await asyncio.wait_for(info(), timeout)).get("root")
+    except (EngineUnavailable, TimeoutError) as e:
+        log.warning("could not ask the upstream for its model (%s); pass --model DIR for chat and FLOPs", e)
+        return None
+    path = Path(str(root)) if root else None
+    return path if path is not None and (path / "config.json").is_file() else None
 
 
 def build_keystore(s: Settings) -> KeyStore:
@@ -101,7 +117,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     owned = engine is None
     if engine is None:
         engine = await asyncio.to_thread(build_engine, s)
-    tokenizer, model_flops, context = await asyncio.to_thread(model_facts, engine, s)
+    model_dir = s.model_dir or await upstream_model_dir(engine)
+    tokenizer, model_flops, context = await asyncio.to_thread(model_facts, engine, model_dir)
     gw = Gateway(policy=policy, engine=engine, settings=s, metrics=app.state.metrics, extract=extract_answer,
                  tokenizer=tokenizer, model_flops=model_flops, context_limit=context,
                  verifier=injected["verifier"])
