@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 from scipy.optimize import LinearConstraint, linprog, milp
 
 from isocompute.errors import BudgetError, InputError
-from isocompute.solver.allocate import STATUS_NOT_BINDING, STATUS_OK, allocate, lagrangian_actions
+from isocompute.solver.allocate import STATUS_NOT_BINDING, STATUS_OK, _price, allocate, lagrangian_actions
+from isocompute.solver.frontier import frontier
 
 # The docstring example: prompt 0's k=4 is dominated, prompt 1's k=2 lies under its hull.
 U_EX = np.array([[0.5, 0.9, 0.9], [0.2, 0.3, 0.8]])
@@ -94,6 +95,46 @@ def test_matches_linprog(kind, seed):
             assert res.mean_cost == pytest.approx(budget, rel=1e-9)
         else:
             assert res.mean_cost < budget and res.lam == 0
+
+
+@pytest.mark.parametrize("kind", ["ties", "passk", "uniform"])
+def test_large_instances_agree_with_the_sorted_frontier(kind):
+    """Above 65,536 edges λ* comes from a sampled band plus quickselect; the frontier sorts every edge."""
+    rng = np.random.default_rng(7)
+    U, C = random_instance(rng, 30_000, 5, kind=kind)
+    f = frontier(U, C)
+    picks = rng.choice(f.cost.size, size=min(8, f.cost.size), replace=False)
+    budgets = np.r_[rng.uniform(f.min_cost, f.cost[-1], 8), f.cost[picks]]
+    for b in budgets:
+        res = allocate(U, C, b)
+        assert res.mean_utility == pytest.approx(f.utility_at(b), rel=1e-9)
+        assert res.lam == pytest.approx(f.lam_at(b), rel=1e-9)
+        assert res.mean_cost == pytest.approx(b, rel=1e-9)
+
+
+def brute_prices(slopes, weights, rooms):
+    """Largest slope t with Σ weights[slopes ≥ t] > room, per room, by a full sort: W(≥ t) at group ends."""
+    order = np.argsort(-slopes, kind="stable")
+    s, cum = slopes[order], np.cumsum(weights[order])
+    ends = np.flatnonzero(np.r_[s[1:] != s[:-1], True])
+    return [s[ends][np.argmax(cum[ends] > room)] for room in rooms]
+
+
+@pytest.mark.parametrize("case", ["continuous", "ties", "misleading_sample", "zero_weight_sample"])
+def test_price_selection_matches_brute_force(case):
+    """The selection behind λ*, including samples that guess the band wrong (which must cost only time)."""
+    rng = np.random.default_rng(11)
+    n = 100_000  # above the 65,536 edges where the sampled band kicks in
+    slopes = rng.random(n) if case != "ties" else rng.integers(0, 50, n) / 7
+    weights = rng.random(n)
+    if case == "misleading_sample":  # the strided sample sees light high slopes, the rest is heavy
+        sampled = np.arange(n) % (n >> 12) == 0
+        slopes[sampled] = 2 + rng.random(sampled.sum())
+        weights[~sampled] *= 1000
+    if case == "zero_weight_sample":
+        weights[np.arange(n) % (n >> 12) == 0] = 0.0
+    rooms = weights.sum() * np.array([0.0, 1e-6, 0.01, 0.3, 0.5, 0.77, 0.999, 1 - 1e-9])
+    assert [_price(slopes, weights, room) for room in rooms] == brute_prices(slopes, weights, rooms)
 
 
 @pytest.mark.parametrize("kind", ["ties", "passk", "uniform"])

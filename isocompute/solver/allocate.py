@@ -242,11 +242,35 @@ def check_budget(budget: float, costs: np.ndarray, *, tol: float = 1e-12) -> flo
 def _price(slopes: np.ndarray, weights: np.ndarray, room: float) -> float:
     """Largest slope t with Σ weights[slopes ≥ t] > room (the caller guarantees Σ weights > room).
 
-    Weighted quickselect: each round partitions around the median slope and keeps one side, so the
-    work is O(n) in total instead of a full O(n log n) sort.
+    Weighted selection in O(n): one pass keeps only a narrow band of slopes around the answer, guessed
+    from a strided sample (Floyd–Rivest style); then weighted quickselect rounds, each partitioning
+    around the median and keeping one side, finish the band exactly. A wrong guess only costs speed.
     """
     above = 0.0  # weight of the slopes already known to lie above the remaining ones
     lowest_above = np.inf  # the smallest of those slopes
+    if slopes.size > 1 << 16:
+        stride = slopes.size >> 12
+        s_smp, w_smp = slopes[::stride], weights[::stride]
+        order = np.argsort(-s_smp, kind="stable")
+        cum = np.cumsum(w_smp[order])
+        if cum[-1] > 0:
+            guess = int(np.searchsorted(cum, room / float(weights.sum()) * cum[-1]))
+            hi = float(s_smp[order][max(guess - 64, 0)])
+            lo = float(s_smp[order][min(guess + 64, order.size - 1)])
+            gt = slopes > hi
+            w_gt = float(np.sum(weights, where=gt))
+            if w_gt > room:
+                slopes, weights = slopes[gt], weights[gt]
+            else:
+                ge = slopes >= lo
+                w_ge = float(np.sum(weights, where=ge))
+                if w_ge > room:
+                    above, lowest_above = w_gt, hi
+                    keep = ge & ~gt
+                else:
+                    above, lowest_above = w_ge, lo
+                    keep = ~ge
+                slopes, weights = slopes[keep], weights[keep]
     while slopes.size > 256:
         mid = slopes.size // 2
         pivot = np.partition(slopes, mid)[mid]
