@@ -151,26 +151,41 @@ def calibrate_mixed_grid(budgets: np.ndarray, targets: np.ndarray, grid: np.ndar
     return Calibration("internal_budget", budgets, targets, grid_budget(values, grid), realised, n_validation)
 
 
+def _edge(cost_at: Callable[[float], float], inside: float, outside: float, level: float, iters: int) -> float:
+    """Bisect between ``inside`` (cost == level) and ``outside`` (cost != level) for the step's far edge."""
+    for _ in range(iters):
+        mid = 0.5 * (inside + outside)
+        if cost_at(mid) == level:
+            inside = mid
+        else:
+            outside = mid
+    return outside
+
+
 def calibrate_by_bisection(budgets: np.ndarray, targets: np.ndarray, cost_at: Callable[[float], float],
                            lam_max: float, *, n_validation: int, iters: int = 60) -> Calibration:
     """Price table for a cost ``cost_at(λ)`` that is non-increasing in λ, searched on [−lam_max, lam_max]
     (``lam_max`` must be enough to reach the cheapest decisions, and −lam_max the dearest).
 
-    A negative price only comes into play when the learner spends less than the target even at λ = 0,
-    i.e. it predicts no gain from samples that the oracle found worth buying: then ties in predicted
-    utility go to the dearer action until the target is met.
+    For each target, bisection finds the step of c(λ) that crosses it; the entry takes whichever of the
+    two adjacent cost levels is nearer the target and sits in the *middle* of that level's λ interval,
+    so a new prompt's decision does not hinge on a price that is exactly some calibration prompt's
+    indifference point. A negative price only comes into play when the learner spends less than the
+    target even at λ = 0, i.e. it predicts no gain from samples the oracle found worth buying: then
+    ties in predicted utility go to the dearer action until the target is met.
     """
     budgets = np.asarray(budgets, dtype=np.float64)
     targets = np.asarray(targets, dtype=np.float64)
     values = np.empty_like(budgets)
     realised = np.empty_like(budgets)
-    top = cost_at(-float(lam_max))
+    lam_lo, lam_hi = -float(lam_max), float(lam_max)
+    top, bottom = cost_at(lam_lo), cost_at(lam_hi)
     for r, b in enumerate(targets):
         if top <= b:  # out of reach: even the dearest decisions spend at most b
-            values[r], realised[r] = -float(lam_max), top
+            values[r], realised[r] = lam_lo, top
             continue
-        lo, hi = -float(lam_max), float(lam_max)  # invariant: cost(lo) > b ≥ cost(hi)
-        c_lo, c_hi = top, cost_at(hi)
+        lo, hi = lam_lo, lam_hi  # invariant: cost(lo) > b ≥ cost(hi)
+        c_lo, c_hi = top, bottom
         for _ in range(iters):
             mid = 0.5 * (lo + hi)
             c = cost_at(mid)
@@ -178,10 +193,12 @@ def calibrate_by_bisection(budgets: np.ndarray, targets: np.ndarray, cost_at: Ca
                 lo, c_lo = mid, c
             else:
                 hi, c_hi = mid, c
-        if c_lo - b < b - c_hi:
-            values[r], realised[r] = lo, c_lo
-        else:
-            values[r], realised[r] = hi, c_hi
+        if c_lo - b < b - c_hi:  # the dearer level, on (start, lo]
+            start = _edge(cost_at, lo, lam_lo, c_lo, iters) if top != c_lo else lam_lo
+            values[r], realised[r] = 0.5 * (start + lo), c_lo
+        else:  # the cheaper level, on [hi, end)
+            end = _edge(cost_at, hi, lam_hi, c_hi, iters) if bottom != c_hi else lam_hi
+            values[r], realised[r] = 0.5 * (hi + end), c_hi
     # Entries are picked per budget; nearest-side choices are monotone in theory, enforce it against ties.
     mono = np.minimum.accumulate(values)
     for r in np.flatnonzero(mono != values):
