@@ -26,6 +26,7 @@ from fastapi import FastAPI
 
 from isocompute import __version__
 from isocompute.app.auth import KeyStore, load_key_file
+from isocompute.app.batching import BatchingEngine
 from isocompute.app.errors import install_error_handlers
 from isocompute.app.gateway import Gateway, Verifier
 from isocompute.app.metrics import Metrics, MetricsMiddleware
@@ -117,6 +118,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     owned = engine is None
     if engine is None:
         engine = await asyncio.to_thread(build_engine, s)
+    if s.batch_requests and engine.name == "transformers":
+        engine = BatchingEngine(engine, max_rows=s.batch_max_rows)
     model_dir = s.model_dir or await upstream_model_dir(engine)
     tokenizer, model_flops, context = await asyncio.to_thread(model_facts, engine, model_dir)
     gw = Gateway(policy=policy, engine=engine, settings=s, metrics=app.state.metrics, extract=extract_answer,

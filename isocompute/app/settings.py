@@ -30,6 +30,8 @@ upstream_timeout_s     ``120.0``             a request's whole upstream call; pa
 retry_after_s          ``5``                 ``Retry-After`` seconds sent with 502/503/504 and 429
 ready_probe_timeout_s  ``120.0``             how long startup keeps trying the first real upstream request
 tie_break              ``first``             majority-vote ties: ``first`` occurrence or ``seeded`` (request seed)
+batch_requests         ``true``              merge concurrent requests into one in-process engine call
+batch_max_rows         ``64``                most rows (prompts × k) in one merged call
 budget_control         ``true``              correct each budget key's internal budget online (dual ascent)
 control_gain           ``0.05``              η of the controller (see ``app.budget_control``)
 control_max_step       ``0.5``               largest internal-budget move per request, in units of the budget
@@ -87,6 +89,8 @@ class Settings(BaseSettings):
     retry_after_s: int = Field(5, ge=0)
     ready_probe_timeout_s: float = Field(120.0, gt=0)
     tie_break: Literal["first", "seeded"] = "first"
+    batch_requests: bool = True
+    batch_max_rows: int = Field(64, ge=1)
     budget_control: bool = True
     control_gain: float = Field(0.05, gt=0, le=1)
     control_max_step: float = Field(0.5, gt=0)

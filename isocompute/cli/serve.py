@@ -75,5 +75,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("no policy: pass --policy DIR (a directory written by `isocompute fit`)")
     if s.engine in ("transformers", "vllm") and s.model_dir is None:
         raise InputError(f"--engine {s.engine} needs --model DIR (a checkpoint directory)")
-    uvicorn.run(create_app(s), host=s.host, port=s.port, log_level=args.log_level)
+    # Keep idle connections longer than common client pools do (httpx: 5 s), so a client never sends on a
+    # connection the server is closing at that moment.
+    uvicorn.run(create_app(s), host=s.host, port=s.port, log_level=args.log_level, timeout_keep_alive=75)
     return 0
