@@ -1,0 +1,113 @@
+"""``isocompute demo``: the whole Solve-then-Learn loop on the embedded default, CPU only, no network.
+
+Stages, each skipped when its artifact is already there (so an interrupted demo resumes, and a second
+run is instant)::
+
+    train sft   → DIR/tiny-sft           the tiny arith model, trained from scratch
+    sample      → DIR/outcomes.jsonl     n samples per held-out arith prompt, graded (resumable itself)
+    solve       → DIR/solution/          oracle actions at the demo budget + the accuracy-vs-budget frontier
+    fit         → DIR/policy/            the budget-conditioned LightGBM policy
+    report      → DIR/report/            held-out regret against oracle, uniform, heuristic, random
+
+Each stage is the ordinary subcommand (the same code path a user runs by hand); this module only chains
+them and decides what is already done. ``--force`` redoes every stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+# The SFT stage trains on arith seed TRAIN_SEED_OFFSET + seed; the demo samples held-out problems from
+# small seeds, which SFT never draws from.
+HELD_OUT_DATA_SEED = 1
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "demo", help="train, sample, solve, fit and report on the embedded tiny model (CPU, minutes)",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--out", default="runs/demo", help="directory for every stage's artifact")
+    p.add_argument("--prompts", type=int, default=800, help="held-out arith prompts to sample")
+    p.add_argument("--n", type=int, default=16, help="samples per prompt")
+    p.add_argument("--actions", default="1,2,4,8,16", help="sample counts k the policy chooses from")
+    p.add_argument("--budget", type=float, default=4.0, help="mean samples per prompt for solve and the report")
+    p.add_argument("--sft-steps", type=int, default=None, help="SFT optimiser steps (default: the SFT default)")
+    p.add_argument("--seed", type=int, default=0, help="seed for every stage")
+    p.add_argument("--force", action="store_true", help="redo every stage even when its artifact exists")
+    p.set_defaults(func=run)
+
+
+def _stage(name: str, done: Path, argv: list[str], *, force: bool) -> None:
+    from isocompute.cli import main
+
+    if done.exists() and not force:
+        print(f"[demo] {name}: {done} exists, skipped (--force redoes it)")
+        return
+    print(f"[demo] {name}: isocompute {' '.join(argv)}", flush=True)
+    t0 = time.perf_counter()
+    rc = main(argv)
+    if rc != 0:
+        from isocompute.errors import IsoComputeError
+
+        raise IsoComputeError(f"stage {name!r} failed (exit {rc}); fix the error above and rerun "
+                              "`isocompute demo` — finished stages are kept.")
+    print(f"[demo] {name}: done in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from isocompute.errors import InputError
+
+    if args.prompts < 20 or args.n < 1:
+        raise InputError("--prompts must be ≥ 20 (the report cross-validates over prompts) and --n ≥ 1.")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model, outcomes = out / "tiny-sft", out / "outcomes.jsonl"
+    solution, policy, report = out / "solution", out / "policy", out / "report"
+    seed = str(args.seed)
+    if args.force:
+        # sample resumes from an existing table, so a forced redo must start from an empty one
+        outcomes.unlink(missing_ok=True)
+    t0 = time.perf_counter()
+
+    sft = ["train", "sft", "--task", "arith", "--out", str(model), "--seed", seed]
+    if args.sft_steps is not None:
+        sft += ["--steps", str(args.sft_steps)]
+    _stage("train sft", model / "manifest.json", sft, force=args.force)
+
+    # `sample` resumes by itself: a table that stopped half-way is continued, not redone.
+    if _table_complete(outcomes, args.prompts) and not args.force:
+        print(f"[demo] sample: {outcomes} has {args.prompts} prompts, skipped")
+    else:
+        _stage("sample", out / ".never", [
+            "sample", "--task", "arith", "--limit", str(args.prompts), "--data-seed", str(HELD_OUT_DATA_SEED),
+            "--engine", "transformers", "--model", str(model), "--n", str(args.n), "--temperature", "1.0",
+            "--seed", seed, "--out", str(outcomes)], force=True)
+
+    common = ["--actions", args.actions, "--strategy", "majority"]
+    lo, hi = min(int(a) for a in args.actions.split(",")), max(int(a) for a in args.actions.split(","))
+    _stage("solve", solution / "manifest.json", [
+        "solve", str(outcomes), *common, "--budget", str(args.budget), "--budgets", f"{lo}:{hi}:0.5",
+        "--out", str(solution)], force=args.force)
+    _stage("fit", policy / "manifest.json", [
+        "fit", str(outcomes), *common, "--budgets", f"{lo}:{hi}", "--seed", seed, "--out", str(policy)],
+        force=args.force)
+    _stage("report", report / "manifest.json", [
+        "report", str(outcomes), "--policy", str(policy), "--seed", seed, "--out", str(report)],
+        force=args.force)
+
+    print(f"[demo] all stages done in {time.perf_counter() - t0:.0f} s. Report: {report / 'report.md'}; "
+          f"serve it with: isocompute serve --policy {policy} --engine transformers --model {model}")
+    return 0
+
+
+def _table_complete(path: Path, prompts: int) -> bool:
+    if not path.exists():
+        return False
+    from isocompute.solver.outcomes import completed_ids
+
+    return len(completed_ids(path)) >= prompts
