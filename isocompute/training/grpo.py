@@ -48,6 +48,14 @@ from isocompute.tasks import arith
 from isocompute.tasks.base import Problem
 from isocompute.tasks.extract import extract_answer, normalize_answer
 from isocompute.tasks.grading import grade
+from isocompute.training.allocation import (
+    ALLOCATORS,
+    AllocationStep,
+    Allocator,
+    Group,
+    RolloutLedger,
+    make_allocator,
+)
 from isocompute.training.rewards import Objective, answer_codes, group_advantages, group_metrics
 
 KIND = "grpo"
@@ -173,13 +181,16 @@ def _define_trainer(GRPOTrainer: type) -> type:  # noqa: C901 - one class body
 
         def __init__(self, model: Any, args: Any, train_dataset: Any, *, objective: Objective | str,
                      processing_class: Any = None, verifier: Callable[..., list[float]] | None = None,
-                     peft_config: Any = None, race: RaceConvention | None = None, **kwargs: Any) -> None:
+                     peft_config: Any = None, race: RaceConvention | None = None,
+                     allocator: Allocator | None = None, **kwargs: Any) -> None:
             self.objective = Objective.parse(objective) if isinstance(objective, str) else objective
+            self.allocator = allocator
+            self._pending: list[Any] | None = None
             funcs: list[Any] = [correct]
             if self.objective.needs_scores:
                 funcs.append(verifier or step_check_score)
             funcs.append(aligned)
-            _check_args(args, self.objective)
+            _check_args(args, self.objective, allocator)
             args.reward_weights = [0.0] * (len(funcs) - 1) + [1.0]
             super().__init__(model=model, reward_funcs=funcs, args=args, train_dataset=train_dataset,
                              processing_class=processing_class, peft_config=peft_config, **kwargs)
@@ -189,6 +200,7 @@ def _define_trainer(GRPOTrainer: type) -> type:  # noqa: C901 - one class body
             trainable = sum(p.numel() for p in base.parameters() if p.requires_grad)
             self.n_lora: int | None = trainable if hasattr(base, "peft_config") else None
             self.ledger = FlopLedger(convention=race or RaceConvention())
+            self.rollout_ledger = RolloutLedger(self.policy_flops, self.ledger, prefix_sharing=bool(self.use_vllm))
             if args.beta != 0.0 or args.num_iterations != 1:
                 warnings.warn("the FLOP ledger does not charge the extra no-grad forward passes of beta > 0 or "
                               "num_iterations > 1; keep beta=0 and num_iterations=1 for an exact ledger.",
@@ -196,6 +208,9 @@ def _define_trainer(GRPOTrainer: type) -> type:  # noqa: C901 - one class body
 
         # -- rollouts -----------------------------------------------------------------------------
         def _generate(self, prompts: list) -> tuple:
+            if self._pending is not None:  # rollouts the allocator already generated (pilot + commit)
+                ids, completion_ids, completions = (list(x) for x in zip(*self._pending, strict=True))
+                return ids, completion_ids, None, completions, None, {}, None, []
             out = super()._generate(prompts)
             if len(out) != _GENERATE_ARITY:
                 raise IsoComputeError(f"TRL's _generate returned {len(out)} values, not {_GENERATE_ARITY}; "
@@ -209,12 +224,55 @@ def _define_trainer(GRPOTrainer: type) -> type:  # noqa: C901 - one class body
             """One request per group: a run of at most n identical consecutive prompts (two groups of the
             same prompt text may follow each other)."""
             start, n = 0, self.num_generations
+            self.rollout_ledger.steps += 1
             for j in range(1, len(prompt_ids) + 1):
                 if j == len(prompt_ids) or j - start == n or list(prompt_ids[j]) != list(prompt_ids[start]):
-                    self.ledger.add_rollout(self.policy_flops, len(prompt_ids[start]),
-                                            [len(c) for c in completion_ids[start:j]],
-                                            prefix_sharing=bool(self.use_vllm))
+                    self.rollout_ledger.charge_request(len(prompt_ids[start]),
+                                                       [len(c) for c in completion_ids[start:j]], "uniform")
+                    self.rollout_ledger.used += j - start
                     start = j
+
+        # -- allocation ---------------------------------------------------------------------------
+        def _generate_and_score_completions(self, inputs):
+            if self.allocator is None or not self.model.training:
+                return super()._generate_and_score_completions(inputs)
+            step = self._allocate()
+            rows = [dict(self.train_dataset[g.prompt]) for g in step.groups for _ in range(g.size)]
+            self._pending = [r for g in step.groups for r in g.rollouts]
+            try:
+                return super()._generate_and_score_completions(rows)
+            finally:
+                self._pending = None
+
+        def _allocate(self, tries: int = 3) -> AllocationStep:
+            for _ in range(tries):
+                step = self.allocator.step(self._rollout, self.rollout_ledger)
+                m = self._metrics["train"]
+                m["alloc/generated"].append(float(step.generated))
+                m["alloc/groups"].append(float(len(step.groups)))
+                m["alloc/evicted"].append(float(len(step.evicted)))
+                m["alloc/deferred"].append(float(len(step.deferred)))
+                if step.groups:
+                    return step
+            raise IsoComputeError(
+                f"the {type(self.allocator).__name__} found no prompt with a learning signal in {tries} tries: the "
+                "policy solves or fails every prompt it drew. Widen the kept band (p_lo, p_hi), raise max_rounds, "
+                "or train on a mix of difficulties the model partly solves.")
+
+        def _rollout(self, prompt_indices: Sequence[int], m: int) -> list[Group]:
+            """Generate and grade ``m`` rollouts of each prompt (the allocators' ``rollout`` callback)."""
+            rows = [self.train_dataset[i] for i in prompt_indices]
+            flat = [r for r in rows for _ in range(m)]
+            out = super()._generate([r["prompt"] for r in flat])
+            prompt_ids, completion_ids, completions = out[0], out[1], out[3]
+            ok = correct([], completions, gold=[r["gold"] for r in flat], task=[r["task"] for r in flat])
+            groups = []
+            for a, i in enumerate(prompt_indices):
+                sl = slice(a * m, (a + 1) * m)
+                groups.append(Group(int(i), np.asarray(ok[sl]) > 0.5,
+                                    list(zip(prompt_ids[sl], completion_ids[sl], completions[sl], strict=True)),
+                                    len(prompt_ids[a * m]), [len(c) for c in completion_ids[sl]]))
+            return groups
 
         # -- rewards ------------------------------------------------------------------------------
         def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
@@ -250,16 +308,18 @@ def _define_trainer(GRPOTrainer: type) -> type:  # noqa: C901 - one class body
 
         def log(self, logs, start_time=None):
             if self.ledger.samples:
-                logs = {**logs, "rollouts": float(self.ledger.samples), "flops/total": self.ledger.analytic.total,
+                logs = {**logs, "rollouts": float(self.ledger.samples), "rollouts/used": float(self.rollout_ledger.used),
+                        "flops/total": self.ledger.analytic.total,
                         "flops/rollout": self.ledger.analytic.rollout, "flops/update": self.ledger.analytic.update,
                         "flops/rho": self.ledger.rho, "flops/race_rho": self.ledger.race_rho}
             return super().log(logs, start_time)
 
+
     return AlignedGRPOTrainer
 
 
-def _check_args(args: Any, objective: Objective) -> None:
-    """The TRL settings the transforms need, checked once with the fix in each message."""
+def _check_args(args: Any, objective: Objective, allocator: Allocator | None = None) -> None:
+    """The TRL settings the transforms (and an allocator) need, checked once with the fix in each message."""
     n = args.num_generations
     if n is None or n < objective.min_generations():
         raise InputError(f"{objective.name} needs num_generations ≥ {objective.min_generations()} (k + 1 rollouts "
@@ -267,6 +327,13 @@ def _check_args(args: Any, objective: Objective) -> None:
     if args.scale_rewards not in ("none", False) and objective.kind != "mean":
         raise InputError(f"scale_rewards={args.scale_rewards!r} divides by the group's std, which biases the "
                          f"{objective.name} gradient; set scale_rewards='none'.")
+    if allocator is not None:
+        if allocator.group_size != n:
+            raise InputError(f"the allocator fills groups of {allocator.group_size} rollouts but num_generations={n}; "
+                             "make them equal (Pilot-Commit: n_pilot + n_commit = num_generations).")
+        if args.gradient_accumulation_steps != 1 or (args.steps_per_generation or 1) != 1 or args.world_size != 1:
+            raise InputError("rollout allocation decides one update at a time in one process; set "
+                             "gradient_accumulation_steps=1, steps_per_generation=1 and run a single process.")
     if args.multi_objective_aggregation != "sum_then_normalize":
         raise InputError("multi_objective_aggregation must be 'sum_then_normalize' so the aligned column is the "
                          f"advantage; you passed {args.multi_objective_aggregation!r}.")
@@ -287,6 +354,11 @@ class AlignedGRPOConfig:
     ``race_a``: RACE's frozen-backbone share a. ``n_problems``/``mix``: the training pool (arith seed
     ``GRPO_SEED_OFFSET + seed``, difficulty weights). ``seed``: problems, sampling, shuffling.
     ``threads``: torch CPU threads. ``log_every``: steps between log lines.
+    ``allocation``: ``"none"`` (TRL's own sampler: uniform GRPO) or an allocator of
+    :mod:`isocompute.training.allocation` (``uniform``, ``dynamic``, ``pilot-commit``); its options
+    ``n_pilot`` (n_p, 0 = n // 2), ``pool_size`` (0 = 2·B_p), ``p_lo``/``p_hi`` (kept pilot accuracy
+    [p_lo, 1 − p_hi]), ``staleness`` (steps a hopeless prompt is deferred) and ``max_rounds`` (pilot or
+    refill rounds per step).
     """
 
     objective: str = "maj@8"
@@ -303,9 +375,18 @@ class AlignedGRPOConfig:
     seed: int = 0
     threads: int = 2
     log_every: int = 1
+    allocation: str = "none"
+    n_pilot: int = 0
+    pool_size: int = 0
+    p_lo: float = 0.1
+    p_hi: float = 0.1
+    staleness: int = 5
+    max_rounds: int = 2
 
     def __post_init__(self) -> None:
         obj = Objective.parse(self.objective)
+        if self.allocation != "none":
+            self.allocator(self.n_problems)  # raises on bad allocation options
         if self.num_generations < obj.min_generations():
             raise InputError(f"{obj.name} needs num_generations ≥ {obj.min_generations()} (k + 1 rollouts per prompt "
                              f"for the leave-one-out baseline); you passed {self.num_generations}.")
@@ -335,6 +416,21 @@ class AlignedGRPOConfig:
 
     def problems(self) -> list[Problem]:
         return arith.generate(self.n_problems, GRPO_SEED_OFFSET + self.seed, mix=self.mix)
+
+    def allocator(self, n_prompts: int) -> Allocator | None:
+        """The rollout allocator of ``allocation`` over ``n_prompts`` prompts (None for ``"none"``)."""
+        if self.allocation == "none":
+            return None
+        if self.allocation not in ALLOCATORS:
+            raise InputError(f"unknown allocation {self.allocation!r}; use 'none' or one of {', '.join(ALLOCATORS)}.")
+        options: dict[str, Any] = {"max_rounds": self.max_rounds}
+        if self.allocation == "pilot-commit":
+            options.update(p_lo=self.p_lo, p_hi=self.p_hi, staleness=self.staleness,
+                           n_pilot=self.n_pilot or None, pool_size=self.pool_size or None)
+        elif self.allocation == "uniform":
+            options = {}
+        return make_allocator(self.allocation, n_prompts, group_size=self.num_generations,
+                              prompts_per_step=self.prompts_per_step, seed=self.seed, **options)
 
 
 @dataclass
@@ -404,7 +500,7 @@ def train_grpo(cfg: AlignedGRPOConfig, out_dir: str | Path, *, base: str | Path 
         trainer = trainer_cls(model, cfg.trl_args(scratch, progress=progress), dataset, objective=cfg.objective,
                               processing_class=tokenizer, race=RaceConvention(a=cfg.race_a),
                               peft_config=lora_config(cfg.lora_rank) if cfg.lora_rank else None,
-                              **dict(trainer_kwargs or {}))
+                              allocator=cfg.allocator(len(dataset)), **dict(trainer_kwargs or {}))
         trainer.train()
     seconds = time.monotonic() - start
     trained = trainer.accelerator.unwrap_model(trainer.model)
@@ -422,6 +518,7 @@ def train_grpo(cfg: AlignedGRPOConfig, out_dir: str | Path, *, base: str | Path 
     with artifact_writer(out_dir, kind=KIND, schema_version=SCHEMA_VERSION, inputs=inputs, params=params) as tmp:
         save_model(trained, tokenizer, tmp)
         trainer.ledger.save(tmp / "ledger.json")
+        (tmp / "rollouts.json").write_text(json.dumps(trainer.rollout_ledger.to_dict(), indent=2) + "\n")
         (tmp / "train_log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in log))
     return GRPOResult(out_dir=Path(out_dir), steps=int(trainer.state.global_step), ledger=trainer.ledger,
                       seconds=seconds, log=log)
