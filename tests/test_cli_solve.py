@@ -130,6 +130,25 @@ def test_flops_costs_with_model_config(table, tmp_path, capsys):
     assert (np.diff(costs, axis=1) > 0).all() and (costs[:, 2] > 4 * costs[:, 1] * 0.9).all()
 
 
+def test_flops_model_config_from_the_table_meta(table, tmp_path, capsys):
+    """`isocompute sample` stores the model's config.json in every line's meta; solve uses it by default."""
+    with_meta = tmp_path / "with_meta.jsonl"
+    lines = [json.loads(line) for line in table.read_text().splitlines()]
+    with_meta.write_text("".join(json.dumps({**r, "meta": {"model_config": QWEN_TINY}}) + "\n" for r in lines))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(QWEN_TINY))
+    base = ["solve", "--actions", "1,4", "--cost-unit", "flops", "--json"]
+    assert main([*base, str(with_meta), "--budget", "1", "--out", str(tmp_path / "a")]) == 2  # 1 FLOP: too low
+    budget = repr(2 * float(capsys.readouterr().err.split("feasible range [")[1].split(",")[0]))
+    assert main([*base, str(with_meta), "--budget", budget, "--out", str(tmp_path / "a")]) == 0
+    from_meta = json.loads(capsys.readouterr().out)
+    assert main([*base, str(table), "--budget", budget, "--model-config", str(config),
+                 "--out", str(tmp_path / "b")]) == 0
+    from_flag = json.loads(capsys.readouterr().out)
+    assert from_meta["feasible_range"] == from_flag["feasible_range"]
+    assert from_meta["mean_utility"] == from_flag["mean_utility"]
+
+
 def test_deterministic_rounding_stays_within_budget(table, tmp_path, capsys):
     out = tmp_path / "sol"
     assert main(["solve", str(table), "--budget", "3.3", "--rounding", "deterministic", "--out", str(out),
