@@ -71,7 +71,7 @@ QUESTION_WORDS = frozenset(
 # LaTeX command | other symbol | non-ASCII word; the common branches first, because order is speed here.
 _TOKEN = re.compile(r"[a-z]+|\d+(?:\.\d+)?|\\[a-z]+|[^\w\s]|[^\W\d_]+")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
-_OPERATOR_CHARS = "+-*/^=<>×÷·−"
+_OPERATOR = re.compile(r"[+\-*/^=<>×÷·−]")
 _LATEX_OPS = frozenset(r"\times \cdot \div \pm \le \ge \leq \geq \neq \frac \sqrt".split())
 _LATEX_TIMES = frozenset((r"\times", r"\cdot"))
 # Every digit becomes 0, so a number's token is its shape ("385" -> "000"): raw numbers are almost all
@@ -105,14 +105,19 @@ def _with_bigrams(toks: list[str]) -> list[str]:
 
 
 def _hand_row(text: str, toks: list[str]) -> tuple[float, ...]:
-    # Counts come from C-level str/regex calls; a Python loop per character would cost 10x.
+    # Counts come from C-level str/regex/map calls: a Python loop per character or per number would
+    # cost several times more, and this runs for every request.
     nums = _NUMBER.findall(text)
     joined = "".join(nums)
-    max_digits = max((len(n.partition(".")[0]) for n in nums), default=0)
-    if max_digits <= 15:
-        log_max = math.log10(1.0 + max(map(float, nums), default=0.0))
-    else:  # beyond float precision the digit count *is* the log magnitude
-        log_max = float(max_digits)
+    if not nums:
+        max_digits, log_max = 0, 0.0
+    elif "." not in joined:  # integers only (the common case): int() parses in C
+        max_digits = max(map(len, nums))
+        log_max = math.log10(1.0 + max(map(int, nums))) if max_digits <= 15 else float(max_digits)
+    else:
+        max_digits = max(len(n.partition(".")[0]) for n in nums)
+        # beyond float precision the digit count *is* the log magnitude
+        log_max = math.log10(1.0 + max(map(float, nums))) if max_digits <= 15 else float(max_digits)
     latex = [t for t in toks if t[0] == "\\"]
     return (
         len(text),
@@ -122,7 +127,7 @@ def _hand_row(text: str, toks: list[str]) -> tuple[float, ...]:
         len(joined) - joined.count("."),
         max_digits,
         log_max,
-        sum(map(text.count, _OPERATOR_CHARS)) + sum(map(_LATEX_OPS.__contains__, latex)),
+        len(_OPERATOR.findall(text)) + sum(map(_LATEX_OPS.__contains__, latex)),
         text.count("+"),
         text.count("-") + text.count("−"),
         text.count("*") + text.count("×") + text.count("·") + sum(map(_LATEX_TIMES.__contains__, latex)),
