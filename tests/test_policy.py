@@ -268,3 +268,23 @@ def test_decide_before_fit_and_unknown_learner(policy_small_single):
 def policy_small_single():
     table = from_records(synthetic_records(40, 8, seed=5))
     return Policy(PolicyConfig(**dict(SMALL, learner="classifier", n_rounds=5))).fit(table)
+
+
+@pytest.mark.slow
+def test_flops_cost_unit(train_table, test_table):
+    from isocompute.flops import ModelFlops
+    from isocompute.solver.costs import cost_table
+
+    model = ModelFlops(body_params=73_728, head_params=8_192, n_layers=2, d_attn=96, n_params=90_432)
+    C = cost_table(train_table.prompt_tokens, train_table.mean_completion_tokens, ACTIONS, unit="flops", model=model)
+    lo, hi = C[:, 0].mean(), C[:, -1].mean()
+    pol = Policy(PolicyConfig(**dict(SMALL, cost_unit="flops", budget_range=(lo, hi)))).fit(
+        train_table, model_flops=model)
+    np.testing.assert_allclose(pol.action_costs_, C.mean(axis=0))
+    b = lo + 0.3 * (hi - lo)
+    d = pol.decide(test_table.prompts, b)
+    assert d.cost_unit == "flops" and d.expected_cost == pytest.approx(pol.action_costs_[d.action_index].mean())
+    Ct = cost_table(test_table.prompt_tokens, test_table.mean_completion_tokens, ACTIONS, unit="flops", model=model)
+    assert Ct[np.arange(len(test_table)), d.action_index].mean() == pytest.approx(b, rel=0.2)
+    with pytest.raises(BudgetError, match="flops"):
+        pol.decide(["x"], hi * 2)

@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     if config.cost_unit == "flops":
         model, extra = model_flops_for(table, args.model_config)
         inputs.update(extra)
-    policy = Policy(config).fit(table, model_flops=model)
+    policy = Policy(config).fit(table, model_flops=model, progress=True)
     policy.save(args.out, inputs=inputs)
 
     from rich.console import Console

@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     for e in report["budgets"]:
         m, g = e["methods"], e["gain_vs_uniform"]
         sig = "" if g["significant"] else " n.s."
-        t.add_row(f"{e['budget']:g}", *(f"{m[k]['accuracy']:.4f}" for k in ("oracle", "learned", "uniform",
+        t.add_row(f"{e['budget']:.3g}", *(f"{m[k]['accuracy']:.4f}" for k in ("oracle", "learned", "uniform",
                                                                              "heuristic", "random")),
                   f"{m['learned']['cost']:.4g}",
                   f"{100 * g['relative']:+.1f}% [{100 * g['ci95'][0]:+.1f}, {100 * g['ci95'][1]:+.1f}]{sig}",

@@ -2,27 +2,33 @@
 
 A learned policy has one scalar knob that moves its spend: the classifier's *internal budget* b' (the
 budget fed to it as an input feature) and the utility learner's *price* λ. The knob's mean cost on
-held-out validation prompts, c(knob), is what a request actually spends, and it is not the knob itself
-(an imitator under-spends where it misses expensive oracle actions). Calibration inverts c:
+prompts the learner never saw, c(knob), is what a request actually spends, and it is not the knob
+itself (an imitator under-spends where it misses expensive oracle actions). Calibration inverts c on
+cross-fitted, out-of-fold decisions (:mod:`isocompute.policy.policy`):
 
-    for each requested budget B on a grid:   knob(B) = the knob whose validation cost is nearest B,
+    for each requested budget B on a grid:   knob(B) = the knob whose held-out cost is nearest T(B),
 
-subject to knob(B) being monotone in B (non-decreasing for b', non-increasing for λ), and serving
-interpolates linearly between grid entries. Two searches:
+where the target T(B) is what the oracle spends at B on the training prompts (B itself while the
+budget binds; less where extra samples buy nothing), subject to knob(B) being monotone in B
+(non-decreasing for b', non-increasing for λ). Serving interpolates linearly between grid entries.
+Each entry sits in the middle of a step of c, so rounding cannot tip a decision at a step's edge.
 
-* :func:`calibrate_on_candidates` — c is only known on a finite set of candidate knobs (the classifier
-  changes its decisions only between the budgets it was trained on, so those are the candidates);
-  entries are picked greedily in B so each is the nearest-cost candidate not below the previous one.
-* :func:`calibrate_by_bisection` — c is monotone non-increasing in λ by construction (each prompt's
-  ``argmax_a U − λ·c_a`` only moves to cheaper actions as λ grows); bisection finds the smallest λ
-  whose cost is ≤ B and the entry keeps whichever side of that step lies nearer B.
+* :func:`calibrate_mixed_grid` — the classifier decides differently only between the budgets it was
+  trained on (a grid), so each prompt plays one of the two grid budgets around b', chosen by a hash
+  uniform u of its text (:func:`mixed_grid_index`): the share playing the upper one is the fractional
+  position of b' between them. c is then a step function with one step per (prompt, grid cell); the
+  steps are sorted once and each target takes the first step that reaches it (or the one before, if
+  nearer).
+* :func:`calibrate_by_bisection` — c(λ) is non-increasing by construction (each prompt's
+  ``argmax_a Û − λ·c_a`` only moves to cheaper actions as λ grows); bisection finds the step that
+  crosses the target.
 
-Worked example (candidates): knobs [1, 2, 3, 4] with validation costs [1.0, 1.4, 2.6, 3.1] and requested
-budgets [1.5, 2.5, 3.0] give knobs [2, 3, 4] and realised costs [1.4, 2.6, 3.1].
+Worked example (mixed grid): grid budgets (1, 2, 4), two prompts whose decision at grid budget g costs
+g, u = (0.25, 0.75). Prompt i moves up a cell at position x = j + 1 − u_i, so c(x) = 1, then 1.5 from
+x = 0.25, 2 from 0.75, 3 from 1.25, 4 from 1.75. Target 1.5 → x = 0.5 (mid-step), b' = 2^0.5.
 
-Ignores: costs beyond the achievable range — a budget above the largest validation cost maps to the
-costliest knob and under-spends (reported in ``realised``; budgets the policy cannot usefully spend are
-budgets the oracle does not spend either).
+Ignores: targets beyond what the learner can reach — they map to its costliest knob and it
+under-spends (reported in ``realised``).
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ import numpy as np
 
 from isocompute.errors import InputError
 from isocompute.policy.policy import LEARNERS, Policy, PolicyConfig
-from isocompute.solver.allocate import allocate
+from isocompute.solver.allocate import allocate, feasible_range
 
 BASE_METHODS = ("oracle", "learned", "uniform", "heuristic", "random")
 METHODS = (*BASE_METHODS, "oracle_lp", *(f"learned_{name}" for name in LEARNERS))
@@ -128,10 +128,14 @@ def _score(policy: Policy, prompts: Sequence[str], U: np.ndarray, C: np.ndarray,
     gap = np.empty((budgets.size, n))
     mean_costs = C.mean(axis=0)
     M = {m: j for j, m in enumerate(METHODS)}
+    f_lo, f_hi = feasible_range(C)
     for bi, b in enumerate(budgets):
         b = policy.check_budget(b)
-        det = allocate(U, C, b, rounding="deterministic")
-        lp = allocate(U, C, b, rounding="mix").action_probs()
+        # With per-prompt (FLOP) costs the held-out part's feasible range can be narrower than the
+        # trained range; the oracle then takes the cheapest (or dearest) action everywhere.
+        b_oracle = float(np.clip(b, f_lo, f_hi))
+        det = allocate(U, C, b_oracle, rounding="deterministic")
+        lp = allocate(U, C, b_oracle, rounding="mix").action_probs()
         o = det.actions
         o_act[bi], gap[bi] = o, U[rows, o] - U.min(axis=1)
         util[M["oracle"], bi], cost[M["oracle"], bi] = U[rows, o], C[rows, o]

@@ -4,9 +4,10 @@
 spanning the trained range it computes the oracle's actions (deterministic rounding, so each prompt has
 one label) and trains one multiclass model on rows ``[x_i, b_g] → a_i(b_g)``: the budget is an input
 feature, so one model serves every budget in the range. Each prompt contributes distinct grid
-budgets, all of them for small tables and at least 4 for large ones (about ``max_rows`` rows in all). Decisions are ``argmax_a p(a | x, b')`` at an
-internal budget b' chosen by calibration. Because trees split the budget feature only between grid
-values, the decisions change only between grid budgets: the grid is the calibration's candidate set.
+budgets, all of them for small tables and at least 4 for large ones (about ``max_rows`` rows in all).
+Decisions are ``argmax_a p(a | x, b)``. Trees split the budget feature only between grid values, so
+decisions change only between grid budgets; a calibrated internal budget b' between two of them is
+served by letting a hash-chosen share of prompts play the upper one (see the calibration module).
 
 **UtilityRegressor** predicts every action's utility, Û(x, a) ≈ U[i, a], with one LightGBM model on
 stacked rows ``[x_i, k_a] → U[i, a]`` (cross-entropy objective: utilities are probabilities in [0, 1]),
@@ -30,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from isocompute.policy.calibration import grid_position, mixed_grid_index
-from isocompute.solver.allocate import allocate
+from isocompute.solver.allocate import allocate, feasible_range
 
 PRICE_JITTER = 0.2  # log-width of the per-prompt price spread of the utility learner (±10%)
 TIE_SPREAD = 1e-9  # additive price spread: splits exact ties in Û (no tree split on k) around λ = 0
@@ -86,8 +87,13 @@ class OracleClassifier:
         self.seed = seed
 
     def oracle_labels(self, U: np.ndarray, C: np.ndarray, grid: np.ndarray) -> np.ndarray:
-        """(G, N) oracle action per grid budget and prompt (deterministic rounding: cost ≤ budget)."""
-        return np.stack([allocate(U, C, float(b), rounding="deterministic").actions for b in grid])
+        """(G, N) oracle action per grid budget and prompt (deterministic rounding: cost ≤ budget).
+
+        Budgets are clipped to these prompts' feasible range: with per-prompt (FLOP) costs a fold's
+        cheapest mean cost can sit above the table's, and there every prompt takes its cheapest action."""
+        lo, hi = feasible_range(C)
+        return np.stack([allocate(U, C, float(np.clip(b, lo, hi)), rounding="deterministic").actions
+                         for b in grid])
 
     def fit(self, X: np.ndarray, U: np.ndarray, C: np.ndarray, budget_range: tuple[float, float]) -> OracleClassifier:
         import lightgbm as lgb

@@ -1,15 +1,21 @@
 """The fitted policy: prompt features → a learner → an action (k samples) per prompt at a requested budget.
 
-``Policy(PolicyConfig(...)).fit(table)`` splits the table's prompts into a *fit* part and a
-*validation* part (``validation_fraction``, seeded), fits the features and the learner(s) on the fit
-part, and calibrates each learner on the validation part so that the mean cost of its decisions on
-prompts it never saw is the requested budget (:mod:`isocompute.policy.calibration`). With
-``learner="auto"`` both learners are fitted and the one with the higher mean validation accuracy over
-the budget range becomes the default (ties go to the classifier, the seed's learner); the reason is
-recorded in :attr:`Policy.selection_`.
+``Policy(PolicyConfig(...)).fit(table)`` fits the features on the table's prompts, splits the prompts
+into ``calibration_folds`` seeded folds and trains one *member* of each learner per fold on the other
+folds (cross-fitting). Every training prompt is then decided by the member that never saw it, and the
+budget calibration (:mod:`isocompute.policy.calibration`) is measured on those out-of-fold decisions:
+the knob for budget B is set so that their mean cost is what the oracle spends at B. At serving time a
+prompt is routed to member ``floor(k · h(prompt))`` (h a hash uniform independent of the one used for
+mixing), so a new prompt meets exactly the process the calibration measured — what is calibrated is
+what is served — at the price of members trained on (k − 1)/k of the data.
 
-``Policy.decide(prompts, budget)`` is pure and fast (no pandas, one LightGBM call, one thread for
-small batches): features, knob from the calibration table, decisions. A budget outside the trained
+With ``learner="auto"`` both learners are fitted and the one with the higher mean out-of-fold accuracy
+over the budget range becomes the default (ties go to the classifier, the seed's learner); the reason
+is recorded in :attr:`Policy.selection_`.
+
+``Policy.decide(prompts, budget)`` is pure and fast: features, knob from the calibration table, one
+LightGBM call per member present in the batch (single-threaded, no pandas). Decisions depend only on
+the prompt text and the budget, so a repeated prompt gets the same k. A budget outside the trained
 range raises :class:`~isocompute.errors.BudgetError` naming the range.
 
 Costs: ``cost_unit="samples"`` (default) prices action a at c_a = k_a. With ``"flops"`` the solver's
@@ -17,11 +23,12 @@ cost table prices each training prompt from its token counts, and serving prices
 training cost of that action (a new prompt's completion length is unknown before it is generated).
 
 Artifact (``save``/``load``; manifest kind ``policy``, schema 1): ``policy.json`` (config, actions,
-action costs, budget range, default learner and why, heuristic data), ``features.json`` +
-``features_svd.npz``, and per learner ``<learner>/model.txt`` (LightGBM text) + ``<learner>/state.json``
-(hyper-parameters, calibration table). No pickle. ``load`` refuses another kind, schema or checksum.
+action costs, budget range, default learner and why, the training prompt lengths the heuristic
+baseline uses), ``features.json`` + ``features_svd.npz``, and per learner ``<learner>/model_<j>.txt``
+(LightGBM text, one per member) + ``<learner>/state.json`` (hyper-parameters, calibration table). No
+pickle. ``load`` refuses another kind, schema or a checksum mismatch.
 
-Ignores: per-request caps (``max_samples`` is the gateway's), probes that call a model.
+Ignores: per-request caps (``max_samples`` is the gateway's), probe features that call a model.
 """
 
 from __future__ import annotations
@@ -151,6 +158,11 @@ class _Fitted:
     calibration: Calibration
 
 
+def _tick(bar: Any, model: Any) -> Any:
+    bar.update(1)
+    return model
+
+
 def crossfit_folds(n: int, k: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """Seeded k-fold split of ``range(n)``: a list of (train, held-out) sorted index arrays."""
     perm = np.random.default_rng(seed).permutation(n)
@@ -166,7 +178,8 @@ class Policy:
         self.config = config if config is not None else PolicyConfig(**kwargs)
 
     # ------------------------------------------------------------------------------------------ fitting
-    def fit(self, table: Any, *, costs: np.ndarray | None = None, model_flops: Any = None) -> Policy:
+    def fit(self, table: Any, *, costs: np.ndarray | None = None, model_flops: Any = None,
+            progress: bool = False) -> Policy:
         """Fit on an :class:`~isocompute.solver.outcomes.OutcomeTable`; ``costs`` overrides the cost table."""
         from isocompute.solver.costs import cost_table
         from isocompute.solver.estimators import utilities
@@ -176,10 +189,10 @@ class Policy:
         if costs is None:
             costs = cost_table(table.prompt_tokens, table.mean_completion_tokens, cfg.actions,
                                unit=cfg.cost_unit, model=model_flops)
-        return self.fit_arrays(table.prompts, U, costs)
+        return self.fit_arrays(table.prompts, U, costs, progress=progress)
 
-    def fit_arrays(self, prompts: Sequence[str], U: np.ndarray, C: np.ndarray) -> Policy:
-        """Fit from prompts and their utility and cost tables (N × A each)."""
+    def fit_arrays(self, prompts: Sequence[str], U: np.ndarray, C: np.ndarray, *, progress: bool = False) -> Policy:
+        """Fit from prompts and their utility and cost tables (N × A each); ``progress`` shows a bar."""
         cfg = self.config
         U, C = np.asarray(U, dtype=np.float64), np.asarray(C, dtype=np.float64)
         prompts = list(prompts)
@@ -209,14 +222,17 @@ class Policy:
         rows = np.arange(n)
 
         names = LEARNERS if cfg.learner == "auto" else (cfg.learner,)
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(names) * len(folds), desc="fit: members", unit="model", disable=not progress)
         self.learners_: dict[str, _Fitted] = {}
         held_out: dict[str, Callable[[float], np.ndarray]] = {}  # budget → out-of-fold actions
         hyper = {"n_rounds": cfg.n_rounds, "num_leaves": cfg.num_leaves, "learning_rate": cfg.learning_rate,
                  "min_data_in_leaf": cfg.min_data_in_leaf, "seed": cfg.seed}
         for name in names:
             if name == "classifier":
-                clfs = [OracleClassifier(n_budget_grid=cfg.n_budget_grid, **hyper).fit(
-                    X[tr], U[tr], C[tr], cfg.budget_range) for tr, _ in folds]
+                clfs = [_tick(bar, OracleClassifier(n_budget_grid=cfg.n_budget_grid, **hyper).fit(
+                    X[tr], U[tr], C[tr], cfg.budget_range)) for tr, _ in folds]
                 grid = clfs[0].budget_grid_
                 grid_act = np.empty((grid.size, n), dtype=np.intp)
                 for m, (_, ho) in zip(clfs, folds, strict=True):
@@ -228,7 +244,7 @@ class Policy:
                     return act[mixed_grid_index(grid_position(cal(b), grid), u, grid.size), rows]
             else:
                 ks = np.asarray(cfg.actions)
-                models = [UtilityRegressor(**hyper).fit(X[tr], U[tr], ks) for tr, _ in folds]
+                models = [_tick(bar, UtilityRegressor(**hyper).fit(X[tr], U[tr], ks)) for tr, _ in folds]
                 Uh = np.empty_like(U)
                 for m, (_, ho) in zip(models, folds, strict=True):
                     Uh[ho] = m.predict_utilities(X[ho])
@@ -243,6 +259,7 @@ class Policy:
                     return price(Uh, cal(b), self.action_costs_, u)
             self.learners_[name] = _Fitted(models, cal)
             held_out[name] = oof
+        bar.close()
         self.default_learner_, self.selection_ = _select(held_out, U, C, cfg)
         return self
 

@@ -69,18 +69,19 @@ def render_markdown(report: dict[str, Any]) -> str:
               f"- On these held-out prompts: {lc['why']}." if lc.get("better") else "", ""]
 
     lines += ["## Accuracy at matched budgets", "",
-              "| budget | oracle | learned | uniform | heuristic | random | learned cost | gain vs uniform "
-              "[95% CI] | imitation | regret ≤ bound | APGR |",
-              "|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---:|"]
+              "| budget | oracle | learned | uniform | heuristic | random | learned cost (vs budget) | oracle cost "
+              "| gain vs uniform [95% CI] | imitation | regret ≤ bound | APGR |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---:|"]
     for e in report["budgets"]:
         m = e["methods"]
         g = e["gain_vs_uniform"]
         sig = "" if g["significant"] else " *not significant*"
         apgr = "—" if e["apgr"] is None else f"{e['apgr']:.2f}"
         lines.append(
-            f"| {e['budget']:g} | {_acc(m['oracle']['accuracy'])} | {_acc(m['learned']['accuracy'])} | "
+            f"| {e['budget']:.4g} | {_acc(m['oracle']['accuracy'])} | {_acc(m['learned']['accuracy'])} | "
             f"{_acc(m['uniform']['accuracy'])} | {_acc(m['heuristic']['accuracy'])} | "
             f"{_acc(m['random']['accuracy'])} | {m['learned']['cost']:.4g} ({_pct(e['cost_error'])}) | "
+            f"{m['oracle']['cost']:.4g} | "
             f"{_pct(g['relative'])} [{_pct(g['ci95'][0])}, {_pct(g['ci95'][1])}]{sig} | "
             f"{e['imitation_accuracy']:.3f} | {e['regret']:.4f} ≤ {e['bound']:.4f} "
             f"{'✓' if e['regret_le_bound_all_folds'] else '✗ (a fold violates it: a bug)'} | {apgr} |")
@@ -93,13 +94,14 @@ def render_markdown(report: dict[str, Any]) -> str:
 
     not_binding = [e["budget"] for e in report["budgets"] if not e["oracle_budget_binding"]]
     if not_binding:
-        lines += [f"At budgets {', '.join(f'{b:g}' for b in not_binding)} the oracle spends less than the budget: "
-                  "extra samples buy nothing on these prompts, so a learned policy under-spends there too.", ""]
+        lines += [f"At budgets {', '.join(f'{b:.4g}' for b in not_binding)} the oracle spends less than the budget "
+                  "(see its cost column): extra samples buy nothing on these prompts, and the policy is calibrated "
+                  "to spend what the oracle spends, so it under-spends there too.", ""]
 
     lines += ["## Both learners", "", "| budget | classifier acc | classifier cost | classifier imitation | "
               "utility acc | utility cost | utility imitation |", "|---:|---:|---:|---:|---:|---:|---:|"]
     for e in report["budgets"]:
-        row = [f"{e['budget']:g}"]
+        row = [f"{e['budget']:.4g}"]
         for name in ("classifier", "utility"):
             x = e["learners"].get(name)
             row += ([_acc(x["accuracy"]), f"{x['cost']:.4g}", f"{x['imitation_accuracy']:.3f}"] if x
