@@ -16,7 +16,7 @@ from isocompute import __version__
 from isocompute.errors import IsoComputeError
 
 # Order is the order shown by --help. A module listed here must exist.
-SUBCOMMANDS: tuple[str, ...] = ("sample", "solve", "fit", "report", "serve", "train", "demo")
+SUBCOMMANDS: tuple[str, ...] = ("sample", "solve", "fit", "report", "serve", "train", "sweep", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:
