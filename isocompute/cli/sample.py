@@ -287,7 +287,9 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "sample",
         help="sample n completions per prompt, grade them, write an outcome table (resumable)",
-        description=__doc__.split("\n\n")[0],
+        description="Sample n completions per prompt of a task, grade every answer and write the outcome "
+        "table (JSONL, one flushed line per prompt). Interrupted? Rerun the same command: finished prompts "
+        "are kept and skipped.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--task", required=True, choices=TASK_CHOICES, help="problem set")
