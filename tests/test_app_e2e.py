@@ -194,3 +194,20 @@ def test_budget_control_with_the_real_policy_on_drifting_traffic(policy_dir):
           f"({controlled / budget - 1:+.2%}), fixed λ {fixed:.3f} ({fixed / budget - 1:+.2%})")
     assert abs(controlled / budget - 1) <= 0.03
     assert abs(fixed / budget - 1) >= 0.10
+
+
+def test_admin_reload_swaps_in_a_real_policy(tiny_dir, policy_dir):
+    from fastapi.testclient import TestClient
+
+    from isocompute.app.auth import hash_key
+    from isocompute.app.main import create_app
+    from isocompute.app.settings import Settings
+
+    s = Settings(policy_dir=policy_dir, engine="transformers", model_dir=tiny_dir, admin_key_sha256=hash_key("adm"))
+    with TestClient(create_app(s)) as c:
+        before = c.post("/v1/route", json={"prompt": "What is 1 + 2?", "budget": 4}).json()
+        r = c.post("/admin/reload", headers={"Authorization": "Bearer adm"})
+        assert r.status_code == 200 and r.json() == {"reloaded": True, "policy_dir": str(policy_dir)}
+        after = c.post("/v1/route", json={"prompt": "What is 1 + 2?", "budget": 4}).json()
+        assert after["decisions"] == before["decisions"] and after["internal_budget"] == 4.0
+        assert c.post("/admin/reload", headers={"Authorization": "Bearer nope"}).status_code == 401
