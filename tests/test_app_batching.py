@@ -92,3 +92,19 @@ def test_real_tiny_engine_answers_each_request_with_its_own_rows(tmp_path):
         assert len(out[i]) == 1 and len(out[i][0]) == 3
         assert {c.text for c in out[i][0]} == {alone[i][0].text}
         assert out[i][0][0].prompt_tokens == alone[i][0].prompt_tokens
+
+
+def test_oldest_request_first_across_keys():
+    """a1, c, a2 queue behind a running call with room for one request per call: c (a different key)
+    goes before a2 although a's key was queued first — a busy key cannot starve the others."""
+    inner = SlowEcho()
+    eng = BatchingEngine(inner, max_rows=4)
+
+    async def go():
+        busy = asyncio.create_task(eng.generate(["x"], 4, 8, 0.7))
+        await asyncio.sleep(0.01)
+        tasks = [asyncio.create_task(eng.generate(p, n, 8, 0.7)) for p, n in ((["a1"], 4), (["c"], 2), (["a2"], 4))]
+        await asyncio.gather(busy, *tasks)
+
+    asyncio.run(go())
+    assert inner.calls == [(["x"], 4), (["a1"], 4), (["c"], 2), (["a2"], 4)]

@@ -4,8 +4,9 @@ The in-process transformers engine runs one ``generate`` at a time (a lock aroun
 batches all rows of a call, so 50 queued one-prompt requests cost ~50 model calls when sent one by one
 and a handful when merged. :class:`BatchingEngine` wraps such an engine: requests that arrive while a
 call is running wait in a queue keyed by ``(n, max_tokens, temperature)``; when the engine is free, the
-oldest key's waiting requests (up to ``max_rows`` rows = prompts × n) go out as ONE call and each gets
-its own slice of the result. An idle engine dispatches at once, so a lone request waits for nothing.
+key holding the oldest waiting request sends its waiting requests (up to ``max_rows`` rows = prompts × n)
+as ONE call and each gets its own slice of the result. Picking by the oldest request, not by key
+order, keeps a busy key from starving the others. An idle engine dispatches at once, so a lone request waits for nothing.
 
 Worked example: requests A (1 prompt, n=4), B (2 prompts, n=4) and C (1 prompt, n=2) queue during a
 call; next call: ``generate([a, b1, b2], n=4)`` (12 rows), then ``generate([c], n=2)``.
@@ -14,14 +15,13 @@ Requests with a ``seed`` bypass the queue: a seed fixes the random stream of a w
 would make a seeded request's samples depend on its neighbours. Errors of a merged call reach every
 request in it. vLLM upstreams batch continuously by themselves and are not wrapped.
 
-Ignores: fairness between keys beyond oldest-first, and splitting a request larger than ``max_rows``
-(it goes alone).
+Ignores: splitting a request larger than ``max_rows`` (it goes alone).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
+import itertools
 from dataclasses import dataclass, field
 
 from isocompute.engines.base import Completion, Engine
@@ -29,6 +29,7 @@ from isocompute.engines.base import Completion, Engine
 
 @dataclass
 class _Pending:
+    seq: int
     prompts: list[str]
     future: asyncio.Future[list[list[Completion]]] = field(repr=False)
 
@@ -46,7 +47,8 @@ class BatchingEngine:
         self.name = engine.name
         self.max_rows = max_rows
         self.calls = 0
-        self._queue: OrderedDict[tuple[int, int, float], list[_Pending]] = OrderedDict()
+        self._queue: dict[tuple[int, int, float], list[_Pending]] = {}
+        self._seq = itertools.count()
         self._worker: asyncio.Task[None] | None = None
 
     def __getattr__(self, item: str) -> object:
@@ -60,14 +62,15 @@ class BatchingEngine:
             self.calls += 1
             return await self.engine.generate(prompts, n, max_tokens, temperature, seed)
         fut: asyncio.Future[list[list[Completion]]] = asyncio.get_running_loop().create_future()
-        self._queue.setdefault((n, max_tokens, float(temperature)), []).append(_Pending(list(prompts), fut))
+        key = (n, max_tokens, float(temperature))
+        self._queue.setdefault(key, []).append(_Pending(next(self._seq), list(prompts), fut))
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._drain())
         return await fut
 
     async def _drain(self) -> None:
         while self._queue:
-            key, waiting = next(iter(self._queue.items()))
+            key, waiting = min(self._queue.items(), key=lambda kv: kv[1][0].seq)
             n = key[0]
             batch, rows = [], 0
             while waiting and (not batch or rows + len(waiting[0].prompts) * n <= self.max_rows):
