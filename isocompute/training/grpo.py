@@ -201,6 +201,10 @@ def _define_trainer(GRPOTrainer: type) -> type:  # noqa: C901 - one class body
             self.n_lora: int | None = trainable if hasattr(base, "peft_config") else None
             self.ledger = FlopLedger(convention=race or RaceConvention())
             self.rollout_ledger = RolloutLedger(self.policy_flops, self.ledger, prefix_sharing=bool(self.use_vllm))
+            if args.disable_tqdm:  # no progress bar means quiet: the log lands in state.log_history anyway
+                from transformers.trainer_callback import PrinterCallback
+
+                self.remove_callback(PrinterCallback)
             if args.beta != 0.0 or args.num_iterations != 1:
                 warnings.warn("the FLOP ledger does not charge the extra no-grad forward passes of beta > 0 or "
                               "num_iterations > 1; keep beta=0 and num_iterations=1 for an exact ledger.",

@@ -1,0 +1,103 @@
+"""Shared pieces of the GRPO benchmarks: a training run that records a held-out accuracy curve against
+cumulative rollouts and FLOPs and stops at a rollout or FLOP budget, and target-crossing interpolation.
+
+Used by ``bench/bench_grpo_allocation.py`` and ``bench/bench_grpo_aligned.py``; not a benchmark itself.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from isocompute.tasks import arith
+from isocompute.tasks.base import Problem
+from isocompute.training.evaluation import evaluate
+from isocompute.training.grpo import AlignedGRPOConfig, load_base, make_trainer_class, problem_rows
+
+HELD_OUT_SEED = 7  # arith seed of held-out problems (training uses 2,000,000 + seed)
+
+
+def held_out(n: int, seed: int = HELD_OUT_SEED, mix: dict[int, float] | None = None) -> list[Problem]:
+    return arith.generate(n, seed, mix=mix)
+
+
+@dataclass
+class Curve:
+    """Held-out accuracy after each evaluated step, with the cumulative rollouts and FLOPs spent so far."""
+
+    points: list[dict[str, float]] = field(default_factory=list)
+    seconds: float = 0.0
+    ledger: dict[str, Any] = field(default_factory=dict)
+    rollouts: dict[str, Any] = field(default_factory=dict)
+
+    def xs(self, key: str) -> np.ndarray:
+        return np.array([p[key] for p in self.points], dtype=float)
+
+
+def crossing(x: np.ndarray, y: np.ndarray, target: float) -> float:
+    """First x at which y reaches ``target`` (linear interpolation between points); NaN if never.
+
+    >>> crossing(np.array([0, 10, 20.]), np.array([0.2, 0.4, 0.6]), 0.5)
+    15.0
+    """
+    above = np.flatnonzero(y >= target)
+    if above.size == 0:
+        return float("nan")
+    j = int(above[0])
+    if j == 0:
+        return float(x[0])
+    t = (target - y[j - 1]) / (y[j] - y[j - 1])
+    return float(x[j - 1] + t * (x[j] - x[j - 1]))
+
+
+def run_curve(cfg: AlignedGRPOConfig, *, base: str | None, problems: list[Problem], eval_every: int,
+              stop_rollouts: float | None = None, stop_flops: float | None = None, eval_n: int = 1,
+              temperature: float = 0.0, max_new_tokens: int = 64, keep_model: bool = False) -> tuple[Curve, Any]:
+    """Train per ``cfg`` (its ``steps`` is an upper bound) until the rollout or FLOP budget is spent,
+    evaluating held-out accuracy (greedy by default) at the start and every ``eval_every`` steps."""
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+
+    torch.set_num_threads(cfg.threads)
+    model, tok = load_base(base, seed=cfg.seed)
+    dataset = Dataset.from_list(problem_rows(cfg.problems()))
+    curve = Curve()
+
+    def measure(trainer: Any, step: int) -> None:
+        res = evaluate(trainer.model, tok, problems, n=eval_n, ks=(1,), temperature=temperature,
+                       max_new_tokens=max_new_tokens, seed=cfg.seed)
+        curve.points.append({"step": step, "rollouts": trainer.rollout_ledger.total,
+                             "used": trainer.rollout_ledger.used, "flops": trainer.ledger.analytic.total,
+                             "race_flops": trainer.ledger.race.total, "accuracy": res.accuracy})
+
+    class Recorder(TrainerCallback):
+        trainer: Any = None
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
+            tr = self.trainer
+            spent = (stop_rollouts is not None and tr.rollout_ledger.total >= stop_rollouts) or (
+                stop_flops is not None and tr.ledger.analytic.total >= stop_flops)
+            if state.global_step % eval_every == 0 or spent:
+                measure(tr, state.global_step)
+            if spent:
+                control.should_training_stop = True
+            return control
+
+    rec = Recorder()
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bench-grpo-") as scratch:
+        trainer = make_trainer_class()(model, cfg.trl_args(scratch), dataset, objective=cfg.objective,
+                                       processing_class=tok, allocator=cfg.allocator(len(dataset)),
+                                       callbacks=[rec])
+        rec.trainer = trainer
+        measure(trainer, 0)
+        trainer.train()
+    curve.seconds = time.monotonic() - start
+    curve.ledger = trainer.ledger.to_dict()
+    curve.rollouts = trainer.rollout_ledger.to_dict()
+    return curve, ((trainer.model, tok) if keep_model else None)
