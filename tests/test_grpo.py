@@ -98,13 +98,13 @@ def test_cli_lora_run_writes_a_servable_checkpoint_and_ledger(tmp_path):
     from isocompute.training import tiny
 
     base = tiny.save_tiny(tmp_path / "base", seed=3)
-    out = tmp_path / "tiny-maj2"
-    rc = main(["train", "grpo", "--objective", "maj@2", "--base", str(base), "--out", str(out), "--steps", "1",
+    out = tmp_path / "tiny-bon2"
+    rc = main(["train", "grpo", "--objective", "bon@2", "--base", str(base), "--out", str(out), "--steps", "1",
                "--num-generations", "3", "--prompts-per-step", "2", "--max-completion-length", "4",
                "--lora-rank", "2", "--problems", "8", "--no-progress"])
     assert rc == 0
     manifest = load_manifest(out, kind="grpo", schema_version=1)
-    assert manifest["params"]["objective"] == "maj@2" and manifest["inputs"]
+    assert manifest["params"]["objective"] == "bon@2" and manifest["inputs"]
     policy = ModelFlops.from_config(json.loads((base / "config.json").read_text()))
     n_lora = policy.lora_params(2)
     assert manifest["params"]["n_lora"] == n_lora  # peft's trainable weights = the analytic LoRA count
@@ -115,6 +115,7 @@ def test_cli_lora_run_writes_a_servable_checkpoint_and_ledger(tmp_path):
     assert led.race.update == pytest.approx(conv.update(policy.n_params, led.update_tokens, n_lora))
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert any("flops/rho" in e for e in log)
+    assert any("rewards/verifier/mean" in e for e in log)  # bon@k scores come from the rule-based verifier
 
     engine = TransformersEngine(str(out))
     done = asyncio.run(engine.generate(["What is 2 + 3?"], n=2, max_tokens=8, temperature=1.0, seed=0))
@@ -160,6 +161,8 @@ def _args(tmp_path, **kw):
         (lambda: grpo.AlignedGRPOConfig(lora_rank=-1), "lora_rank must be ≥ 0"),
         (lambda: grpo.AlignedGRPOConfig(race_a=1.5), "must lie in"),
         (lambda: grpo.load_base("/nonexistent/model"), "has no config.json"),
+        (lambda: grpo.AlignedGRPOConfig(allocation="greedy"), "unknown allocation"),
+        (lambda: grpo.AlignedGRPOConfig(allocation="pilot-commit", num_generations=12, n_pilot=13), "n_pilot must"),
     ],
 )
 def test_config_errors(make, match):
@@ -173,9 +176,16 @@ def test_config_errors(make, match):
         ({"num_generations": 4}, "pass@4", "num_generations ≥ 5"),
         ({"scale_rewards": "group"}, "maj@2", "scale_rewards='none'"),
         ({"multi_objective_aggregation": "normalize_then_sum"}, "mean", "sum_then_normalize"),
+        ({"gradient_accumulation_steps": 2}, "uniform", "gradient_accumulation_steps=1"),
+        ({"num_generations": 2}, "uniform", "groups of 4 rollouts but num_generations=2"),
     ],
 )
 def test_trainer_arg_errors(tmp_path, kw, objective, match):
+    from isocompute.training.allocation import UniformAllocator
+
+    allocator = None
+    if objective == "uniform":
+        objective, allocator = "mean", UniformAllocator(8, group_size=4, prompts_per_step=2)
     with pytest.raises(InputError, match=match):
-        grpo._check_args(_args(tmp_path, **kw), Objective.parse(objective))
+        grpo._check_args(_args(tmp_path, **kw), Objective.parse(objective), allocator)
     grpo._check_args(_args(tmp_path, scale_rewards="group"), Objective.parse("mean"))  # plain GRPO may scale

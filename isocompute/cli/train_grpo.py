@@ -37,6 +37,10 @@ def register_stage(stages: Any) -> None:
     p.add_argument("--problems", type=int, default=d.n_problems, help="training pool size (default: %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="problems/sampling seed (default: %(default)s)")
     p.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads (default: %(default)s)")
+    p.add_argument("--allocation", default=d.allocation, choices=["none", "uniform", "dynamic", "pilot-commit"],
+                   help="rollout allocation: none (TRL's sampler), uniform, dynamic (DAPO), pilot-commit")
+    p.add_argument("--n-pilot", type=int, default=d.n_pilot, help="Pilot-Commit pilot rollouts (0 = n // 2)")
+    p.add_argument("--pool-size", type=int, default=d.pool_size, help="Pilot-Commit pool per step (0 = 2·B_p)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=run)
 
@@ -48,11 +52,12 @@ def run(args: argparse.Namespace) -> int:
                             prompts_per_step=args.prompts_per_step, steps=args.steps, lr=args.lr,
                             temperature=args.temperature, max_completion_length=args.max_completion_length,
                             lora_rank=args.lora_rank, race_a=args.race_a, n_problems=args.problems,
-                            seed=args.seed, threads=args.threads)
+                            seed=args.seed, threads=args.threads, allocation=args.allocation,
+                            n_pilot=args.n_pilot, pool_size=args.pool_size)
     result = train_grpo(cfg, args.out, base=args.base, progress=not args.no_progress)
     led = result.ledger
     print(f"wrote {result.out_dir}: {result.steps} steps, {led.samples:,} rollouts in {result.seconds:.0f} s; "
           f"FLOPs {led.analytic.total:.3e} (rollout {led.analytic.rollout:.3e}, update {led.analytic.update:.3e}), "
-          f"rho {led.rho:.3f} (RACE {led.race_rho:.3f}); last batch correct "
+          f"rho {led.rho:.3f} (RACE {led.race_rho:.3f}); last logged batch correct "
           f"{result.last('objective/correct'):.3f}")
     return 0
