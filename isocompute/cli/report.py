@@ -109,7 +109,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--folds", type=int, default=5, help="cross-validation folds over prompts")
     p.add_argument("--seeds", default="3", help="number of CV seeds (e.g. 3) or a comma list of seeds")
     p.add_argument("--budgets", help="budgets to evaluate: a list (1,2,4,8), start:stop:step, or lo:hi for the "
-                                     "default grid in that range (default: the policy's range)")
+                                     "default grid in that range; when omitted, the default grid over the "
+                                     "policy's trained range")
     p.add_argument("--holdout", action="store_true",
                    help="score the fitted policy on this table (one it never saw) instead of cross-validating")
     p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the CIs")
