@@ -39,7 +39,7 @@ import itertools
 import logging
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -85,13 +85,6 @@ class Upstream:
         return now >= self.down_until and not (self.failures and self.outstanding)
 
 
-@dataclass
-class _Attempt:
-    """Why the last attempt failed, kept to build the final error message."""
-
-    errors: list[str] = field(default_factory=list)
-
-
 class _Retryable(Exception):
     """Internal: an upstream failure worth another attempt (connection, timeout, 5xx, 429)."""
 
@@ -105,8 +98,9 @@ class VLLMHTTPEngine:
     ``http://127.0.0.1:8000``, with or without a trailing ``/v1``).
 
     ``model`` is the served model name; ``None`` asks the first reachable upstream's ``/v1/models``.
-    ``timeout`` bounds one whole request (a long generation on CPU can take minutes), ``connect_timeout``
-    the TCP connect. ``transport`` replaces httpx's network transport (tests use a small in-memory
+    ``timeout`` bounds each wait on the server — and so a whole generation, since vLLM answers a
+    non-streaming request only when it is done (on CPU that can take minutes); ``connect_timeout``
+    bounds the TCP connect. ``transport`` replaces httpx's network transport (tests use a small in-memory
     server to provoke failures a real vLLM will not produce on demand).
     """
 
@@ -325,7 +319,7 @@ class VLLMHTTPEngine:
             body["seed"] = seed
         if self.return_token_ids:
             body["return_token_ids"] = True
-        failures = _Attempt()
+        failures: list[str] = []  # why each attempt failed, for the final message
         async with self._sem:
             for attempt in range(self.retries + 1):
                 if attempt:
@@ -336,7 +330,7 @@ class VLLMHTTPEngine:
                 try:
                     data = await self._post(client, up, body)
                 except _Retryable as e:
-                    failures.errors.append(f"{up.url}: {e}")
+                    failures.append(f"{up.url}: {e}")
                     if e.mark_down:
                         self._mark_down(up, str(e))
                     continue
@@ -346,7 +340,7 @@ class VLLMHTTPEngine:
                 up.served += 1
                 return self._parse(data, n)
         raise EngineUnavailable(
-            f"all {self.retries + 1} attempts failed ({'; '.join(failures.errors[-3:])}); {START_HINT}"
+            f"all {self.retries + 1} attempts failed ({'; '.join(failures[-3:])}); {START_HINT}"
         )
 
     async def _post(self, client: httpx.AsyncClient, up: Upstream, body: dict[str, Any]) -> dict[str, Any]:
