@@ -13,6 +13,7 @@ from isocompute.errors import ArtifactError, InputError
 from isocompute.policy.features import (
     HAND_FEATURES,
     PromptFeatures,
+    expression_features,
     hand_features,
     hashed_matrix,
     murmur_index,
@@ -39,6 +40,7 @@ def test_hand_features_worked_example():
         "chars": 22, "tokens": 8, "words": 2, "numbers": 3, "digits": 7, "max_number_digits": 3,
         "log10_max_number": np.log10(386), "operators": 2, "plus": 1, "minus": 1, "times": 0,
         "latex_commands": 0, "dollars": 0, "question_marks": 1, "question_words": 1,
+        "expr_operands": 3, "expr_carries": 2, "expr_result_digits": 3, "expr_negative": 0,
     })
 
 
@@ -49,6 +51,53 @@ def test_hand_features_latex_example():
     assert row["latex_commands"] == 2 and row["operators"] == 2 and row["times"] == 1
     assert row["dollars"] == 2 and row["question_words"] == 1 and row["question_marks"] == 0
     assert row["log10_max_number"] == pytest.approx(np.log10(13.5))
+
+
+def _carries_by_columns(a: int, op: str, b: int) -> int:
+    """Independent count: schoolbook column arithmetic on digit lists (magnitudes, larger first for −)."""
+    x, y = abs(a), abs(b)
+    add = (op == "+") == ((a >= 0) == (b >= 0))
+    if not add:
+        x, y = max(x, y), min(x, y)
+    xd, yd = [int(c) for c in str(x)[::-1]], [int(c) for c in str(y)[::-1]]
+    yd += [0] * (len(xd) - len(yd))
+    xd += [0] * (len(yd) - len(xd))
+    n, c = 0, 0
+    for p, q in zip(xd, yd, strict=True):
+        if add:
+            c = int(p + q + c >= 10)
+        else:
+            c = int(p - q - c < 0)
+        n += c
+    return n
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 99999), min_size=2, max_size=5), st.lists(st.sampled_from("+-*"), min_size=4,
+                                                                              max_size=4))
+def test_expression_features_match_schoolbook_columns(nums, ops):
+    ops = ops[: len(nums) - 1]
+    text = "What is " + " ".join(f"{n} {o}" for n, o in zip(nums, ops, strict=False)) + f" {nums[-1]}?"
+    got = expression_features(text)
+    vals, rest = list(nums), list(ops)
+    while "*" in rest:
+        j = rest.index("*")
+        vals[j : j + 2] = [vals[j] * vals[j + 1]]
+        del rest[j]
+    acc, carries, neg = vals[0], 0, 0
+    for op, b in zip(rest, vals[1:], strict=True):
+        carries += _carries_by_columns(acc, op, b)
+        acc = acc + b if op == "+" else acc - b
+        neg |= acc < 0
+    assert got == (len(nums), carries, len(str(abs(acc))), int(neg))
+    assert acc == eval(" ".join(f"{n} {o}" for n, o in zip(nums, ops, strict=False)) + f" {nums[-1]}")  # noqa: S307
+
+
+def test_expression_features_edge_cases():
+    assert expression_features("no maths here") == (0, 0, 0, 0)
+    assert expression_features("What is 999 × 2 + 1?") == (3, 0, 4, 0)  # 1998 + 1: no carry
+    assert expression_features("add 99+1") == (2, 2, 3, 0)
+    assert expression_features("1" * 30 + " + 1")[0] == 2  # too long to evaluate: operands only
 
 
 def test_tokenize_and_ngrams():

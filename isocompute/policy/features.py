@@ -6,7 +6,9 @@ pays microseconds per request. Two blocks, concatenated in this order:
 * **hand features** (:data:`HAND_FEATURES`): length in characters and in regex tokens, counts of words,
   numbers, digits, operators (``+ - * / ^ = < >`` and their Unicode/LaTeX forms), ``+``/``-``/``×``
   separately, LaTeX commands, ``$`` signs, question marks and question words, the most digits in one
-  number and log10 of the largest number's magnitude.
+  number and log10 of the largest number's magnitude; and, for the first inline integer expression
+  (``47 + 385 - 12``), its operands, carries/borrows, result digits and whether it goes negative
+  (:func:`expression_features`; zeros when there is none).
 * **n-gram block** ``svd_0 … svd_{d-1}``: unigrams and bigrams of normalised tokens (words lower-cased,
   each number replaced by its shape ``<num3>`` = "3 digits", since raw numbers are almost all unique and
   would share nothing), hashed exactly as scikit-learn's ``HashingVectorizer(n_features,
@@ -15,7 +17,8 @@ pays microseconds per request. Two blocks, concatenated in this order:
 
 Worked example: ``"What is 47 + 385 - 12?"`` has 22 characters; its tokens are ``What is 47 + 385 - 12
 ?`` (8 tokens: 2 words, 3 numbers, 2 operators, 1 question mark), 7 digits, at most 3 digits in one
-number, log10(1 + 385) = 2.587, one question word ("what").
+number, log10(1 + 385) = 2.587, one question word ("what"); its expression has 3 operands, 2 carries
+(7 + 5, 4 + 8 + 1) and a 3-digit result, 420.
 
 :class:`PromptFeatures` follows scikit-learn habits: ``__init__`` stores parameters, ``fit`` fits the
 SVD and sets attributes ending in ``_``, ``transform`` is pure. The fitted state is a small JSON config
@@ -60,6 +63,10 @@ HAND_FEATURES: tuple[str, ...] = (
     "dollars",
     "question_marks",
     "question_words",
+    "expr_operands",
+    "expr_carries",
+    "expr_result_digits",
+    "expr_negative",
 )
 
 QUESTION_WORDS = frozenset(
@@ -79,6 +86,10 @@ _LATEX_TIMES = frozenset((r"\times", r"\cdot"))
 _SHAPE = str.maketrans("0123456789", "0000000000")
 
 _INT32_MIN = -(2**31)
+# An inline integer expression such as "47 + 385 * 6" (operators + - * ×), for the expression block.
+_EXPRESSION = re.compile(r"\d+(?:[ \t]*[-+*×][ \t]*\d+)+")
+_EXPR_TERM = re.compile(r"\d+|[-+*×]")
+_EXPR_MAX_DIGITS = 18  # longer operands: count them, skip the arithmetic (bounded work per request)
 
 
 def tokenize(text: str) -> list[str]:
@@ -102,6 +113,60 @@ def ngrams(text: str) -> list[str]:
 
 def _with_bigrams(toks: list[str]) -> list[str]:
     return toks + list(map(" ".join, zip(toks, toks[1:], strict=False)))
+
+
+def _carries_add(a: int, b: int) -> int:
+    n = carry = 0
+    while a or b or carry:
+        carry = int(a % 10 + b % 10 + carry >= 10)
+        n += carry
+        a, b = a // 10, b // 10
+    return n
+
+
+def _borrows_sub(a: int, b: int) -> int:
+    n = borrow = 0
+    while a or b:
+        borrow = int(a % 10 - b % 10 - borrow < 0)
+        n += borrow
+        a, b = a // 10, b // 10
+    return n
+
+
+def expression_features(text: str) -> tuple[int, int, int, int]:
+    """(operands, carries, result digits, negative) of the first inline integer expression, else zeros.
+
+    The expression is evaluated like a pupil would: ``*`` first, then left to right; each ``+``/``-``
+    step adds or subtracts magnitudes digit by digit and counts its carries/borrows (a step whose signs
+    differ subtracts the smaller magnitude from the larger). ``negative`` is 1 when any intermediate
+    result is below 0. These are the difficulty knobs of the arithmetic task, read off the text.
+
+    >>> expression_features("What is 47 + 385 - 12?")  # 7+5, 4+8+1 carry; 432 − 12 borrows nothing
+    (3, 2, 3, 0)
+    >>> expression_features("What is 9 * 8 - 100?")  # 72 − 100 = −28: 100 − 72 borrows twice
+    (3, 2, 2, 1)
+    """
+    m = _EXPRESSION.search(text)
+    if m is None:
+        return 0, 0, 0, 0
+    terms = _EXPR_TERM.findall(m.group())
+    nums, ops = terms[0::2], ["*" if o == "×" else o for o in terms[1::2]]
+    if max(map(len, nums)) > _EXPR_MAX_DIGITS:
+        return len(nums), 0, 0, 0
+    vals = [int(x) for x in nums]
+    while "*" in ops:
+        j = ops.index("*")
+        vals[j : j + 2] = [vals[j] * vals[j + 1]]
+        del ops[j]
+    acc, carries, negative = vals[0], 0, 0
+    for op, b in zip(ops, vals[1:], strict=True):
+        if (op == "+") == ((acc >= 0) == (b >= 0)):
+            carries += _carries_add(abs(acc), abs(b))
+        else:
+            carries += _borrows_sub(max(abs(acc), abs(b)), min(abs(acc), abs(b)))
+        acc = acc + b if op == "+" else acc - b
+        negative |= acc < 0
+    return len(nums), carries, len(str(abs(acc))), int(negative)
 
 
 def _hand_row(text: str, toks: list[str]) -> tuple[float, ...]:
@@ -135,6 +200,7 @@ def _hand_row(text: str, toks: list[str]) -> tuple[float, ...]:
         text.count("$"),
         text.count("?"),
         sum(map(QUESTION_WORDS.__contains__, toks)),
+        *expression_features(text),
     )
 
 
