@@ -76,17 +76,17 @@ def test_classifier_labels_are_the_oracle(train_table):
 
 def test_classifier_imitates_a_predictable_oracle():
     # Noise 0 and many samples: difficulty is a function of the text, so the oracle is learnable.
-    table = from_records(synthetic_records(300, 16, seed=3, noise=0.0))
+    table = from_records(synthetic_records(600, 16, seed=3, noise=0.0))
     U = utilities(table, ACTIONS, "majority")
     C = np.broadcast_to(np.asarray(ACTIONS, float), U.shape)
     from isocompute.policy.features import PromptFeatures
 
     X = PromptFeatures(n_components=0).fit(table.prompts).transform(table.prompts)
-    clf = OracleClassifier(n_rounds=40, n_budget_grid=17).fit(X[:200], U[:200], C[:200], (1.0, 8.0))
-    oracle = allocate(U[200:], C[200:], 2.0, rounding="deterministic").actions
-    pred = clf.predict_proba(X[200:], 2.0).argmax(axis=1)
-    assert np.mean(pred == oracle) > 0.7
-    assert np.mean(pred == oracle) > np.mean(oracle == np.bincount(oracle).argmax())  # beats the majority class
+    clf = OracleClassifier(n_rounds=40, n_budget_grid=17).fit(X[:400], U[:400], C[:400], (1.0, 8.0))
+    oracle = allocate(U[400:], C[400:], 4.0, rounding="deterministic").actions
+    pred = clf.predict_proba(X[400:], 4.0).argmax(axis=1)
+    majority = np.mean(oracle == np.bincount(oracle).argmax())
+    assert np.mean(pred == oracle) > 0.7 and np.mean(pred == oracle) > majority + 0.15
 
 
 def test_utility_regressor_predicts_in_unit_interval(train_table):
