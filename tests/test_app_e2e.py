@@ -211,3 +211,26 @@ def test_admin_reload_swaps_in_a_real_policy(tiny_dir, policy_dir):
         after = c.post("/v1/route", json={"prompt": "What is 1 + 2?", "budget": 4}).json()
         assert after["decisions"] == before["decisions"] and after["internal_budget"] == 4.0
         assert c.post("/admin/reload", headers={"Authorization": "Bearer nope"}).status_code == 401
+
+
+def test_concurrent_requests_all_succeed(server):
+    """64 requests from 32 concurrent clients on the batched in-process engine: every one answers 200
+    (the engine's worker thread and the gateway's token counting never share a tokenizer)."""
+    import asyncio
+
+    async def go():
+        async with httpx.AsyncClient(base_url=server, timeout=300) as client:
+            sem = asyncio.Semaphore(32)
+
+            async def one(i):
+                async with sem:
+                    if i % 2:
+                        body = {"model": "isocompute", "budget": 4,
+                                "messages": [{"role": "user", "content": f"What is {i} + {2 * i}?"}]}
+                        return (await client.post("/v1/chat/completions", json=body)).status_code
+                    body = {"model": "isocompute", "prompt": f"What is {i} * 3?\n", "budget": 8}
+                    return (await client.post("/v1/completions", json=body)).status_code
+
+            return await asyncio.gather(*(one(i) for i in range(64)))
+
+    assert asyncio.run(go()) == [200] * 64

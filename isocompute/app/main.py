@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import logging
 import time
@@ -63,6 +64,10 @@ def model_facts(engine: Engine, model_dir: Path | None) -> tuple[Any, Any, int |
     from isocompute.flops import load_model_flops
 
     tokenizer = getattr(engine, "tokenizer", None)
+    if tokenizer is not None:
+        # A private copy: a fast tokenizer is not thread-safe (its padding state is mutated per call), and
+        # the in-process engine encodes in its worker thread while the gateway counts tokens in the loop.
+        tokenizer = copy.deepcopy(tokenizer)
     config: dict[str, Any] | None = None
     if hasattr(engine, "model_config"):
         config = engine.model_config()
