@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--test-problems", type=int, default=128)
     ap.add_argument("--cal-problems", type=int, default=128)
     ap.add_argument("--budget", type=float, default=4.0, help="served mean samples per request")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-problems", type=int, default=128)
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--target", type=float, default=None, help="accuracy target (default: uniform's mean final)")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)
     args = ap.parse_args(argv)

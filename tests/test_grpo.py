@@ -58,7 +58,7 @@ def test_tiny_run_changes_every_parameter_and_trains_on_the_transform(tmp_path):
             return out
 
     cfg = grpo.AlignedGRPOConfig(objective="maj@3", num_generations=5, prompts_per_step=6, steps=2, lr=1e-2,
-                                 max_completion_length=1, n_problems=48, mix={1: 1.0}, threads=2)
+                                 max_completion_length=1, n_problems=48, mix={1: 1.0})
     trainer = make_trainer(cfg, tmp_path, Recording)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()

@@ -50,7 +50,7 @@ def register(subparsers: Any) -> None:
     r.add_argument("--eval-n", type=int, default=4, help="samples per held-out problem (default: %(default)s)")
     r.add_argument("--max-completion-length", type=int, default=96)
     r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--threads", type=int, default=2)
+    r.add_argument("--threads", type=int, default=1)
     r.set_defaults(func=_run)
 
     a = sub.add_parser("report", help="best n per level, RACE per band, family comparison, plots")

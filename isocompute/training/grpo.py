@@ -357,7 +357,9 @@ class AlignedGRPOConfig:
     peft LoRA adapters of rank r (alpha 2r) on all projections, merged into the saved model.
     ``race_a``: RACE's frozen-backbone share a. ``n_problems``/``mix``: the training pool (arith seed
     ``GRPO_SEED_OFFSET + seed``, difficulty weights). ``seed``: problems, sampling, shuffling.
-    ``threads``: torch CPU threads. ``log_every``: steps between log lines.
+    ``threads``: torch CPU threads (default 1: the tiny model gains nothing from more, and on a busy
+    machine OpenMP threads spin-waiting on each other made a GRPO step 5–20× slower). ``log_every``:
+    steps between log lines.
     ``allocation``: ``"none"`` (TRL's own sampler: uniform GRPO) or an allocator of
     :mod:`isocompute.training.allocation` (``uniform``, ``dynamic``, ``pilot-commit``); its options
     ``n_pilot`` (n_p, 0 = n // 2), ``pool_size`` (0 = 2·B_p), ``p_lo``/``p_hi`` (kept pilot accuracy
@@ -377,7 +379,7 @@ class AlignedGRPOConfig:
     n_problems: int = 2000
     mix: Mapping[int, float] | None = None
     seed: int = 0
-    threads: int = 2
+    threads: int = 1
     log_every: int = 1
     allocation: str = "none"
     n_pilot: int = 0
