@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     config = PolicyConfig(
         actions=parse_actions(args.actions), strategy=args.strategy, budget_range=(min(budgets), max(budgets)),
         learner=args.learner, cost_unit=args.cost_unit, calibration_folds=args.calibration_folds,
-        n_components=args.svd_components, n_rounds=args.n_rounds, seed=args.seed,
+        n_components=args.svd_components, n_rounds=args.n_rounds, calibrate_to=args.calibrate_to, seed=args.seed,
     )
     table = read_table(args.outcomes)
     inputs = {"outcomes": table.sha256}
@@ -119,8 +119,9 @@ def run(args: argparse.Namespace) -> int:
                   f"{policy.selection_.get('why', policy.selection_['rule'])}")
     for name, f in policy.learners_.items():
         cal = f.calibration
-        console.print(f"  {name}: knob {cal.knob}; out-of-fold cost within {100 * cal.max_relative_error():.1f}% "
-                      f"of the oracle's spend over the calibration table ({cal.n_validation} prompts)")
+        console.print(f"  {name}: knob {cal.knob}; out-of-fold cost within "
+                      f"{100 * cal.max_relative_error(within_reach=True):.1f}% of the target up to {cal.realised.max():.4g} "
+                      f"(targets to {cal.targets.max():.4g}; {cal.n_validation} prompts)")
     return 0
 
 
@@ -141,6 +142,9 @@ def register(subparsers: Any) -> None:
                    help="samples (C = k) or analytic FLOPs from token counts and --model-config")
     p.add_argument("--model-config", type=Path, help="config.json or model directory (cost unit flops)")
     p.add_argument("--calibration-folds", type=int, default=3, help="cross-fitting folds for budget calibration")
+    p.add_argument("--calibrate-to", default="budget", choices=("budget", "oracle"),
+                   help="calibrated spend at budget B: B itself, or what the oracle spends at B (less where "
+                        "extra samples buy nothing)")
     p.add_argument("--svd-components", type=int, default=16, help="dimensions of the hashed n-gram SVD")
     p.add_argument("--n-rounds", type=int, default=100, help="LightGBM boosting rounds per learner")
     p.set_defaults(func=run)

@@ -8,8 +8,8 @@ cross-fitted, out-of-fold decisions (:mod:`isocompute.policy.policy`):
 
     for each requested budget B on a grid:   knob(B) = the knob whose held-out cost is nearest T(B),
 
-where the target T(B) is what the oracle spends at B on the training prompts (B itself while the
-budget binds; less where extra samples buy nothing), subject to knob(B) being monotone in B
+where the target T(B) is B itself (or, if the policy is configured so, what the oracle spends at B on
+the training prompts: less where extra samples buy nothing), subject to knob(B) being monotone in B
 (non-decreasing for b', non-increasing for λ). Serving interpolates linearly between grid entries.
 Each entry sits in the middle of a step of c, so rounding cannot tip a decision at a step's edge.
 

@@ -4,7 +4,8 @@
 into ``calibration_folds`` seeded folds and trains one *member* of each learner per fold on the other
 folds (cross-fitting). Every training prompt is then decided by the member that never saw it, and the
 budget calibration (:mod:`isocompute.policy.calibration`) is measured on those out-of-fold decisions:
-the knob for budget B is set so that their mean cost is what the oracle spends at B. At serving time a
+the knob for budget B is set so that their mean cost is B (or, with ``calibrate_to="oracle"``, what
+the oracle spends at B). At serving time a
 prompt is routed to member ``floor(k · h(prompt))`` (h a hash uniform independent of the one used for
 mixing), so a new prompt meets exactly the process the calibration measured — what is calibrated is
 what is served — at the price of members trained on (k − 1)/k of the data.
@@ -77,8 +78,13 @@ class PolicyConfig:
     actions: strictly increasing sample counts k ≥ 1 (at least two). strategy: how k samples become an
     answer (``majority``, ``pass``, ``best_of``). budget_range: (lo, hi) mean cost per request the
     policy serves, in ``cost_unit``. learner: ``classifier``, ``utility`` or ``auto`` (fit both, keep
-    the better). validation_fraction: share of prompts held out for calibration. The rest are
-    LightGBM/feature hyper-parameters and the seed.
+    the better). calibration_folds: cross-fitting folds = members per learner (each trained on the
+    other folds, each serving a hash-chosen share of prompts). n_components: SVD dimensions of the
+    n-gram block; n_budget_grid: budgets the classifier is trained at; calibrate_to: what the
+    calibrated spend at budget B is — ``budget`` (B itself: spare budget buys insurance against the
+    learner's mistakes, and costs match the requested budget) or ``oracle`` (what the hindsight oracle
+    spends at B on the training prompts: less where extra samples buy nothing, which imitates the
+    oracle more closely); the rest are LightGBM hyper-parameters and the seed.
     """
 
     actions: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -93,6 +99,7 @@ class PolicyConfig:
     learning_rate: float = 0.1
     min_data_in_leaf: int = 20
     n_budget_grid: int = 129
+    calibrate_to: str = "budget"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -115,6 +122,8 @@ class PolicyConfig:
         object.__setattr__(self, "budget_range", (lo, hi))
         if not 2 <= self.calibration_folds <= 20:
             raise InputError(f"calibration_folds must be in 2..20; you passed {self.calibration_folds}.")
+        if self.calibrate_to not in ("budget", "oracle"):
+            raise InputError(f"calibrate_to must be budget or oracle; you passed {self.calibrate_to!r}.")
         if self.n_budget_grid < 3 or self.n_rounds < 1 or self.num_leaves < 2:
             raise InputError("n_budget_grid must be ≥ 3, n_rounds ≥ 1 and num_leaves ≥ 2.")
 
@@ -216,8 +225,10 @@ class Policy:
         self.n_train_ = n
         self.train_lengths_ = np.sort(np.array([len(p) for p in prompts], dtype=np.int64))
         requested = budget_grid(b_lo, b_hi, N_CALIBRATION)
-        # Spend what the oracle spends: B where the budget binds, less where extra samples buy nothing.
-        targets = np.array([allocate(U, C, float(b), rounding="mix").mean_cost for b in requested])
+        if cfg.calibrate_to == "oracle":  # B where the budget binds, less where extra samples buy nothing
+            targets = np.array([allocate(U, C, float(b), rounding="mix").mean_cost for b in requested])
+        else:
+            targets = requested.copy()
         folds = crossfit_folds(n, cfg.calibration_folds, cfg.seed)
         rows = np.arange(n)
 
