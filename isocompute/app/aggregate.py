@@ -58,6 +58,8 @@ def majority_vote(
     """
     if len(answers) == 0:
         raise ValueError("majority_vote needs at least one sample")
+    if tie_break not in ("first", "seeded"):
+        raise ValueError(f"tie_break must be 'first' or 'seeded'; got {tie_break!r}")
     counts: dict[str, int] = {}
     first: dict[str, int] = {}
     for i, a in enumerate(answers):
@@ -71,10 +73,8 @@ def majority_vote(
     tied = [a for a, c in counts.items() if c == top]  # in order of first occurrence
     if len(tied) == 1 or tie_break == "first":
         winner = tied[0]
-    elif tie_break == "seeded":
-        winner = tied[int(np.random.default_rng(seed).integers(len(tied)))]
     else:
-        raise ValueError(f"tie_break must be 'first' or 'seeded'; got {tie_break!r}")
+        winner = tied[int(np.random.default_rng(seed).integers(len(tied)))]
     return Vote(answer=winner, index=first[winner], counts=counts, n_valid=sum(counts.values()),
                 tied=len(tied) > 1)
 
