@@ -171,7 +171,7 @@ def plot_actions(report: dict[str, Any], path: Path) -> None:
         ax.bar(x - 0.2, o / max(o.sum(), 1), 0.4, label="oracle")
         ax.bar(x + 0.2, learned / max(learned.sum(), 1), 0.4, label="learned")
         ax.set_xticks(x, [str(k) for k in ks])
-        ax.set_title(f"budget {e['budget']:g}", fontsize=9)
+        ax.set_title(f"budget {e['budget']:.4g}", fontsize=9)
     for ax in axes.ravel()[len(entries):]:
         ax.axis("off")
     axes[0, 0].legend(fontsize=7)
@@ -202,7 +202,7 @@ def plot_confusion(report: dict[str, Any], path: Path) -> None:
     ax.set_yticks(range(len(ks)), [str(k) for k in ks])
     ax.set_xlabel("oracle k")
     ax.set_ylabel("learned k")
-    ax.set_title(f"budget {b:g}: imitation {e['imitation_accuracy']:.3f}")
+    ax.set_title(f"budget {b:.4g}: imitation {e['imitation_accuracy']:.3f}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
