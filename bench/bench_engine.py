@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import tempfile
 import time
@@ -30,6 +31,27 @@ from isocompute.engines.transformers_engine import TransformersEngine
 from isocompute.engines.vllm_http import VLLMHTTPEngine
 from isocompute.engines.vllm_server import start_vllm_server
 from isocompute.tasks.arith import generate as arith_problems
+
+
+def process_tree_cpu(pid: int | None) -> float:
+    """CPU seconds (user + system) used so far by ``pid`` and its descendants (0.0 when unknown).
+
+    Wall time on a shared machine swings with other people's load; the CPU a server spends on the same
+    requests does not, so it is the steadier measure of how much work each arm made it do."""
+    if pid is None:
+        return 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
 
 
 def tiny_model(model: str | None, workdir: Path) -> Path:

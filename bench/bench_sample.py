@@ -7,10 +7,11 @@ tokenizer, grades every completion and writes the outcome table. Both arms produ
 tokens (checked), so sample/raw is the ratio of wall times; the target is ≥ 0.9. Arms alternate (ABBA)
 over ``--repeats`` rounds after a warm-up; printed: the median ratio, the pooled ratio (total raw time /
 total sample time) and the spread. On a shared 2-core machine single rounds swing by 2×: trust the
-median of many rounds, and the client CPU seconds per arm, which show what ``sample`` itself adds.
+median of many rounds, and the CPU seconds per arm (server process tree + client), which do not swing
+with other people's load and show what ``sample`` itself adds.
 Then the transformers engine's tokens/s for n = 1, 4, 16 (bench_engine.py's measurement).
 
-    .venv/bin/python bench/bench_sample.py [--model DIR] [--upstream URL] [--prompts 64] [--n 8]
+    .venv/bin/python bench/bench_sample.py [--model DIR] [--upstream URL --server-pid PID] [--prompts 64] [--n 8]
         [--max-tokens 96] [--concurrency 64] [--repeats 6] [--skip-transformers]
 """
 
@@ -23,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_engine import bench_transformers, raw_httpx, tiny_model
+from bench_engine import bench_transformers, process_tree_cpu, raw_httpx, tiny_model
 
 from isocompute.cli.sample import SampleConfig, derive_seed, make_formatter, run_sample_async
 from isocompute.engines.vllm_server import start_vllm_server
@@ -39,7 +40,8 @@ def sample_bodies(cfg: SampleConfig, model: str, tokenizer) -> list[dict]:
     ]
 
 
-async def bench(url: str, model_dir: Path, args: argparse.Namespace, workdir: Path) -> None:
+async def bench(url: str, model_dir: Path, args: argparse.Namespace, workdir: Path,
+                server_pid: int | None) -> None:
     from transformers import AutoTokenizer
 
     def cfg(i: int) -> SampleConfig:
@@ -51,39 +53,47 @@ async def bench(url: str, model_dir: Path, args: argparse.Namespace, workdir: Pa
     await raw_httpx(url, bodies, args.concurrency)  # warm-up: both arms then find a warm prefix cache
     print(f"sample --engine vllm-http vs raw httpx: {args.prompts} arith prompts × n={args.n}, "
           f"max_tokens={args.max_tokens}, concurrency={args.concurrency}, {url}")
-    ratios = []
+    ratios: list[float] = []
+    cpu_ratios: list[float] = []
     raw_total = sample_total = 0.0
     for r in range(args.repeats):
         # ABBA order: whichever arm runs second in a round cannot be systematically favoured
         if r % 2 == 0:
-            c0 = time.process_time()
+            c0, v0 = time.process_time(), process_tree_cpu(server_pid)
             raw_tok, raw_dt = await raw_httpx(url, bodies, args.concurrency)
-            raw_cpu = time.process_time() - c0
-        t0, c0 = time.perf_counter(), time.process_time()
+            raw_cpu, raw_srv = time.process_time() - c0, process_tree_cpu(server_pid) - v0
+        t0, c0, v0 = time.perf_counter(), time.process_time(), process_tree_cpu(server_pid)
         res = await run_sample_async(cfg(r + 1))
         s_dt, s_cpu = time.perf_counter() - t0, time.process_time() - c0
+        s_srv = process_tree_cpu(server_pid) - v0
         if r % 2 == 1:
-            c0 = time.process_time()
+            c0, v0 = time.process_time(), process_tree_cpu(server_pid)
             raw_tok, raw_dt = await raw_httpx(url, bodies, args.concurrency)
-            raw_cpu = time.process_time() - c0
+            raw_cpu, raw_srv = time.process_time() - c0, process_tree_cpu(server_pid) - v0
         if res.completion_tokens != raw_tok:
             raise SystemExit(f"token totals differ (raw {raw_tok}, sample {res.completion_tokens}): "
                              "the two arms did not send the same requests")
         ratios.append(raw_dt / s_dt)
-        print(f"  round {r + 1}: raw {raw_tok / raw_dt:8.1f} tok/s ({raw_dt:5.1f} s, client CPU {raw_cpu:4.2f} s), "
-              f"sample {res.completion_tokens / s_dt:8.1f} tok/s ({s_dt:5.1f} s, client CPU {s_cpu:4.2f} s), "
-              f"sample/raw = {ratios[-1]:.3f}")
+        if server_pid is not None:
+            cpu_ratios.append((raw_srv + raw_cpu) / (s_srv + s_cpu))
+        print(f"  round {r + 1}: raw {raw_tok / raw_dt:7.1f} tok/s ({raw_dt:5.1f} s; CPU server {raw_srv:5.1f} s "
+              f"+ client {raw_cpu:4.2f} s), sample {res.completion_tokens / s_dt:7.1f} tok/s ({s_dt:5.1f} s; "
+              f"CPU server {s_srv:5.1f} s + client {s_cpu:4.2f} s), sample/raw = {ratios[-1]:.3f}")
         raw_total += raw_dt
         sample_total += s_dt
     med = statistics.median(ratios)
     print(f"  median sample/raw = {med:.3f} (target >= 0.9: {'met' if med >= 0.9 else 'NOT met'}); "
           f"pooled over rounds = {raw_total / sample_total:.3f}; spread {min(ratios):.2f}..{max(ratios):.2f}")
+    if cpu_ratios:
+        print(f"  CPU-work ratio raw/sample (server + client CPU seconds; 1.0 = sample adds no work): median "
+              f"{statistics.median(cpu_ratios):.3f}, spread {min(cpu_ratios):.2f}..{max(cpu_ratios):.2f}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="model directory (default: a fresh random tiny model)")
     ap.add_argument("--upstream", help="a running vLLM server on --model (default: start one from .venv-vllm)")
+    ap.add_argument("--server-pid", type=int, help="PID of the --upstream server, to count its CPU seconds")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=96)
@@ -99,7 +109,8 @@ def main() -> None:
         try:
             if server is not None:
                 asyncio.run(server.wait_ready(timeout=600))
-            asyncio.run(bench(args.upstream or server.url, model_dir, args, workdir))
+            pid = server.pid if server is not None else args.server_pid
+            asyncio.run(bench(args.upstream or server.url, model_dir, args, workdir, pid))
         finally:
             if server is not None:
                 server.stop()
