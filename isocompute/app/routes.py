@@ -61,21 +61,21 @@ GENERATE_ERRORS = error_responses(400, 401, 403, 404, 422, 429, 502, 503, 504)
 ROUTE_ERRORS = error_responses(400, 401, 403, 404, 422, 429, 503)
 
 
-def get_gateway(request: Request) -> Gateway:
+async def get_gateway(request: Request) -> Gateway:
     gw = getattr(request.app.state, "gateway", None)
     if gw is None:
         raise EngineUnavailable("the gateway is starting or failed to start; retry shortly or read the server log")
     return gw
 
 
-def get_keystore(request: Request) -> KeyStore:
+async def get_keystore(request: Request) -> KeyStore:
     ks = getattr(request.app.state, "keystore", None)
     if ks is None:
         raise EngineUnavailable("the gateway is starting; retry shortly")
     return ks
 
 
-def get_caller(
+async def get_caller(
     keys: Annotated[KeyStore, Depends(get_keystore)],
     authorization: Annotated[str | None, Header()] = None,
 ) -> Principal:
@@ -85,6 +85,8 @@ def get_caller(
     return caller
 
 
+# The dependencies are async on purpose: FastAPI runs a sync dependency in a worker thread, which costs
+# more than the dependency itself on every request.
 GatewayDep = Annotated[Gateway, Depends(get_gateway)]
 CallerDep = Annotated[Principal, Depends(get_caller)]
 KeysDep = Annotated[KeyStore, Depends(get_keystore)]
