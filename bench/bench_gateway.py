@@ -69,6 +69,56 @@ def decision_latency(policy_dir: Path, n: int = 2000) -> dict[str, float]:
     return pct
 
 
+class InstantEngine:
+    """An upstream that answers at once (one fixed sample per prompt): isolates the gateway's own work."""
+
+    name = "instant"
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    async def generate(self, prompts, n, max_tokens, temperature, seed=None):
+        from isocompute.engines.base import Completion
+
+        return [[Completion("The answer is 42.", 12, 6) for _ in range(n)] for _ in prompts]
+
+    async def aclose(self):
+        pass
+
+
+def inprocess_overhead(policy_dir: Path, n: int = 400) -> dict[str, float]:
+    """Per-request wall and CPU ms of POST /v1/completions (k = 1) through the whole ASGI app with an
+    instant upstream, minus the same for GET /health (client, transport and middleware: the floor)."""
+    from isocompute.app.main import create_app
+    from isocompute.app.settings import Settings
+    from isocompute.policy.policy import Policy
+    from isocompute.training.tiny import build_tokenizer
+
+    app = create_app(Settings(), policy=Policy.load(policy_dir), engine=InstantEngine(build_tokenizer()))
+    body = {"model": "isocompute", "prompt": PROMPTS[0], "max_tokens": 16, "budget": 2.0, "max_samples": 1}
+
+    async def go() -> dict[str, float]:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+                out = {}
+                for name, call in (("health", lambda: client.get("/health")),
+                                   ("completion", lambda: client.post("/v1/completions", json=body))):
+                    for _ in range(50):
+                        await call()
+                    walls, cpu0 = [], time.process_time()
+                    for _ in range(n):
+                        t0 = time.perf_counter()
+                        r = await call()
+                        walls.append(time.perf_counter() - t0)
+                        assert r.status_code == 200, r.text
+                    out[f"{name}_cpu"] = (time.process_time() - cpu0) / n * 1e3
+                    out[f"{name}_p50"] = float(np.percentile(walls, 50) * 1e3)
+                return out
+
+    return asyncio.run(go())
+
+
 def start_gateway(policy: Path, port: int, log: Path, *, upstream: str | None = None, model: Path | None = None,
                   env: dict[str, str] | None = None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "isocompute", "serve", "--policy", str(policy), "--port", str(port),
@@ -185,6 +235,10 @@ def main() -> int:
     print(f"policy decision (1 prompt): wall p50 {dec['wall_p50']:.3f} ms, p99 {dec['wall_p99']:.3f} ms; "
           f"thread CPU p50 {dec['cpu_p50']:.3f} ms, p99 {dec['cpu_p99']:.3f} ms  (target p99 ≤ 1 ms; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
+    ov = inprocess_overhead(policy)
+    print(f"gateway work per request (in-process, instant upstream, k=1): CPU {ov['completion_cpu']:.2f} ms "
+          f"vs {ov['health_cpu']:.2f} ms for GET /health → added {ov['completion_cpu'] - ov['health_cpu']:.2f} ms "
+          f"CPU; wall p50 added {ov['completion_p50'] - ov['health_p50']:.2f} ms")
     if find_vllm_python() is None:
         print("no vLLM environment (.venv-vllm): run `make vllm-env` for the gateway-overhead part")
         return 1 if args.check else 0
