@@ -174,9 +174,10 @@ def test_save_load_roundtrip(tmp_path):
 @pytest.mark.parametrize(
     ("mutate", "match"),
     [
-        (lambda cfg: cfg.update(version=99), "version 99"),
+        (lambda cfg: cfg.update(version=1), "version 1 is not"),
         (lambda cfg: cfg.update(name="other"), "'other'"),
         (lambda cfg: cfg.update(n_components_=7), "shape"),
+        (lambda cfg: cfg.update(feature_names=cfg["feature_names"][1:]), "feature names differ"),
     ],
 )
 def test_load_refuses_other_config(tmp_path, mutate, match):

@@ -45,7 +45,7 @@ import numpy as np
 from isocompute.errors import ArtifactError, InputError
 
 FEATURE_SET = "prompt-text"
-FEATURE_VERSION = 1
+FEATURE_VERSION = 2  # 2: the expression block (expr_*) joined the hand features
 
 HAND_FEATURES: tuple[str, ...] = (
     "chars",
@@ -370,5 +370,8 @@ class PromptFeatures:
         obj.n_components_ = int(components.shape[0])
         obj._components_t = np.ascontiguousarray(components.T)
         obj._cache = _BucketCache(obj.n_features)
-        obj.feature_names_ = list(cfg["feature_names"])
+        obj.feature_names_ = list(HAND_FEATURES) + [f"svd_{j}" for j in range(obj.n_components_)]
+        if list(cfg["feature_names"]) != obj.feature_names_:
+            raise ArtifactError(f"{d}: the stored feature names differ from what this isocompute computes for "
+                                f"{FEATURE_SET!r} version {FEATURE_VERSION}; re-fit the policy (`isocompute fit`).")
         return obj
