@@ -212,3 +212,12 @@ def test_real_math_prompts():
     X = f.transform(prompts)
     assert X.shape == (100, len(HAND_FEATURES) + 16) and np.isfinite(X).all()
     assert (X[:, HAND_FEATURES.index("latex_commands")] > 0).mean() > 0.2
+
+
+def test_expression_features_match_the_arith_task_meta():
+    from isocompute.tasks.arith import generate
+
+    for p in generate(300, seed=4):
+        operands, carries, digits, _ = expression_features(p.prompt)
+        assert (operands, carries) == (p.meta["n_operands"], p.meta["carries"])
+        assert digits == len(p.gold.lstrip("-"))

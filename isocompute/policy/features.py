@@ -115,22 +115,19 @@ def _with_bigrams(toks: list[str]) -> list[str]:
     return toks + list(map(" ".join, zip(toks, toks[1:], strict=False)))
 
 
+def _digit_sum(n: int) -> int:
+    return sum(map(int, str(n)))
+
+
 def _carries_add(a: int, b: int) -> int:
-    n = carry = 0
-    while a or b or carry:
-        carry = int(a % 10 + b % 10 + carry >= 10)
-        n += carry
-        a, b = a // 10, b // 10
-    return n
+    # Each carry turns 10 in one column into 1 in the next, so it lowers the digit sum by 9:
+    # carries(a + b) = (S(a) + S(b) − S(a + b)) / 9, with S the decimal digit sum (no per-digit loop).
+    return (_digit_sum(a) + _digit_sum(b) - _digit_sum(a + b)) // 9
 
 
 def _borrows_sub(a: int, b: int) -> int:
-    n = borrow = 0
-    while a or b:
-        borrow = int(a % 10 - b % 10 - borrow < 0)
-        n += borrow
-        a, b = a // 10, b // 10
-    return n
+    # a − b (a ≥ b) borrows exactly where (a − b) + b carries.
+    return _carries_add(a - b, b)
 
 
 def expression_features(text: str) -> tuple[int, int, int, int]:
