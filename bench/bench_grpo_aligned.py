@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_grpo_common import held_out, run_curve  # noqa: E402
+from bench_grpo_common import held_out, parse_mix, run_curve  # noqa: E402
 
 from isocompute.training.evaluation import evaluate, mean_ci  # noqa: E402
 from isocompute.training.grpo import AlignedGRPOConfig  # noqa: E402
@@ -66,13 +66,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cal-problems", type=int, default=128)
     ap.add_argument("--budget", type=float, default=4.0, help="served mean samples per request")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--mix", type=parse_mix, default=None,
+                    help="arith difficulty weights for training and held-out problems, e.g. 1:1,2:1 (default: all)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
     seeds = [int(s) for s in args.seeds.split(",")]
     objectives = args.objectives.split(",")
-    test = held_out(args.test_problems)
-    cal = held_out(args.cal_problems, seed=8)
+    test = held_out(args.test_problems, mix=args.mix)
+    cal = held_out(args.cal_problems, seed=8, mix=args.mix)
     base = None if args.base == "none" else args.base
     per: dict[str, dict[int, dict]] = {o: {} for o in objectives}
     maj8: dict[str, list[np.ndarray]] = {o: [] for o in objectives}
@@ -80,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         for obj in objectives:
             cfg = AlignedGRPOConfig(objective=obj, num_generations=args.n, prompts_per_step=args.prompts_per_step,
                                     steps=10_000, lr=args.lr, max_completion_length=args.max_completion_length,
-                                    seed=seed, threads=args.threads)
+                                    seed=seed, threads=args.threads, mix=args.mix)
             curve, (model, tok) = run_curve(cfg, base=base, problems=test[:16], eval_every=10**9,
                                             stop_flops=args.flops, max_new_tokens=args.max_completion_length,
                                             keep_model=True)

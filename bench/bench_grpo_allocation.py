@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_grpo_common import crossing, held_out, run_curve  # noqa: E402
+from bench_grpo_common import crossing, held_out, parse_mix, run_curve  # noqa: E402
 
 from isocompute.training.grpo import AlignedGRPOConfig  # noqa: E402
 
@@ -44,20 +44,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--target", type=float, default=None, help="accuracy target (default: uniform's mean final)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--mix", type=parse_mix, default=None,
+                    help="arith difficulty weights for training and held-out problems, e.g. 1:1,2:1 (default: all)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)
     args = ap.parse_args(argv)
 
     seeds = [int(s) for s in args.seeds.split(",")]
     methods = args.methods.split(",")
-    problems = held_out(args.eval_problems)
+    problems = held_out(args.eval_problems, mix=args.mix)
     results: dict[str, dict[int, dict]] = {m: {} for m in methods}
     for seed in seeds:
         for method in methods:
             cfg = AlignedGRPOConfig(objective="mean", num_generations=args.n, prompts_per_step=args.prompts_per_step,
                                     steps=10_000, lr=args.lr, max_completion_length=args.max_completion_length,
                                     seed=seed, threads=args.threads, allocation=method, n_pilot=args.n_pilot,
-                                    pool_size=args.pool_size, max_rounds=2)
+                                    pool_size=args.pool_size, max_rounds=2, mix=args.mix)
             curve, _ = run_curve(cfg, base=None if args.base == "none" else args.base, problems=problems,
                                  eval_every=args.eval_every,
                                  stop_rollouts=args.budget, max_new_tokens=args.max_completion_length)

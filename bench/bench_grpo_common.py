@@ -21,6 +21,11 @@ from isocompute.training.grpo import AlignedGRPOConfig, load_base, make_trainer_
 HELD_OUT_SEED = 7  # arith seed of held-out problems (training uses 2,000,000 + seed)
 
 
+def parse_mix(text: str) -> dict[int, float]:
+    """``"1:1,2:0.5"`` → {1: 1.0, 2: 0.5}."""
+    return {int(k): float(v) for k, v in (part.split(":") for part in text.split(",") if part)}
+
+
 def held_out(n: int, seed: int = HELD_OUT_SEED, mix: dict[int, float] | None = None) -> list[Problem]:
     return arith.generate(n, seed, mix=mix)
 

@@ -65,10 +65,12 @@ def test_dynamic_sampling_keeps_only_informative_groups_and_pays_for_all():
     assert led.total == led.generated["dynamic"] > led.used == 6 * 3 * 4
 
 
-def test_dynamic_sampling_gives_up_after_max_rounds():
+def test_dynamic_sampling_falls_back_to_its_last_batch_after_max_rounds():
     sim, led = Bernoulli(np.array([0.0, 1.0] * 5)), RolloutLedger()
     step = DynamicSamplingAllocator(10, group_size=3, prompts_per_step=2, max_rounds=3).step(sim, led)
-    assert step.groups == [] and step.rounds == 3 and step.generated == led.total == 3 * 2 * 3 and led.used == 0
+    assert step.fallback and step.rounds == 3 and step.generated == led.total == 3 * 2 * 3
+    assert [g.size for g in step.groups] == [3, 3] and not any(g.informative for g in step.groups)
+    assert [g.prompt for g in step.groups] == sim.calls[-1][0] and led.used == 6
 
 
 # ------------------------------------------------------------------ Pilot-Commit
@@ -134,6 +136,17 @@ def test_pilot_commit_prefers_informative_survivors_and_pilots_again_when_none_s
     alloc.stream._order = np.arange(8)  # hopeless prompts first
     step = alloc.step(sim, RolloutLedger())
     assert step.rounds >= 2 and sim.calls[0][0] == [0, 1, 2, 3] and set(sim.calls[1][0]) == {4, 5, 6, 7}
+    assert not step.fallback
+
+
+def test_pilot_commit_falls_back_to_committing_when_nothing_survives():
+    sim, led = Bernoulli(np.zeros(12)), RolloutLedger()
+    alloc = PilotCommitAllocator(12, n_pilot=2, n_commit=3, pool_size=4, prompts_per_step=2, max_rounds=2)
+    step = alloc.step(sim, led)
+    assert step.fallback and step.rounds == 2 and [g.size for g in step.groups] == [5, 5]
+    assert {g.prompt for g in step.groups} <= set(sim.calls[1][0])  # the last round's pilots
+    assert led.generated["pilot"] == 2 * 4 * 2 and led.generated["commit"] == 2 * 3
+    assert len(step.deferred) == 8  # still deferred: the fallback does not change their bookkeeping
 
 
 def expected_cost_per_informative_group_uniform(p, n):

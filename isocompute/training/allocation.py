@@ -15,6 +15,11 @@ every advantage is zero), yet uniform GRPO pays n rollouts for it. Three ways to
   B_p of them, get n_c = n − n_p more rollouts, and their pilot rollouts join the group, so a group has n.
   When no prompt survives, another pilot round runs, up to ``max_rounds``.
 
+When nothing qualifies after ``max_rounds`` (a policy that fails or solves everything it draws), both
+filtering allocators fall back rather than stall: DAPO returns its last batch, Pilot-Commit commits to the
+last round's piloted prompts. Those groups carry (almost) no signal, the update is then close to a no-op,
+and the step is marked ``fallback``.
+
 Each ``step(rollout, ledger)`` calls ``rollout(prompt_indices, m)`` (generate and grade m rollouts per
 prompt, returning one :class:`Group` each) and charges every generated rollout to a :class:`RolloutLedger`
 by phase — pilot included — with its FLOPs when the ledger knows the policy. Example of the bookkeeping:
@@ -122,6 +127,7 @@ class AllocationStep:
     rounds: int
     evicted: tuple[int, ...] = ()
     deferred: tuple[int, ...] = ()
+    fallback: bool = False
 
 
 class Allocator(Protocol):
@@ -187,6 +193,7 @@ class DynamicSamplingAllocator:
 
     def step(self, rollout: RolloutFn, ledger: RolloutLedger) -> AllocationStep:
         kept: list[Group] = []
+        groups: list[Group] = []
         generated = rounds = 0
         while len(kept) < self.prompts_per_step and rounds < self.max_rounds:
             groups = rollout(self.stream.take(self.prompts_per_step), self.group_size)
@@ -194,6 +201,8 @@ class DynamicSamplingAllocator:
             generated += sum(g.size for g in groups)
             kept += [g for g in groups if g.informative]
             rounds += 1
+        if not kept:
+            return _finish(ledger, groups, generated, rounds, fallback=True)
         return _finish(ledger, kept[: self.prompts_per_step], generated, rounds)
 
 
@@ -224,6 +233,7 @@ class PilotCommitAllocator:
 
     def step(self, rollout: RolloutFn, ledger: RolloutLedger) -> AllocationStep:
         survivors: list[Group] = []
+        pilots: list[Group] = []
         evicted: list[int] = []
         deferred: list[int] = []
         generated = rounds = 0
@@ -246,6 +256,9 @@ class PilotCommitAllocator:
                     deferred.append(g.prompt)
                 else:
                     survivors.append(g)
+        fallback = not survivors and bool(pilots)
+        if fallback:
+            survivors = list(pilots)
         # most informative first; the stable sort keeps draw order among equals
         survivors.sort(key=lambda g: -g.accuracy * (1.0 - g.accuracy))
         chosen = survivors[: self.prompts_per_step]
@@ -256,14 +269,15 @@ class PilotCommitAllocator:
             generated += sum(g.size for g in commits)
             groups = [p.extend(c) for p, c in zip(chosen, commits, strict=True)]
         self.t += 1
-        return _finish(ledger, groups, generated, rounds, tuple(evicted), tuple(deferred))
+        return _finish(ledger, groups, generated, rounds, tuple(evicted), tuple(deferred), fallback=fallback)
 
 
 def _finish(ledger: RolloutLedger, groups: list[Group], generated: int, rounds: int,
-            evicted: tuple[int, ...] = (), deferred: tuple[int, ...] = ()) -> AllocationStep:
+            evicted: tuple[int, ...] = (), deferred: tuple[int, ...] = (), *, fallback: bool = False
+            ) -> AllocationStep:
     ledger.used += sum(g.size for g in groups)
     ledger.steps += 1
-    return AllocationStep(groups, generated, rounds, evicted, deferred)
+    return AllocationStep(groups, generated, rounds, evicted, deferred, fallback)
 
 
 ALLOCATORS: tuple[str, ...] = ("uniform", "dynamic", "pilot-commit")

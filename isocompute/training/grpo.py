@@ -256,12 +256,13 @@ def _define_trainer(GRPOTrainer: type) -> type:  # noqa: C901 - one class body
                 m["alloc/groups"].append(float(len(step.groups)))
                 m["alloc/evicted"].append(float(len(step.evicted)))
                 m["alloc/deferred"].append(float(len(step.deferred)))
+                m["alloc/fallback"].append(float(step.fallback))
                 if step.groups:
                     return step
             raise IsoComputeError(
-                f"the {type(self.allocator).__name__} found no prompt with a learning signal in {tries} tries: the "
-                "policy solves or fails every prompt it drew. Widen the kept band (p_lo, p_hi), raise max_rounds, "
-                "or train on a mix of difficulties the model partly solves.")
+                f"the {type(self.allocator).__name__} found no prompt to train on in {tries} tries: every prompt "
+                "is evicted or deferred. Use more training problems (n_problems), a shorter staleness, or a mix "
+                "of difficulties the model partly solves.")
 
         def _rollout(self, prompt_indices: Sequence[int], m: int) -> list[Group]:
             """Generate and grade ``m`` rollouts of each prompt (the allocators' ``rollout`` callback)."""
