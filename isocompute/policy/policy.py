@@ -94,7 +94,7 @@ class PolicyConfig:
     cost_unit: str = "samples"
     calibration_folds: int = 3
     n_components: int = 16
-    n_rounds: int = 100
+    n_rounds: int = 50
     num_leaves: int = 15
     learning_rate: float = 0.1
     min_data_in_leaf: int = 20
