@@ -2,8 +2,9 @@
 cumulative rollouts (pilot and discarded rollouts included) and against FLOPs, several seeds.
 
 Every method trains the same base model with plain GRPO advantages (objective ``mean``), the same group
-size n and B_p, until the same cumulative rollout budget is spent; greedy held-out accuracy is measured
-every ``--eval-every`` steps. The named baseline is uniform GRPO: the script prints, per seed, the
+size n and B_p, until the same cumulative rollout budget is spent; held-out accuracy is measured
+every ``--eval-every`` steps (mean correctness of ``--eval-n`` samples per held-out problem at temperature
+1). The named baseline is uniform GRPO: the script prints, per seed, the
 rollouts each method needed to first reach the target accuracy (default: the mean final accuracy of
 uniform GRPO, so uniform reaches it near its end) and the ratio uniform / method (> 1: fewer rollouts).
 
@@ -42,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-completion-length", type=int, default=64)
     ap.add_argument("--eval-problems", type=int, default=128)
     ap.add_argument("--eval-every", type=int, default=5)
+    ap.add_argument("--eval-n", type=int, default=4, help="samples per held-out problem (temperature 1)")
     ap.add_argument("--target", type=float, default=None, help="accuracy target (default: uniform's mean final)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--mix", type=parse_mix, default=None,
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                                     seed=seed, threads=args.threads, allocation=method, n_pilot=args.n_pilot,
                                     pool_size=args.pool_size, max_rounds=2, mix=args.mix)
             curve, _ = run_curve(cfg, base=None if args.base == "none" else args.base, problems=problems,
-                                 eval_every=args.eval_every,
+                                 eval_every=args.eval_every, eval_n=args.eval_n, temperature=1.0,
                                  stop_rollouts=args.budget, max_new_tokens=args.max_completion_length)
             results[method][seed] = {"points": curve.points, "seconds": curve.seconds, "rollouts": curve.rollouts}
             last = curve.points[-1]
@@ -121,7 +123,7 @@ def plot(results: dict, target: float, path: str) -> None:
                         label=m if j == 0 else None)
         ax.axhline(target, color="grey", linestyle=":", label="target")
         ax.set_xlabel(label)
-        ax.set_ylabel("held-out greedy accuracy")
+        ax.set_ylabel("held-out accuracy (T = 1)")
         ax.legend(fontsize=8)
     fig.suptitle("Rollout allocation on tiny arith (one line per seed)")
     fig.tight_layout()

@@ -31,7 +31,7 @@ def test_tiny_run_with_allocator(tmp_path, allocation):
             return out
 
     cfg = grpo.AlignedGRPOConfig(objective="mean", num_generations=4, prompts_per_step=3, steps=2, lr=1e-2,
-                                 max_completion_length=1, n_problems=40, mix={1: 1.0},
+                                 max_completion_length=1, n_problems=40, mix={1: 1.0}, mask_truncated=False,
                                  allocation=allocation, n_pilot=2, pool_size=6, max_rounds=3)
     model, tok = grpo.load_base(None)
     args = cfg.trl_args(tmp_path)

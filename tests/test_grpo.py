@@ -58,7 +58,8 @@ def test_tiny_run_changes_every_parameter_and_trains_on_the_transform(tmp_path):
             return out
 
     cfg = grpo.AlignedGRPOConfig(objective="maj@3", num_generations=5, prompts_per_step=6, steps=2, lr=1e-2,
-                                 max_completion_length=1, n_problems=48, mix={1: 1.0})
+                                 max_completion_length=1, n_problems=48, mix={1: 1.0},
+                                 mask_truncated=False)  # 1-token completions never reach EOS
     trainer = make_trainer(cfg, tmp_path, Recording)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
@@ -141,6 +142,7 @@ def test_trl_args_match_the_config(tmp_path):
     args = cfg.trl_args(tmp_path)
     assert args.per_device_train_batch_size == 18 and args.num_generations == 6 and args.max_steps == 7
     assert args.scale_rewards == "none" and args.loss_type == "dr_grpo" and args.beta == 0.0
+    assert args.mask_truncated_completions
 
 
 def _args(tmp_path, **kw):

@@ -358,6 +358,8 @@ class AlignedGRPOConfig:
     peft LoRA adapters of rank r (alpha 2r) on all projections, merged into the saved model.
     ``race_a``: RACE's frozen-backbone share a. ``n_problems``/``mix``: the training pool (arith seed
     ``GRPO_SEED_OFFSET + seed``, difficulty weights). ``seed``: problems, sampling, shuffling.
+    ``mask_truncated``: leave completions that hit ``max_completion_length`` without EOS out of the loss
+    (DAPO; without it, the tiny model at lr 1e-3 learned to ramble to the limit and its accuracy collapsed).
     ``threads``: torch CPU threads (default 1: the tiny model gains nothing from more, and on a busy
     machine OpenMP threads spin-waiting on each other made a GRPO step 5–20× slower). ``log_every``:
     steps between log lines.
@@ -376,6 +378,7 @@ class AlignedGRPOConfig:
     temperature: float = 1.0
     max_completion_length: int = 96
     lora_rank: int = 0
+    mask_truncated: bool = True
     race_a: float = 0.85
     n_problems: int = 2000
     mix: Mapping[int, float] | None = None
@@ -419,6 +422,7 @@ class AlignedGRPOConfig:
             scale_rewards="none", loss_type="dr_grpo", beta=0.0, num_iterations=1, seed=self.seed,
             logging_steps=self.log_every, report_to=[], save_strategy="no", disable_tqdm=not progress,
             bf16=False, fp16=False, dataloader_num_workers=0, remove_unused_columns=False, log_completions=False,
+            mask_truncated_completions=self.mask_truncated,
         )
 
     def problems(self) -> list[Problem]:
