@@ -1,5 +1,6 @@
 # The two commands a newcomer needs:
 #   make demo   — install, then run the main job on the embedded default (tiny in-process model, CPU only)
+#   make serve  — make demo (skipped stages that are done), then serve the gateway on 127.0.0.1:8000
 #   make test   — install, then run the test suite
 PY      ?= python3
 VENV    ?= .venv
@@ -8,7 +9,7 @@ STAMP   := $(VENV)/.installed
 # torch: a local CPU build on these machines; an unpinned torch would pull several GB of CUDA wheels.
 TORCH   ?= torch==2.13.0
 
-.PHONY: install vllm-env test demo lint bench clean
+.PHONY: install vllm-env test demo serve lint clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -28,8 +29,13 @@ vllm-env:
 test: install vllm-env
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
 
+DEMO    ?= runs/demo
+
 demo: install
-	$(BIN)/isocompute demo
+	$(BIN)/isocompute demo --out $(DEMO)
+
+serve: demo
+	$(BIN)/isocompute serve --policy $(DEMO)/policy --engine transformers --model $(DEMO)/tiny-sft
 
 lint: install
 	$(BIN)/ruff check isocompute tests bench
