@@ -43,6 +43,16 @@ class Curve:
         return np.array([p[key] for p in self.points], dtype=float)
 
 
+def smooth(y: np.ndarray, width: int = 3) -> np.ndarray:
+    """Centred moving average (shrinking at the ends), so one noisy evaluation does not decide a crossing.
+
+    >>> smooth(np.array([0.0, 3.0, 0.0, 3.0])).tolist()
+    [1.5, 1.0, 2.0, 1.5]
+    """
+    h = width // 2
+    return np.array([y[max(0, i - h): i + h + 1].mean() for i in range(len(y))])
+
+
 def crossing(x: np.ndarray, y: np.ndarray, target: float) -> float:
     """First x at which y reaches ``target`` (linear interpolation between points); NaN if never.
 
@@ -61,9 +71,11 @@ def crossing(x: np.ndarray, y: np.ndarray, target: float) -> float:
 
 def run_curve(cfg: AlignedGRPOConfig, *, base: str | None, problems: list[Problem], eval_every: int,
               stop_rollouts: float | None = None, stop_flops: float | None = None, eval_n: int = 1,
-              temperature: float = 0.0, max_new_tokens: int = 64, keep_model: bool = False) -> tuple[Curve, Any]:
+              temperature: float = 0.0, max_new_tokens: int = 64, keep_model: bool = False,
+              eval_seed: int = 0) -> tuple[Curve, Any]:
     """Train per ``cfg`` (its ``steps`` is an upper bound) until the rollout or FLOP budget is spent,
-    evaluating held-out accuracy (greedy by default) at the start and every ``eval_every`` steps."""
+    evaluating held-out accuracy (greedy by default) at the start and every ``eval_every`` steps. The
+    evaluation's sampling seed is the same for every run, so runs differ only by their training."""
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -75,7 +87,7 @@ def run_curve(cfg: AlignedGRPOConfig, *, base: str | None, problems: list[Proble
 
     def measure(trainer: Any, step: int) -> None:
         res = evaluate(trainer.model, tok, problems, n=eval_n, ks=(1,), temperature=temperature,
-                       max_new_tokens=max_new_tokens, seed=cfg.seed)
+                       max_new_tokens=max_new_tokens, seed=eval_seed)
         curve.points.append({"step": step, "rollouts": trainer.rollout_ledger.total,
                              "used": trainer.rollout_ledger.used, "flops": trainer.ledger.analytic.total,
                              "race_flops": trainer.ledger.race.total, "accuracy": res.accuracy})
