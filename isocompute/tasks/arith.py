@@ -1,10 +1,10 @@
 """Synthetic arithmetic: the embedded default task, with difficulty knobs and a stepwise reference solution.
 
 A problem is an integer expression over ``+``, ``-`` and ``*`` with usual precedence, asked in plain text;
-the gold answer is its value as a string. One real instance (``generate(1, seed=0)[0]``-style)::
+the gold answer is its value as a string. One instance, as :func:`generate` returns it::
 
     Problem(id="arith-7-3", prompt="What is 47 + 385 - 12?", gold="420", task="arith",
-            meta={"difficulty": 3, "expression": "47 + 385 - 12", "n_operands": 3, "digits": 3,
+            meta={"difficulty": 5, "expression": "47 + 385 - 12", "n_operands": 3, "digits": 3,
                   "ops": "+-", "carries": 2, "steps": 2})
 
 Its reference solution (what the tiny model learns in SFT) executes one operation per sentence,
@@ -60,14 +60,14 @@ class ArithSpec:
             raise InputError(f"mul_digits must be in 1..9; you passed {self.mul_digits}.")
 
 
-# Difficulty label → spec. Level 1 is single-digit addition without carries; level 5 chains four
-# operands with a multiplication, so a small model executes it imperfectly.
+# Difficulty label → spec. Level 1 is single-digit addition without carries; level 5 chains three
+# operands of up to three digits with a possible multiplication, which a small model executes imperfectly.
 LEVELS: dict[int, ArithSpec] = {
     1: ArithSpec(digits=1, n_operands=2, ops="+", carries=False),
-    2: ArithSpec(digits=2, n_operands=2, ops="+-"),
-    3: ArithSpec(digits=2, n_operands=3, ops="+-"),
-    4: ArithSpec(digits=3, n_operands=3, ops="+-*", mul_digits=1),
-    5: ArithSpec(digits=3, n_operands=4, ops="+-*", mul_digits=2),
+    2: ArithSpec(digits=1, n_operands=2, ops="+-"),
+    3: ArithSpec(digits=2, n_operands=2, ops="+-"),
+    4: ArithSpec(digits=2, n_operands=3, ops="+-*", mul_digits=1),
+    5: ArithSpec(digits=3, n_operands=3, ops="+-*", mul_digits=1),
 }
 
 # The embedded default: a realistic mix with most mass in the middle.

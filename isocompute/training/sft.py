@@ -49,18 +49,18 @@ class SFTConfig:
     """
 
     task: str = "arith"
-    steps: int = 400
-    batch_size: int = 64
+    steps: int = 1200
+    batch_size: int = 32
     lr: float = 3e-3
-    warmup: int = 30
+    warmup: int = 50
     weight_decay: float = 0.01
     seed: int = 0
     mix: Mapping[int, float] | None = None
     plain_fraction: float = 0.25
     hidden_size: int = 128
-    num_layers: int = 4
+    num_layers: int = 3
     num_heads: int = 4
-    intermediate_size: int = 384
+    intermediate_size: int = 256
     threads: int = 2
     log_every: int = 10
 
