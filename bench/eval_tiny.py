@@ -13,6 +13,10 @@ Uses transformers ``generate`` directly (batched, ``num_return_sequences=n``), t
 (default 0), while SFT trains on seeds ≥ 1,000,000.
 
     .venv/bin/python bench/eval_tiny.py --model runs/tiny-sft [--problems 500 --n 16 --json out.json]
+
+Measured on the default ``isocompute train sft --task arith --out runs/tiny-sft --threads 1`` (seed 0):
+spread 36.2 %, greedy by level 0.617 / 0.357 / 0.031 / 0.000 / 0.000, maj@16 0.188, pass@16 0.472.
+Exit status 0 when both criteria pass, 1 otherwise.
 """
 
 from __future__ import annotations
