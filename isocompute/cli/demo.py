@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         _stage("sample", out / ".never", [
             "sample", "--task", "arith", "--limit", str(args.prompts), "--data-seed", str(HELD_OUT_DATA_SEED),
             "--engine", "transformers", "--model", str(model), "--n", str(args.n), "--temperature", "1.0",
-            "--seed", seed, "--out", str(outcomes)], force=True)
+            "--seed", seed, "--threads", "1", "--out", str(outcomes)], force=True)
 
     common = ["--actions", args.actions, "--strategy", "majority"]
     lo, hi = min(int(a) for a in args.actions.split(",")), max(int(a) for a in args.actions.split(","))

@@ -50,7 +50,8 @@ class SFTConfig:
     format choice. ``mix``: arith difficulty weights (default :data:`isocompute.tasks.arith.DEFAULT_MIX`).
     ``plain_fraction``: share of examples in plain-completion format. ``hidden_size``, ``num_layers``,
     ``num_heads``, ``intermediate_size``: the tiny architecture (head_dim = hidden/heads). ``threads``: torch
-    CPU threads. ``log_every``: steps between lines of ``train_log.jsonl``.
+    CPU threads — 1 by default: the tiny model's matmuls are too small to split, and with 2 threads on a
+    2-core machine that is doing anything else, OpenMP spin-waiting made steps ~10x slower (measured). ``log_every``: steps between lines of ``train_log.jsonl``.
     """
 
     task: str = "arith"
@@ -66,7 +67,7 @@ class SFTConfig:
     num_layers: int = 3
     num_heads: int = 4
     intermediate_size: int = 256
-    threads: int = 2
+    threads: int = 1
     log_every: int = 10
 
     def __post_init__(self) -> None:
