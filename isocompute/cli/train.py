@@ -8,14 +8,23 @@ listing it in :data:`STAGES`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
+
+
+def config_defaults(cls: type) -> SimpleNamespace:
+    """A config dataclass's field defaults, without constructing it: ``__post_init__`` may import
+    transformers (seconds), and ``isocompute --help`` must stay fast."""
+    return SimpleNamespace(**{f.name: f.default for f in dataclasses.fields(cls)
+                              if f.default is not dataclasses.MISSING})
 
 
 def _register_sft(stages: Any) -> None:
     from isocompute.training.sft import SFTConfig  # light: the module imports torch only inside functions
 
-    d = SFTConfig()
+    d = config_defaults(SFTConfig)
     p = stages.add_parser("sft", help="supervised training of the tiny model from scratch (CPU, minutes)",
                           description="Train the tiny embedded model on arith reference solutions; writes a "
                                       "Hugging Face model directory with manifest.json and train_log.jsonl.")

@@ -12,9 +12,10 @@ from typing import Any
 
 
 def register_stage(stages: Any) -> None:
+    from isocompute.cli.train import config_defaults
     from isocompute.training.grpo import AlignedGRPOConfig  # light: TRL is imported inside train_grpo
 
-    d = AlignedGRPOConfig()
+    d = config_defaults(AlignedGRPOConfig)
     p = stages.add_parser(
         "grpo", help="GRPO aligned with a test-time metric (maj@k, pass@k, bon@k, mean)",
         description="GRPO post-training with compute-aligned advantages and a FLOP ledger; writes a servable "
