@@ -81,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     gain = final("uniform") - start if "uniform" in results else 0.0
     if gain <= 0:
         gain = max(final(m) - start for m in methods)
+    if args.target is None and gain <= 0:
+        print(f"\nno method improved on the start accuracy {start:.3f}: no target, no ratios "
+              "(try another learning rate, mix or budget).")
+        gain = float("nan")
     target = args.target if args.target is not None else start + 0.5 * gain
     print(f"\nstart accuracy {start:.3f}; final (smoothed, mean of seeds): "
           + ", ".join(f"{m} {final(m):.3f}" for m in methods) + f"; target accuracy {target:.3f}")
