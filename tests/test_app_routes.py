@@ -158,6 +158,22 @@ def test_chat_uses_the_chat_template():
     assert r.json()["choices"][0]["message"] == {"role": "assistant", "content": "The answer is 12."}
 
 
+def test_policy_sees_the_question_not_the_chat_template():
+    # The policy was fitted on outcome tables' bare questions; role markers would shift its features.
+    from isocompute.training.tiny import build_tokenizer
+
+    engine, policy = FakeEngine(), FakePolicy()
+    engine.tokenizer = build_tokenizer()
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+3?"}]
+    with make_client(engine, policy) as c:
+        r = c.post("/v1/chat/completions", json={"model": "isocompute", "budget": 2, "messages": msgs})
+        assert r.status_code == 200, r.text
+        r = c.post("/v1/route", json={"model": "isocompute", "budget": 2, "messages": msgs})
+        assert r.status_code == 200, r.text
+    assert [p for p, _ in policy.calls] == [["What is 2+3?"], ["What is 2+3?"]]
+    assert engine.calls[-1][0][0] == "<|system|>Be brief.<|end|><|user|>What is 2+3?<|end|><|assistant|>"
+
+
 def test_route_is_a_dry_run():
     engine, policy = FakeEngine(), FakePolicy()
     with make_client(engine, policy) as c:

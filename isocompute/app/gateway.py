@@ -93,6 +93,29 @@ class Answer:
     info: IsoComputeInfo
 
 
+def _message_text(i: int, m: ChatMessage) -> str:
+    if isinstance(m.content, list):
+        parts = []
+        for part in m.content:
+            if part.type != "text" or part.text is None:
+                raise InputError(f"messages[{i}] has a {part.type!r} part; only text parts are supported")
+            parts.append(part.text)
+        return "".join(parts)
+    return m.content or ""
+
+
+def policy_text(messages: Sequence[ChatMessage]) -> str:
+    """The text the policy's features are computed from: the last user message.
+
+    Outcome tables hold the bare question in ``prompt`` and the policy was fitted on it, so features of
+    the chat-templated string (role markers, system prompt) would be out of distribution.
+    """
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].role == "user":
+            return _message_text(i, messages[i])
+    return _message_text(len(messages) - 1, messages[-1])
+
+
 def render_chat(tokenizer: Any, messages: Sequence[ChatMessage]) -> str:
     """One prompt string from OpenAI chat messages via the tokenizer's chat template.
 
@@ -100,18 +123,8 @@ def render_chat(tokenizer: Any, messages: Sequence[ChatMessage]) -> str:
     """
     if not getattr(tokenizer, "chat_template", None):
         raise InputError("the served model's tokenizer has no chat template; use /v1/completions instead")
-    rendered = []
-    for i, m in enumerate(messages):
-        if isinstance(m.content, list):
-            parts = []
-            for part in m.content:
-                if part.type != "text" or part.text is None:
-                    raise InputError(f"messages[{i}] has a {part.type!r} part; only text parts are supported")
-                parts.append(part.text)
-            content = "".join(parts)
-        else:
-            content = m.content or ""
-        rendered.append({"role": "system" if m.role == "developer" else m.role, "content": content})
+    rendered = [{"role": "system" if m.role == "developer" else m.role, "content": _message_text(i, m)}
+                for i, m in enumerate(messages)]
     if not any(r["content"].strip() for r in rendered):
         raise InputError("every message is empty; send at least one message with text content")
     text = tokenizer.apply_chat_template(rendered, tokenize=False, add_generation_prompt=True)
@@ -237,8 +250,13 @@ class Gateway:
         max_samples: int | None,
         max_tokens: int,
         prompt_tokens: list[int] | None = None,
+        policy_prompts: list[str] | None = None,
     ) -> Routing:
-        """Decide k for every prompt (see the module docstring). Raises BudgetError / PermissionDenied."""
+        """Decide k for every prompt (see the module docstring). Raises BudgetError / PermissionDenied.
+
+        ``policy_prompts`` (default ``prompts``) is the text the policy sees: for chat, the question
+        without the chat template (see :func:`policy_text`).
+        """
         s = self.settings
         if self.policy is None:
             raise EngineUnavailable("no policy loaded; start the gateway with --policy DIR or POST /admin/reload")
@@ -267,7 +285,7 @@ class Gateway:
                 B, lo=lo, hi=hi, gain=s.control_gain, max_step=s.control_max_step, initial=b_policy))
             internal = ctl.internal
         t0 = time.perf_counter()
-        decision = self.policy.decide(prompts, internal)
+        decision = self.policy.decide(prompts if policy_prompts is None else policy_prompts, internal)
         self.metrics.decision.observe(time.perf_counter() - t0)
         policy_ks = [int(k) for k in np.asarray(decision.k).reshape(-1)]
         actions = [int(a) for a in np.asarray(decision.action_index).reshape(-1)]

@@ -33,7 +33,7 @@ from pydantic import BaseModel
 
 from isocompute.app.auth import KeyStore, Principal
 from isocompute.app.errors import error_responses
-from isocompute.app.gateway import Answer, Gateway
+from isocompute.app.gateway import Answer, Gateway, policy_text
 from isocompute.app.schemas import (
     ChatChoice,
     ChatCompletionRequest,
@@ -156,7 +156,8 @@ async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, caller: C
     prompts = [gw.chat_prompt(req.messages)]
     counts = gw.check_prompts(prompts, max_tokens)
     routing = gw.route(prompts, principal=caller, budget=req.budget, unit=req.budget_unit,
-                       max_samples=req.max_samples, max_tokens=max_tokens, prompt_tokens=counts)
+                       max_samples=req.max_samples, max_tokens=max_tokens, prompt_tokens=counts,
+                       policy_prompts=[policy_text(req.messages)])
     [ans] = await gw.complete(prompts, routing, max_tokens=max_tokens, temperature=temperature, seed=seed,
                               strategy=req.strategy)
     return ChatCompletionResponse(
@@ -199,7 +200,8 @@ async def route(req: RouteRequest, gw: GatewayDep, caller: CallerDep) -> RouteRe
     counts = gw.check_prompts(prompts, max_tokens)
     # A dry run must not move the controller, so it reads the internal budget without observing a cost.
     r = gw.route(prompts, principal=caller, budget=req.budget, unit=req.budget_unit,
-                 max_samples=req.max_samples, max_tokens=max_tokens, prompt_tokens=counts)
+                 max_samples=req.max_samples, max_tokens=max_tokens, prompt_tokens=counts,
+                 policy_prompts=None if req.messages is None else [policy_text(req.messages)])
     return RouteResponse(
         model=gw.settings.served_model, budget=r.budget, budget_unit=r.unit,  # type: ignore[arg-type]
         internal_budget=r.internal_budget, lambda_=r.lam,
