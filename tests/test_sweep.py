@@ -89,6 +89,11 @@ def test_loo_residuals_match_explicit_refits(m, family, seed):
     X = _design(rho, family)
     if X.shape[1] >= m or np.linalg.matrix_rank(X) < X.shape[1]:
         return
+    # A point with leverage h ≈ 1 amplifies rounding by 1/(1 − h) in both the identity and the explicit
+    # refit (seen: h = 1 − 1e-5 gave residuals of 8e4 differing in the 6th digit); compare where it is sane.
+    h = np.einsum("ij,ji->i", X, np.linalg.pinv(X))
+    if h.max() > 1 - 1e-4:
+        return
     want = []
     for i in range(m):
         keep = np.arange(m) != i
