@@ -57,8 +57,10 @@ def run(args: argparse.Namespace) -> int:
                             n_pilot=args.n_pilot, pool_size=args.pool_size)
     result = train_grpo(cfg, args.out, base=args.base, progress=not args.no_progress)
     led = result.ledger
+    correct = [e["objective/correct"] for e in result.log if "objective/correct" in e]
+    span = max(1, len(correct) // 4)
     print(f"wrote {result.out_dir}: {result.steps} steps, {led.samples:,} rollouts in {result.seconds:.0f} s; "
           f"FLOPs {led.analytic.total:.3e} (rollout {led.analytic.rollout:.3e}, update {led.analytic.update:.3e}), "
-          f"rho {led.rho:.3f} (RACE {led.race_rho:.3f}); last logged batch correct "
-          f"{result.last('objective/correct'):.3f}")
+          f"rho {led.rho:.3f} (RACE {led.race_rho:.3f}); training-batch correctness "
+          f"{sum(correct[:span]) / span:.3f} (first quarter) -> {sum(correct[-span:]) / span:.3f} (last quarter)")
     return 0
