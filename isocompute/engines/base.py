@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from isocompute.errors import InputError
+
 
 @dataclass(frozen=True, slots=True)
 class Completion:
@@ -25,6 +27,15 @@ class Completion:
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str = "stop"
+
+
+def check_generate_args(n: int, max_tokens: int, temperature: float) -> None:
+    """Every engine's argument check, so a bad request fails the same way on every back-end."""
+    if n < 1 or max_tokens < 1 or temperature < 0:
+        raise InputError(
+            f"need n >= 1, max_tokens >= 1 and temperature >= 0; got n={n}, "
+            f"max_tokens={max_tokens}, temperature={temperature}"
+        )
 
 
 @runtime_checkable

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from isocompute.engines.base import Completion
+from isocompute.engines.base import Completion, check_generate_args
 from isocompute.errors import EngineUnavailable, InputError
 
 __all__ = ["TransformersEngine", "apply_chat_template", "count_completion", "resolve_device"]
@@ -156,11 +156,7 @@ class TransformersEngine:
         seed: int | None = None,
     ) -> list[list[Completion]]:
         """Sample ``n`` completions for each prompt (see the module docstring for counts and seeding)."""
-        if n < 1 or max_tokens < 1 or temperature < 0:
-            raise InputError(
-                f"need n >= 1, max_tokens >= 1 and temperature >= 0; got n={n}, "
-                f"max_tokens={max_tokens}, temperature={temperature}"
-            )
+        check_generate_args(n, max_tokens, temperature)
         if not prompts:
             return []
         return await asyncio.to_thread(self._generate_locked, list(prompts), n, max_tokens, temperature, seed)

@@ -44,7 +44,7 @@ from typing import Any
 
 import httpx
 
-from isocompute.engines.base import Completion
+from isocompute.engines.base import Completion, check_generate_args
 from isocompute.errors import EngineUnavailable, InputError
 
 __all__ = ["Upstream", "VLLMHTTPEngine", "split_evenly", "START_HINT"]
@@ -158,11 +158,7 @@ class VLLMHTTPEngine:
         seed: int | None = None,
     ) -> list[list[Completion]]:
         """Send one ``/v1/completions`` request per prompt, concurrently; results in prompt order."""
-        if n < 1 or max_tokens < 1 or temperature < 0:
-            raise InputError(
-                f"need n >= 1, max_tokens >= 1 and temperature >= 0; got n={n}, "
-                f"max_tokens={max_tokens}, temperature={temperature}"
-            )
+        check_generate_args(n, max_tokens, temperature)
         if not prompts:
             return []
         model = await self._model_name()

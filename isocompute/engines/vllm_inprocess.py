@@ -20,8 +20,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from isocompute.engines.base import Completion
-from isocompute.errors import EngineUnavailable, InputError
+from isocompute.engines.base import Completion, check_generate_args
+from isocompute.errors import EngineUnavailable
 
 __all__ = ["VLLMEngine"]
 
@@ -58,11 +58,7 @@ class VLLMEngine:
         temperature: float,
         seed: int | None = None,
     ) -> list[list[Completion]]:
-        if n < 1 or max_tokens < 1 or temperature < 0:
-            raise InputError(
-                f"need n >= 1, max_tokens >= 1 and temperature >= 0; got n={n}, "
-                f"max_tokens={max_tokens}, temperature={temperature}"
-            )
+        check_generate_args(n, max_tokens, temperature)
         if not prompts:
             return []
         return await asyncio.to_thread(self._generate_locked, list(prompts), n, max_tokens, temperature, seed)
