@@ -67,11 +67,15 @@ def main(argv: list[str] | None = None) -> int:
             curve, _ = run_curve(cfg, base=None if args.base == "none" else args.base, problems=problems,
                                  eval_every=args.eval_every, eval_n=args.eval_n, temperature=1.0,
                                  stop_rollouts=args.budget, max_new_tokens=args.max_completion_length)
-            results[method][seed] = {"points": curve.points, "seconds": curve.seconds, "rollouts": curve.rollouts}
             last = curve.points[-1]
+            # informative groups per 1,000 generated rollouts: what each method buys with its sampling
+            informative = (1 - curve.zero_groups) * last["used"] / args.n / last["rollouts"] * 1000
+            results[method][seed] = {"points": curve.points, "seconds": curve.seconds, "rollouts": curve.rollouts,
+                                     "zero_groups": curve.zero_groups, "informative_per_1k": informative}
             print(f"seed {seed} {method:>12}: acc {curve.points[0]['accuracy']:.3f} -> {last['accuracy']:.3f} "
-                  f"after {last['rollouts']:.0f} rollouts ({last['used']:.0f} used), {last['flops']:.3e} FLOPs, "
-                  f"{curve.seconds:.0f} s", flush=True)
+                  f"after {last['rollouts']:.0f} rollouts ({last['used']:.0f} used, {curve.zero_groups:.0%} of "
+                  f"update groups all-same, {informative:.1f} informative groups per 1k rollouts), "
+                  f"{last['flops']:.3e} FLOPs, {curve.seconds:.0f} s", flush=True)
 
     def final(m: str) -> float:  # smoothed end of the curve, averaged over seeds
         return float(np.mean([smooth(np.array([p["accuracy"] for p in r["points"]]))[-1]

@@ -38,6 +38,7 @@ class Curve:
     seconds: float = 0.0
     ledger: dict[str, Any] = field(default_factory=dict)
     rollouts: dict[str, Any] = field(default_factory=dict)
+    zero_groups: float = float("nan")  # mean share of update groups whose advantages are all zero
 
     def xs(self, key: str) -> np.ndarray:
         return np.array([p[key] for p in self.points], dtype=float)
@@ -117,4 +118,6 @@ def run_curve(cfg: AlignedGRPOConfig, *, base: str | None, problems: list[Proble
     curve.seconds = time.monotonic() - start
     curve.ledger = trainer.ledger.to_dict()
     curve.rollouts = trainer.rollout_ledger.to_dict()
+    zero = [e["objective/zero_groups"] for e in trainer.state.log_history if "objective/zero_groups" in e]
+    curve.zero_groups = float(np.mean(zero)) if zero else float("nan")
     return curve, ((trainer.model, tok) if keep_model else None)
