@@ -27,6 +27,13 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def _mix(text: str) -> dict[int, float]:
+    try:
+        return {int(k): float(v) for k, v in (part.split(":") for part in text.split(",") if part)}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LEVEL:WEIGHT pairs like 1:1,2:0.5, got {text!r}") from None
+
+
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("sweep", help="IsoCompute grids and the RACE allocation diagnostic",
                               description="Plan, run and analyse IsoCompute sweeps of GRPO post-training.")
@@ -49,6 +56,8 @@ def register(subparsers: Any) -> None:
     r.add_argument("--eval-problems", type=int, default=64, help="held-out problems (default: %(default)s)")
     r.add_argument("--eval-n", type=int, default=4, help="samples per held-out problem (default: %(default)s)")
     r.add_argument("--max-completion-length", type=int, default=96)
+    r.add_argument("--mix", type=_mix, default=None,
+                   help="arith difficulty weights for training and held-out problems, e.g. 1:1,2:1,3:1")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--threads", type=int, default=1)
     r.set_defaults(func=_run)
@@ -105,7 +114,7 @@ def _run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     runs_path = out / "runs.jsonl"
     done = {_key(d) for d in _read_jsonl(runs_path, "runs")} if runs_path.exists() else set()
-    held_out = arith.generate(args.eval_problems, seed=args.seed + 1)
+    held_out = arith.generate(args.eval_problems, seed=args.seed + 1, mix=args.mix)
     for i, point in enumerate(points):
         key = _key(point)
         if key in done:
@@ -113,7 +122,7 @@ def _run(args: argparse.Namespace) -> int:
         n, bp, m, rank = key
         cfg = AlignedGRPOConfig(objective=args.objective, num_generations=n, prompts_per_step=bp, steps=m,
                                 lora_rank=rank, lr=args.lr, max_completion_length=args.max_completion_length,
-                                seed=args.seed, threads=args.threads, log_every=max(1, m // 10))
+                                seed=args.seed, threads=args.threads, log_every=max(1, m // 10), mix=args.mix)
         model_dir = out / "models" / f"n{n}-bp{bp}-m{m}-r{rank}"
         res = train_grpo(cfg, model_dir, base=args.base)
         model, tok = tiny.load_tiny(model_dir)
