@@ -54,12 +54,13 @@ def test_sweep_run_trains_evaluates_and_resumes(tmp_path, capsys):
     grid = tmp_path / "grid.jsonl"
     assert main(["sweep", "grid", "--budgets", "4", "--n", "2", "--prompts-per-step", "2", "--out", str(grid)]) == 0
     args = ["sweep", "run", "--grid", str(grid), "--out", str(tmp_path / "sw"), "--eval-problems", "2",
-            "--eval-n", "2", "--max-completion-length", "4"]
+            "--eval-n", "3", "--max-completion-length", "4"]
     assert main(args) == 0
     runs = [json.loads(line) for line in (tmp_path / "sw" / "runs.jsonl").read_text().splitlines()]
     assert len(runs) == 1
     r = runs[0]
     assert (r["n"], r["prompts_per_step"], r["steps"], r["rollouts"]) == (2, 2, 1, 4)
-    assert 0 < r["rho"] < 1 and 0 < r["rho_analytic"] < 1 and {"accuracy", "maj@2", "reward"} <= set(r)
+    assert 0 < r["rho"] < 1 and 0 < r["rho_analytic"] < 1 and {"accuracy", "maj@3", "reward"} <= set(r)
+    assert r["eval_n"] == 3  # the evaluation's sample count does not overwrite the grid's n
     assert main(args) == 0  # resumes: nothing left to run
     assert len((tmp_path / "sw" / "runs.jsonl").read_text().splitlines()) == 1

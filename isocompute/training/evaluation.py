@@ -67,7 +67,7 @@ class EvalResult:
         raise InputError(f"unknown metric {name!r}; use 'accuracy' or maj@k / pass@k with k in {self.ks}.")
 
     def summary(self) -> dict[str, float]:
-        out = {"accuracy": self.accuracy, "problems": float(self.correct.shape[0]), "n": float(self.n)}
+        out = {"accuracy": self.accuracy, "eval_problems": float(self.correct.shape[0]), "eval_n": float(self.n)}
         for k in self.ks:
             out[f"maj@{k}"] = float(self.metric(f"maj@{k}").mean())
             out[f"pass@{k}"] = float(self.metric(f"pass@{k}").mean())
