@@ -155,6 +155,9 @@ def test_race_falls_back_to_the_best_pilot_point():
     assert fit.rho_star == fit.best_rho == rho[int(np.argmax(noisy))]
     assert race_diagnostic(rho[:3], noisy[:3]).reason.startswith("3 runs < 4")
     assert race_diagnostic([0.5] * 5, [0.1, 0.2, 0.3, 0.4, 0.5]).reason == "all runs have the same rho"
+    # full fine-tuning sweeps: ρ differs only in the 4th digit
+    narrow = race_diagnostic([0.7498, 0.75, 0.7499, 0.7500], [0.15, 0.24, 0.21, 0.25])
+    assert narrow.decision == "fallback" and narrow.reason.startswith("rho spans only 0.0%")
 
 
 def test_race_by_band_groups_runs():

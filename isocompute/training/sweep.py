@@ -17,7 +17,8 @@ and use the fit only as a decision rule (:func:`race_diagnostic`):
   ``max_spread`` of the range of the full fit's → validate near ρ* = exp(−b / 2a);
 * ``boundary`` — the stable maximum sits at an edge → validate beyond it, towards ``higher`` ρ (more
   updates) or ``lower`` ρ (more search), one quarter of the log range past the edge;
-* ``fallback`` — too few points, no spread in ρ, or leave-one-out refits disagree → validate near the
+* ``fallback`` — too few points, ρ spanning less than ``min_log_range`` in log ρ (5 %: full fine-tuning
+  runs all sit at ρ ≈ 0.75 in the RACE convention), or leave-one-out refits disagree → validate near the
   best observed pilot run.
 
 :func:`compare_families` ranks low-capacity response families (constant, linear/quadratic in ρ,
@@ -263,7 +264,7 @@ def _argmax_position(coef: np.ndarray, lo: float, hi: float) -> float:
 
 
 def race_diagnostic(rho: Sequence[float], reward: Sequence[float], *, band: str = "", min_points: int = 4,
-                    edge_margin: float = 0.1, max_spread: float = 0.25) -> RaceFit:
+                    edge_margin: float = 0.1, max_spread: float = 0.25, min_log_range: float = 0.05) -> RaceFit:
     """RACE decision for one compute band (see the module docstring).
 
     >>> fit = race_diagnostic([0.15, 0.25, 0.35, 0.5, 0.65, 0.8], [0.483, 0.562, 0.596, 0.595, 0.589, 0.565])
@@ -284,6 +285,9 @@ def race_diagnostic(rho: Sequence[float], reward: Sequence[float], *, band: str 
         return fallback(f"{y.size} runs < {min_points}: too few to fit a quadratic with a check")
     if hi - lo < 1e-9:
         return fallback("all runs have the same rho")
+    if hi - lo < min_log_range:
+        return fallback(f"rho spans only {np.exp(hi - lo) - 1:.1%} of itself: vary the LoRA rank, the reward model "
+                        "or the rollout/update balance to give RACE a range")
     X = _design(r, "quadratic log rho")
     coef = np.linalg.lstsq(X, y, rcond=None)[0]
     pos = _argmax_position(coef, lo, hi)
