@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import threading
 
 import pytest
 
@@ -150,6 +151,29 @@ def test_concurrent_calls_serialise_and_match_sequential(engine):
     x, y = asyncio.run(both())
     assert x == engine.generate_sync(PROMPTS[:2], 2, 8, 1.0, seed=5)
     assert y == engine.generate_sync(PROMPTS[2:], 3, 8, 1.0, seed=6)
+
+
+def test_other_threads_using_the_tokenizer_cannot_break_a_padded_batch(engine):
+    """Regression: a fast tokenizer's padding is mutable state reset by every call. `sample` renders chat
+    templates (and the gateway counts prompt tokens) with `engine.tokenizer` on the event loop while a
+    generation encodes a padded batch in a worker thread; that once failed a demo mid-run with "Unable
+    to create tensor ... padding=True". The engine now encodes with a private copy."""
+    prompts = ["1+1=", "What is 12 + 345 - 6?", "7", "A much longer prompt with many characters in it: 98 * 7"]
+    stop = threading.Event()
+
+    def hammer():
+        while not stop.is_set():
+            engine.tokenizer("x")  # no padding: switches the shared tokenizer's padding off
+
+    t = threading.Thread(target=hammer)
+    t.start()
+    try:
+        for _ in range(30):
+            out = engine.generate_sync(prompts, 2, 2, 1.0, seed=1)
+            assert [len(c) for c in out] == [2] * len(prompts)
+    finally:
+        stop.set()
+        t.join()
 
 
 def test_empty_prompt_list(engine):

@@ -25,7 +25,9 @@ Ignores: stop strings, top-k/top-p/repetition penalties, and streaming.
 from __future__ import annotations
 
 import asyncio
+import copy
 import threading
+import weakref
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -80,11 +82,28 @@ def apply_chat_template(tokenizer: Any, user_message: str, *, system: str | None
     # Templates often render the BOS token themselves while encoding adds it again; a doubled BOS is
     # a sequence the model never saw in training, so drop the rendered one when encoding adds it.
     bos = getattr(tokenizer, "bos_token", None)
-    if bos and text.startswith(bos):
-        added = tokenizer("")["input_ids"]
-        if added and added[0] == tokenizer.bos_token_id:
-            text = text[len(bos) :]
+    if bos and text.startswith(bos) and _encoding_adds_bos(tokenizer):
+        text = text[len(bos) :]
     return text
+
+
+_ADDS_BOS: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def _encoding_adds_bos(tokenizer: Any) -> bool:
+    """Whether encoding with special tokens prepends BOS; asked once per tokenizer, because every call
+    resets the tokenizer's padding state, which other threads may be relying on at that moment."""
+    try:
+        return _ADDS_BOS[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    added = tokenizer("")["input_ids"]
+    adds = bool(added) and added[0] == tokenizer.bos_token_id
+    try:
+        _ADDS_BOS[tokenizer] = adds
+    except TypeError:  # not weak-referenceable: just don't cache
+        pass
+    return adds
 
 
 class TransformersEngine:
@@ -146,6 +165,12 @@ class TransformersEngine:
                 "generation_config.json or tokenizer"
             )
         self._lock = threading.Lock()
+        # A fast tokenizer keeps padding/truncation as mutable state that every call resets, and callers
+        # use ``engine.tokenizer`` from other threads (chat templates, prompt-token counts) while a
+        # generation runs in a worker thread: a call there could switch padding off between our
+        # ``padding=True`` and the encoding, and a batch of unequal prompts then fails to stack. The
+        # engine encodes with its own copy, which nobody else touches.
+        self._encoder = copy.deepcopy(self.tokenizer)
 
     async def generate(
         self,
@@ -197,7 +222,7 @@ class TransformersEngine:
         return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def _generate_batch(self, rows: list[str], max_tokens: int, temperature: float) -> list[Completion]:
-        enc = self.tokenizer(rows, return_tensors="pt", padding=True).to(self.device)
+        enc = self._encoder(rows, return_tensors="pt", padding=True).to(self.device)
         sampling: dict[str, Any] = (
             {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
             if temperature > 0
@@ -218,7 +243,7 @@ class TransformersEngine:
             count, reason = count_completion(ids, self.eos_ids, max_tokens)
             ended_on_eos = count > 0 and ids[count - 1] in self.eos_ids
             kept = ids[: count - 1] if ended_on_eos else ids[:count]
-            text = self.tokenizer.decode(kept, skip_special_tokens=True)
+            text = self._encoder.decode(kept, skip_special_tokens=True)
             completions.append(Completion(text, int(plen), count, reason))
         return completions
 
