@@ -12,6 +12,10 @@ and cost tables; expectations are exact, nothing is sampled):
   rounding="deterministic")``: cost ≤ B, within one prompt's gap of the LP bound, which is reported
   as ``oracle_lp``). Not achievable; the upper reference.
 * ``learned`` — the policy's default learner; ``learned_classifier`` / ``learned_utility`` each learner.
+  Each prompt is decided alone through the calibration table, so the held-out part's realised cost
+  carries the sampling noise of which prompts it holds (about ±4% at budget 4 on 160 arith prompts).
+* ``learned_batch`` — the default learner with its knob solved on the held-out part itself
+  (``Policy.decide(..., match="batch")``): what an offline batch job spends, on budget to one prompt's step.
 * ``uniform`` — every prompt gets the same k, mixing the two actions adjacent to B so the mean cost
   is B: with mean action costs c̄_j ≤ B ≤ c̄_{j+1}, q = (B − c̄_j)/(c̄_{j+1} − c̄_j) and prompt i scores
   (1 − q)·U[i, j] + q·U[i, j+1]. Example: k ∈ {1, 2, 4, 8}, B = 3 → half k = 2, half k = 4.
@@ -48,7 +52,7 @@ from isocompute.policy.policy import LEARNERS, Policy, PolicyConfig
 from isocompute.solver.allocate import allocate, feasible_range
 
 BASE_METHODS = ("oracle", "learned", "uniform", "heuristic", "random")
-METHODS = (*BASE_METHODS, "oracle_lp", *(f"learned_{name}" for name in LEARNERS))
+METHODS = (*BASE_METHODS, "oracle_lp", "learned_batch", *(f"learned_{name}" for name in LEARNERS))
 
 
 @dataclass(frozen=True, eq=False)
@@ -147,6 +151,8 @@ def _score(policy: Policy, prompts: Sequence[str], U: np.ndarray, C: np.ndarray,
             if name == default:
                 l_act[bi] = a
                 util[M["learned"], bi], cost[M["learned"], bi] = U[rows, a], C[rows, a]
+                ab, _ = policy.decide_features(X, u, route, b, name, match="batch")
+                util[M["learned_batch"], bi], cost[M["learned_batch"], bi] = U[rows, ab], C[rows, ab]
         lo, hi, q = uniform_mix(mean_costs, b)
         util[M["uniform"], bi] = (1 - q) * U[:, lo] + q * U[:, hi]
         cost[M["uniform"], bi] = (1 - q) * C[:, lo] + q * C[:, hi]
@@ -260,8 +266,9 @@ def summarise(ev: Evaluation, *, n_boot: int = 2000, seed: int = 0) -> dict[str,
             if np.isnan(u).any():
                 continue
             boot = u[idx].mean(axis=1)
+            cboot = ev.cost[:, mi[m], bi].mean(axis=0)[idx].mean(axis=1)
             methods[m] = {"accuracy": float(ev.utility[:, mi[m], bi].mean()),
-                          "cost": float(ev.cost[:, mi[m], bi].mean()), "ci95": _ci(boot)}
+                          "cost": float(ev.cost[:, mi[m], bi].mean()), "ci95": _ci(boot), "cost_ci95": _ci(cboot)}
         uL, uU = per_prompt[mi["learned"], bi], per_prompt[mi["uniform"], bi]
         rel = (uL.mean() - uU.mean()) / uU.mean() if uU.mean() > 0 else float("nan")
         bL, bU = uL[idx].mean(axis=1), uU[idx].mean(axis=1)
@@ -311,6 +318,8 @@ def summarise(ev: Evaluation, *, n_boot: int = 2000, seed: int = 0) -> dict[str,
             "apgr": float((methods["learned"]["accuracy"] - methods["uniform"]["accuracy"]) / gap_uo)
             if gap_uo > 1e-12 else None,
             "cost_error": float(methods["learned"]["cost"] / b - 1) if b > 0 else None,
+            "cost_error_batch": float(methods["learned_batch"]["cost"] / b - 1)
+            if b > 0 and "learned_batch" in methods else None,
             "oracle_budget_binding": bool(methods["oracle_lp"]["cost"] >= b * (1 - 1e-6)),
             "learners": learners,
             "action_histogram": {
@@ -351,4 +360,7 @@ def check_targets(summary: dict[str, Any], budget: float = 4.0) -> dict[str, Any
                                        "pass": bool(g["relative"] >= 0.05 and g["ci95"][0] > 0)},
         "cost_within_2pct": {"value": entry["cost_error"],
                              "pass": entry["cost_error"] is not None and abs(entry["cost_error"]) <= 0.02},
+        "batch_cost_within_2pct": {"value": entry["cost_error_batch"],
+                                   "pass": entry["cost_error_batch"] is not None
+                                   and abs(entry["cost_error_batch"]) <= 0.02},
     }

@@ -145,7 +145,8 @@ class Decision:
 
     ``k``: (N,) samples to draw per prompt; ``action_index``: (N,) index into ``Policy.actions``;
     ``internal_budget`` (classifier) or ``lam`` (utility learner): the calibrated knob used, the other
-    is None; ``costs``: (N,) expected cost per prompt and ``expected_cost`` their mean, in ``cost_unit``.
+    is None; ``costs``: (N,) expected cost per prompt and ``expected_cost`` their mean, in ``cost_unit``;
+    ``match``: how the knob was set (``calibrated`` table or solved on the ``batch``).
     """
 
     k: np.ndarray
@@ -157,6 +158,7 @@ class Decision:
     costs: np.ndarray
     expected_cost: float
     cost_unit: str
+    match: str = "calibrated"
 
 
 @dataclass
@@ -307,14 +309,21 @@ class Policy:
         return prompt_uniforms(prompts, MIX_SEED), route
 
     def decide_features(self, X: np.ndarray, u: np.ndarray, route: np.ndarray, budget: float,
-                        learner: str | None = None) -> tuple[np.ndarray, float]:
+                        learner: str | None = None, *, match: str = "calibrated") -> tuple[np.ndarray, float]:
         """(action index per prompt, knob) from precomputed features and :meth:`prompt_keys`.
 
         Member j serves the prompts routed to it. During fitting member j scored exactly the calibration
-        fold it did not see, so a new prompt meets the same process the calibration measured.
+        fold it did not see, so a new prompt meets the same process the calibration measured. With
+        ``match="batch"`` the knob is instead solved on this batch (:meth:`batch_knob`).
         """
-        f = self.learners_[learner or self.default_learner_]
-        knob = f.calibration(budget)
+        name = learner or self.default_learner_
+        f = self.learners_[name]
+        if match == "batch":
+            knob = self.batch_knob(X, u, route, budget, name)
+        elif match == "calibrated":
+            knob = f.calibration(budget)
+        else:
+            raise InputError(f"match must be 'calibrated' or 'batch'; you passed {match!r}.")
         a = np.zeros(X.shape[0], dtype=np.intp)
         for j, model in enumerate(f.models):
             sel = np.flatnonzero(route == j)
@@ -326,22 +335,64 @@ class Policy:
                 a[sel] = model.predict(X[sel], knob, self.action_costs_, u[sel])
         return a, knob
 
-    def decide(self, prompts: Sequence[str], budget: float, *, learner: str | None = None) -> Decision:
-        """Actions for ``prompts`` at mean cost ``budget`` per request (pure; features included)."""
+    def batch_knob(self, X: np.ndarray, u: np.ndarray, route: np.ndarray, budget: float, learner: str) -> float:
+        """The knob at which *this batch's* mean expected cost is nearest ``budget``.
+
+        The same search the calibration runs on out-of-fold decisions (bisection on λ for the utility
+        learner, the mixed-grid step search for the classifier), run on the batch's own decisions; the
+        batch then spends the budget up to one prompt's step, ``max_a Δc_a / N``, instead of up to the
+        sampling noise of which prompts happen to arrive. Decisions then depend on the whole batch.
+        Example: 1,024 prompts at budget 4 with actions 1…16 spend within 8/1024 = 0.2% of 4.
+        """
+        f = self.learners_[learner]
+        n = X.shape[0]
+        b = np.array([float(budget)])
+        if n == 0:
+            return f.calibration(budget)
+        if f.calibration.knob == "lam":
+            Uh = np.empty((n, len(self.config.actions)))
+            for j, model in enumerate(f.models):
+                sel = np.flatnonzero(route == j)
+                if sel.size:
+                    Uh[sel] = model.predict_utilities(X[sel])
+            costs = self.action_costs_
+
+            def cost_at(lam: float) -> float:
+                return float(costs[price(Uh, lam, costs, u)].mean())
+
+            cal = calibrate_by_bisection(b, b, cost_at, _max_useful_price(Uh, costs), n_validation=n)
+        else:
+            grid = f.models[0].budget_grid_
+            grid_act = np.empty((grid.size, n), dtype=np.intp)
+            for j, model in enumerate(f.models):
+                sel = np.flatnonzero(route == j)
+                if sel.size:
+                    grid_act[:, sel] = model.grid_actions(X[sel])
+            cal = calibrate_mixed_grid(b, b, grid, self.action_costs_[grid_act], u, n_validation=n)
+        return float(cal.values[0])
+
+    def decide(self, prompts: Sequence[str], budget: float, *, learner: str | None = None,
+               match: str = "calibrated") -> Decision:
+        """Actions for ``prompts`` at mean cost ``budget`` per request (pure; features included).
+
+        ``match="calibrated"`` (default): each prompt's action depends only on its text and the budget,
+        through the calibration table (what a single request gets). ``match="batch"``: the knob is solved
+        on the batch so its mean expected cost is the budget (offline batch jobs; see :meth:`batch_knob`).
+        """
         self._check_fitted()
         b = self.check_budget(budget)
         name = learner or self.default_learner_
         if name not in self.learners_:
             raise InputError(f"learner {name!r} is not in this policy; it has {', '.join(self.learners_)}.")
         u, route = self.prompt_keys(prompts)
-        a, knob = self.decide_features(self.features_.transform(prompts), u, route, b, name)
+        a, knob = self.decide_features(self.features_.transform(prompts), u, route, b, name, match=match)
         costs = self.action_costs_[a]
         is_budget = self.learners_[name].calibration.knob == "internal_budget"
         return Decision(
             k=np.asarray(self.config.actions, dtype=np.int64)[a], action_index=a, budget=b, learner=name,
             internal_budget=knob if is_budget else None, lam=None if is_budget else knob,
             costs=costs, expected_cost=float(costs.mean()) if costs.size else 0.0,
-            cost_unit=self.config.cost_unit,
+            cost_unit=self.config.cost_unit, match=match,
         )
 
     # -------------------------------------------------------------------------------------- persistence
