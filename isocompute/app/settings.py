@@ -2,44 +2,11 @@
 
 Precedence, highest first: keyword arguments to :class:`Settings` (what ``isocompute serve`` passes),
 environment variables ``ISOCOMPUTE_<FIELD>`` (upper-case field name; lists and records as JSON), the TOML
-file named by ``ISOCOMPUTE_CONFIG`` (top-level keys are field names), then the defaults below.
+file named by ``ISOCOMPUTE_CONFIG`` (top-level keys are field names), then the defaults.
 :func:`get_settings` builds them once per process (cached); tests build :class:`Settings` directly.
 
-This table is the one place each option is documented:
-
-=====================  ====================  ==========================================================
-field                  default               meaning
-=====================  ====================  ==========================================================
-host                   ``127.0.0.1``         address to bind (loopback unless you mean to expose it)
-port                   ``8000``              TCP port
-policy_dir             none                  fitted policy artifact directory (``isocompute fit``)
-engine                 ``transformers``      ``transformers`` | ``vllm-http`` | ``vllm``
-model_dir              none                  checkpoint directory for ``transformers`` / ``vllm``
-upstreams              ``[]``                vLLM base URLs for ``vllm-http`` (load-balanced)
-served_model           ``isocompute``        the model id clients send (``model`` field) and ``/v1/models`` lists
-default_budget         ``4.0``               budget for requests that send none
-default_budget_unit    ``samples``           unit of ``default_budget``: ``samples`` | ``flops``
-max_samples            ``64``                server-wide hard cap on k (a request's ``max_samples`` can lower it)
-max_budget             ``64.0``              largest budget in samples a request may ask for
-temperature            ``0.7``               sampling temperature when the request sends none
-default_max_tokens     ``256``               completion length when the request sends none
-max_tokens_limit       ``2048``              largest ``max_tokens`` a request may ask for
-max_prompt_chars       ``32000``             longest prompt (after the chat template) accepted
-max_batch_prompts      ``32``                most prompts in one ``/v1/completions`` request
-upstream_timeout_s     ``120.0``             a request's whole upstream call; past it → 504
-retry_after_s          ``5``                 ``Retry-After`` seconds sent with 502/503/504 and 429
-ready_probe_timeout_s  ``120.0``             how long startup keeps trying the first real upstream request
-tie_break              ``first``             majority-vote ties: ``first`` occurrence or ``seeded`` (request seed)
-batch_requests         ``true``              merge concurrent requests into one in-process engine call
-batch_max_rows         ``64``                most rows (prompts × k) in one merged call
-budget_control         ``true``              correct each budget key's internal budget online (dual ascent)
-control_gain           ``0.05``              η of the controller (see ``app.budget_control``)
-control_max_step       ``0.5``               largest internal-budget move per request, in units of the budget
-control_max_keys       ``10000``             budget keys tracked at once (least recently used dropped)
-api_keys_file          none                  JSON file of hashed API keys (format in ``app.auth``)
-api_keys               ``[]``                the same records inline (JSON in ``ISOCOMPUTE_API_KEYS``)
-admin_key_sha256       none                  sha256 hex of the admin key (needed for ``/admin/*``)
-=====================  ====================  ==========================================================
+Every field, its ``ISOCOMPUTE_*`` variable, default and meaning are documented once, in the table of
+the README's "Configuration" section (``tests/test_settings_doc.py`` keeps it in step with this class).
 
 Authentication is on exactly when at least one API key is configured (file or inline).
 """
@@ -65,7 +32,7 @@ CONFIG_ENV = "ISOCOMPUTE_CONFIG"
 
 
 class Settings(BaseSettings):
-    """See the module docstring for every field."""
+    """See the README's "Configuration" table for every field."""
 
     model_config = SettingsConfigDict(env_prefix="ISOCOMPUTE_", extra="forbid", validate_default=True)
 
