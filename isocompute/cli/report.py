@@ -67,6 +67,12 @@ def run(args: argparse.Namespace) -> int:
         seeds = parse_seeds(args.seeds)
         ev = cross_validate(table.prompts, U, C, cfg, budgets, folds=args.folds, seeds=seeds, progress=True)
     summary = summarise(ev, n_boot=args.bootstrap, seed=args.seed)
+    from isocompute.policy.label_noise import oracle_label_agreement
+
+    noise = oracle_label_agreement(table, U, C, cfg.actions, cfg.strategy, budgets, reps=args.label_reps,
+                                   seed=args.seed)
+    for j, e in enumerate(summary["budgets"]):
+        e["imitation_ceiling"], e["label_agreement"] = noise["ceiling"][j], noise["agreement"][j]
     report = {
         "mode": ev.mode, "folds": ev.n_folds, "seeds": list(seeds), "actions": list(cfg.actions),
         "strategy": cfg.strategy, "cost_unit": cfg.cost_unit, "inputs": inputs,
@@ -84,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
 
     t = Table(title=f"held-out accuracy ({ev.mode}, {len(table)} prompts) → {args.out}")
     for col in ("budget", "oracle", "learned", "uniform", "heuristic", "random", "cost", "gain vs uniform [CI]",
-                "imitation"):
+                "imitation", "ceiling"):
         t.add_column(col, justify="right")
     for e in report["budgets"]:
         m, g = e["methods"], e["gain_vs_uniform"]
@@ -93,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
                                                                              "heuristic", "random")),
                   f"{m['learned']['cost']:.4g}",
                   f"{100 * g['relative']:+.1f}% [{100 * g['ci95'][0]:+.1f}, {100 * g['ci95'][1]:+.1f}]{sig}",
-                  f"{e['imitation_accuracy']:.3f}")
+                  f"{e['imitation_accuracy']:.3f}", f"{e['imitation_ceiling']:.3f}")
     Console().print(t)
     Console().print(report["learner_comparison"]["why"])
     return 0
@@ -104,6 +110,8 @@ def register(subparsers: Any) -> None:
         "report", help="held-out regret of a policy vs oracle, uniform, heuristic and random at matched budgets",
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("outcomes", type=Path, help="outcome table to evaluate on (.jsonl)")
+    p.add_argument("--label-reps", type=int, default=50,
+                   help="bootstrap redraws of each prompt's samples for the imitation ceiling (policy.label_noise)")
     p.add_argument("--policy", type=Path, required=True, help="policy artifact directory (from isocompute fit)")
     p.add_argument("--out", type=Path, required=True, help="report artifact directory to write")
     p.add_argument("--folds", type=int, default=5, help="cross-validation folds over prompts")

@@ -355,7 +355,8 @@ def check_targets(summary: dict[str, Any], budget: float = 4.0) -> dict[str, Any
     g = entry["gain_vs_uniform"]
     return {
         "budget": budget,
-        "imitation_ge_91pct": {"value": entry["imitation_accuracy"], "pass": entry["imitation_accuracy"] >= 0.91},
+        "imitation_ge_91pct": {"value": entry["imitation_accuracy"], "pass": entry["imitation_accuracy"] >= 0.91,
+                               "ceiling": entry.get("imitation_ceiling")},
         "gain_ge_5pct_ci_excludes_0": {"value": g["relative"], "ci95": g["ci95"],
                                        "pass": bool(g["relative"] >= 0.05 and g["ci95"][0] > 0)},
         "cost_within_2pct": {"value": entry["cost_error"],

@@ -115,6 +115,18 @@ def render_markdown(report: dict[str, Any]) -> str:
               "(`Policy.decide(..., match=\"batch\")`, what an offline batch job uses); the gateway holds a "
               "stream of single requests on budget with its online controller instead.", ""]
 
+    if all("imitation_ceiling" in e for e in report["budgets"]):
+        lines += ["## How far can imitation go?", "",
+                  "Each oracle label comes from one finite set of samples per prompt; redraw those samples "
+                  "(bootstrap, `policy.label_noise`) and labels change. No learner that sees only the prompt can "
+                  "match the labels more often than by answering each prompt's most likely label: the *ceiling*. "
+                  "*Agreement* is how often two draws of the labels agree. The bootstrap treats the samples as "
+                  "the population, so both overstate how reproducible the labels really are.", "",
+                  "| budget | imitation | ceiling | agreement |", "|---:|---:|---:|---:|"]
+        lines += [f"| {e['budget']:.4g} | {e['imitation_accuracy']:.3f} | {e['imitation_ceiling']:.3f} | "
+                  f"{e['label_agreement']:.3f} |" for e in report["budgets"]]
+        lines.append("")
+
     lines += ["## Both learners", "", "| budget | classifier acc | classifier cost | classifier imitation | "
               "utility acc | utility cost | utility imitation |", "|---:|---:|---:|---:|---:|---:|---:|"]
     for e in report["budgets"]:
@@ -130,7 +142,9 @@ def render_markdown(report: dict[str, Any]) -> str:
     if t:
         lines += [f"## Targets at budget {t['budget']:g}", "",
                   f"- imitation accuracy ≥ 91%: {t['imitation_ge_91pct']['value']:.3f} — "
-                  f"{'met' if t['imitation_ge_91pct']['pass'] else 'not met'}",
+                  f"{'met' if t['imitation_ge_91pct']['pass'] else 'not met'}"
+                  + (f" (label-noise ceiling on this table: {t['imitation_ge_91pct']['ceiling']:.3f}, see \"How far can imitation go?\")"
+                     if t["imitation_ge_91pct"].get("ceiling") is not None else ""),
                   f"- gain over uniform ≥ 5% with CI excluding 0: {_pct(t['gain_ge_5pct_ci_excludes_0']['value'])} "
                   f"[{_pct(t['gain_ge_5pct_ci_excludes_0']['ci95'][0])}, "
                   f"{_pct(t['gain_ge_5pct_ci_excludes_0']['ci95'][1])}] — "
