@@ -1,5 +1,3 @@
-# syntax=docker/dockerfile:1
-#
 # isocompute gateway image: CPU-only, python:3.11-slim, torch from PyTorch's CPU wheel index.
 #
 # Build and run the embedded default (tiny model + fitted policy, in-process transformers engine):
