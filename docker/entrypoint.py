@@ -120,8 +120,9 @@ def main(argv: list[str]) -> int:
               file=sys.stderr, flush=True)
         rc = run_forwarding_signals(demo)
         if rc != 0:
-            print(f"entrypoint: the demo exited with {rc}; restart the container to resume it", file=sys.stderr)
-            return rc
+            print(f"entrypoint: the demo {'exited with ' + str(rc) if rc > 0 else 'was stopped'}; "
+                  "the next start resumes it (finished stages are kept)", file=sys.stderr)
+            return rc if rc > 0 else 128 - rc  # killed by signal N: the shell's 128 + N, not N's byte
     print(f"entrypoint: {shlex.join(serve)}", file=sys.stderr, flush=True)
     os.execvp(serve[0], serve)
     return 0  # not reached: execvp replaces this process

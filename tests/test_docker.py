@@ -318,6 +318,27 @@ def test_a_command_runs_instead_of_serve():
     assert r.returncode == 0 and r.stdout.startswith("ran ")
 
 
+def test_docker_stop_during_the_demo_stops_it_at_once(tmp_path):
+    """SIGTERM to the entrypoint (PID 1 in the container) reaches the demo it runs; the exit status is the
+    shell's 128 + 15 and the message says the next start resumes."""
+    proc = subprocess.Popen([sys.executable, str(ENTRYPOINT)], env=clean_env(ISOCOMPUTE_DEMO_DIR=str(tmp_path)),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("[demo] train sft"):
+                break
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+        assert time.monotonic() - t0 < 10, "SIGTERM did not stop the demo"
+        assert "the next start resumes it" in proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert not (tmp_path / "tiny-sft" / "manifest.json").exists()
+
+
 # ---- healthcheck ---------------------------------------------------------------------------------------
 
 
