@@ -29,7 +29,11 @@ HTTP 4xx answers are the caller's fault and raise :class:`~isocompute.errors.Inp
 call has explicit connect and read timeouts. The HTTP client and semaphore are created on first use
 inside the running event loop; use one engine within one event loop and ``await aclose()`` at the end.
 
-Ignores: streaming, chat completions (prompts arrive already templated), logprobs, stop strings.
+``request(body)`` sends any completions body through the same balancer and retries and returns the raw
+JSON (the entropy probe, :mod:`isocompute.engines.probe`, asks for ``logprobs`` that way).
+
+Ignores: streaming, chat completions (prompts arrive already templated), logprobs in ``generate``, stop
+strings.
 """
 
 from __future__ import annotations
@@ -302,8 +306,6 @@ class VLLMHTTPEngine:
     async def _complete_one(
         self, model: str, prompt: str, n: int, max_tokens: int, temperature: float, seed: int | None
     ) -> list[Completion]:
-        client = self._ensure_client()
-        assert self._sem is not None
         body: dict[str, Any] = {
             "model": model,
             "prompt": prompt,
@@ -315,6 +317,19 @@ class VLLMHTTPEngine:
             body["seed"] = seed
         if self.return_token_ids:
             body["return_token_ids"] = True
+        return self._parse(await self.request(body), n)
+
+    async def request(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST one ``/v1/completions`` body through the balancer with retries; return the JSON answer.
+
+        Generation builds its bodies in ``generate``; other callers (the entropy probe, which asks for
+        ``logprobs``) send their own; a body without ``model`` gets the served one. Raises
+        :class:`EngineUnavailable` when every attempt fails.
+        """
+        if "model" not in body:
+            body = {"model": await self._model_name(), **body}
+        client = self._ensure_client()
+        assert self._sem is not None
         failures: list[str] = []  # why each attempt failed, for the final message
         async with self._sem:
             for attempt in range(self.retries + 1):
@@ -334,7 +349,7 @@ class VLLMHTTPEngine:
                     up.outstanding -= 1
                 up.failures, up.down_until, up.last_error = 0, 0.0, ""
                 up.served += 1
-                return self._parse(data, n)
+                return data
         raise EngineUnavailable(
             f"all {self.retries + 1} attempts failed ({'; '.join(failures[-3:])}); {START_HINT}"
         )

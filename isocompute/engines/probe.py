@@ -1,0 +1,279 @@
+"""The probe feature: mean per-token entropy of one short greedy answer, and what that call costs.
+
+One cheap model call per prompt: decode greedily for at most ``max_tokens`` tokens and average the
+entropy of the model's next-token distribution over the generated positions,
+
+    H̄(x) = (1/m) Σ_{t=1..m} H(p_t),   H(p) = − Σ_v p_v log p_v  (nats),
+
+where p_t = softmax(logits_t) are the model's raw next-token probabilities (temperature 1, before any
+logits processor) at generated position t, and m ≤ max_tokens counts the generated tokens up to and
+including the first end-of-sequence token (the engines' ``completion_tokens`` convention). A model
+unsure how to start its answer has a high H̄; the policy uses it as one extra feature column
+(:class:`isocompute.policy.policy.ProbeSpec`).
+
+Worked example: two generated tokens whose distributions over a 4-token vocabulary are uniform
+(H = log 4 = 1.386) and one-hot (H = 0) give H̄ = 0.693 nats.
+
+Back-ends (:func:`probe_entropy` dispatches on the engine):
+
+* ``transformers`` — exact: ``model.generate(do_sample=False, output_logits=True)`` returns every
+  step's full logits; encoding uses the engine's private tokenizer copy and its lock, so a probe never
+  interleaves with a generation on the same model.
+* ``vllm-http`` — estimated from ``/v1/completions`` with ``"logprobs": 20`` (vLLM's default cap,
+  ``max_logprobs``): the top-k log-probabilities ℓ_1…ℓ_k of each step are renormalised,
+  q_j = e^{ℓ_j} / Σ_i e^{ℓ_i}, and Ĥ = − Σ_j q_j log q_j (:func:`topk_entropy`). Exact when the top k
+  hold all the mass; otherwise the unseen tail is dropped, which biases Ĥ low (the tail's own spread is
+  lost) — by little when the top 20 hold nearly all the mass, as they usually do for a greedy answer.
+  The OpenAI format keys ``top_logprobs`` by token *text*, so two tokens that decode to the same string
+  collapse into one entry (rare; byte-fallback pieces). ``finish_reason`` aside, the server's
+  ``token_logprobs`` list gives m.
+* ``vllm`` (in-process) — the same top-k estimate from ``SamplingParams(logprobs=20)`` (keyed by token
+  id, so nothing collapses).
+
+Cost (:func:`probe_flops`, :func:`probe_cost`): the probe is its own request before the sampling
+request, so it pays a full prefill of the prompt plus m − 1 decode steps
+(:mod:`isocompute.flops.analytic`); the prefix is counted as *not* shared with the samples that follow
+(exact for the transformers engine, which has no prefix cache; an overcount under vLLM's automatic
+prefix caching, which would reuse the probe's prefill). In ``samples`` units its cost is
+Σ_i probe_i / Σ_i sample_i, the probe's FLOPs over those of one sample of mean completion length m̄_i
+(one prefill + its decode), summed over prompts so a budget in samples still means the same FLOPs.
+
+Ignores: stop strings, chat templating (callers pass the text the model sees), and the probe's answer
+text itself (a greedy answer could double as a sample; it is not reused).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from isocompute.engines.transformers_engine import count_completion
+from isocompute.errors import EngineUnavailable, InputError
+from isocompute.flops import ModelFlops, decode_flops, prefill_flops
+
+__all__ = ["PROBE_NAME", "TOP_LOGPROBS", "ProbeResult", "entropy_from_logits", "probe_cost", "probe_entropy",
+           "probe_flops", "run_probe", "topk_entropy"]
+
+PROBE_NAME = "greedy_entropy"
+TOP_LOGPROBS = 20  # vLLM's default max_logprobs
+
+
+@dataclass(frozen=True, eq=False)
+class ProbeResult:
+    """Per prompt: ``values`` mean token entropy (nats), ``prompt_tokens`` and ``completion_tokens`` of the
+    greedy call (what its cost is measured from); ``method``: ``exact`` or ``top20`` (renormalised top-k)."""
+
+    values: np.ndarray
+    prompt_tokens: np.ndarray
+    completion_tokens: np.ndarray
+    method: str
+
+    @staticmethod
+    def concat(parts: Sequence[ProbeResult]) -> ProbeResult:
+        if not parts:
+            return ProbeResult(np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64), "exact")
+        return ProbeResult(np.concatenate([p.values for p in parts]),
+                           np.concatenate([p.prompt_tokens for p in parts]),
+                           np.concatenate([p.completion_tokens for p in parts]), parts[0].method)
+
+
+# ------------------------------------------------------------------------------------------------ maths
+
+
+def entropy_from_logits(logits: ArrayLike) -> np.ndarray:
+    """H(softmax(z)) in nats over the last axis, stable for large or −inf logits.
+
+    >>> round(float(entropy_from_logits([0.0, 0.0, 0.0, 0.0])), 4)  # uniform over 4: log 4
+    1.3863
+    >>> float(entropy_from_logits([0.0, -np.inf]))
+    0.0
+    """
+    z = np.asarray(logits, dtype=np.float64)
+    z = z - z.max(axis=-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+    p = np.exp(logp)
+    return -(p * np.where(p > 0, logp, 0.0)).sum(axis=-1)
+
+
+def topk_entropy(logprobs: ArrayLike) -> float:
+    """Entropy of the renormalised top-k distribution from k log-probabilities (see the module doc).
+
+    >>> round(topk_entropy([np.log(0.5), np.log(0.25)]), 4)  # q = (2/3, 1/3)
+    0.6365
+    """
+    lp = np.asarray(logprobs, dtype=np.float64)
+    lp = lp[np.isfinite(lp)]
+    if lp.size == 0:
+        return 0.0
+    return float(entropy_from_logits(lp))
+
+
+def _mean_entropy(step_entropy: Sequence[float]) -> float:
+    return float(np.mean(step_entropy)) if len(step_entropy) else 0.0
+
+
+# ------------------------------------------------------------------------------------------------- cost
+
+
+def probe_flops(model: ModelFlops, prompt_tokens: ArrayLike, probe_tokens: ArrayLike) -> np.ndarray:
+    """FLOPs of each probe call: its own prefill plus m − 1 decode steps (prefix not shared).
+
+    >>> probe_flops(ModelFlops(10, 0, 1, 1, 10), [5], [3]).tolist()  # 200 + 92 (see solver.costs)
+    [292.0]
+    """
+    p = np.asarray(prompt_tokens, dtype=np.float64)
+    m = np.asarray(probe_tokens, dtype=np.float64)
+    return np.asarray(prefill_flops(model, p) + decode_flops(model, p, m), dtype=np.float64).reshape(p.shape)
+
+
+def probe_cost(model: ModelFlops, prompt_tokens: ArrayLike, probe_tokens: ArrayLike, *, unit: str,
+               mean_completion_tokens: ArrayLike | None = None, sample_model: ModelFlops | None = None,
+               sample_prompt_tokens: ArrayLike | None = None) -> float:
+    """The probe's declared cost per prompt: its mean FLOPs (``unit="flops"``) or, in ``samples``, its
+    FLOPs over those of one sample, summed over the prompts (see the module docstring).
+
+    ``model``/``prompt_tokens``/``probe_tokens``: the probe model and each probe call's token counts.
+    One sample is a prefill of ``sample_prompt_tokens`` (default ``prompt_tokens``) plus the decode of
+    ``mean_completion_tokens`` on ``sample_model`` (default ``model``; the probe may be a smaller model).
+
+    Example (toy model ``ModelFlops(10, 0, 1, 1, 10)``, p = 5): a probe of m = 3 tokens costs 200 + 92 =
+    292 FLOPs; a sample of m̄ = 9 costs 200 + 2·10·8 + 4·(8·5 + 36) = 664; the probe costs 0.44 samples.
+    """
+    probe = probe_flops(model, prompt_tokens, probe_tokens)
+    if unit == "flops":
+        return float(probe.mean())
+    if unit != "samples":
+        raise InputError(f"unknown cost unit {unit!r}; use samples or flops.")
+    if mean_completion_tokens is None:
+        raise InputError("a probe cost in samples needs the samples' mean completion tokens (the outcome table's "
+                         "completion_tokens); or declare the cost yourself (--probe-cost).")
+    p = prompt_tokens if sample_prompt_tokens is None else sample_prompt_tokens
+    one = probe_flops(sample_model or model, p, mean_completion_tokens)
+    return float(probe.sum() / one.sum())
+
+
+# ---------------------------------------------------------------------------------------------- engines
+
+
+async def probe_entropy(engine: Any, prompts: Sequence[str], max_tokens: int = 8) -> ProbeResult:
+    """Mean token entropy of a greedy answer of at most ``max_tokens`` tokens, per prompt (module doc).
+
+    ``prompts`` are the texts the model sees (chat-templated where the model samples that way).
+    Raises :class:`InputError` for an engine without a probe (say which ones have one).
+    """
+    if max_tokens < 1:
+        raise InputError(f"the probe needs max_tokens >= 1; you passed {max_tokens}.")
+    prompts = list(prompts)
+    if not prompts:
+        return ProbeResult.concat([])
+    from isocompute.engines.transformers_engine import TransformersEngine
+
+    if isinstance(engine, TransformersEngine):
+        return await asyncio.to_thread(_probe_transformers, engine, prompts, max_tokens)
+    if getattr(engine, "name", None) == "vllm-http":
+        return await _probe_http(engine, prompts, max_tokens)
+    if getattr(engine, "name", None) == "vllm" and hasattr(engine, "llm"):
+        return await asyncio.to_thread(_probe_vllm, engine, prompts, max_tokens)
+    raise InputError(f"engine {getattr(engine, 'name', type(engine).__name__)!r} has no probe; the entropy probe "
+                     "runs on the transformers, vllm-http and vllm engines.")
+
+
+def run_probe(engine: Any, prompts: Sequence[str], max_tokens: int = 8, *, chunk: int = 256,
+              progress: bool = False) -> ProbeResult:
+    """:func:`probe_entropy` over many prompts in chunks, from synchronous code, with a progress bar."""
+    from tqdm.auto import tqdm
+
+    prompts = list(prompts)
+
+    async def go() -> ProbeResult:
+        parts = []
+        with tqdm(total=len(prompts), desc="probe: greedy entropy", unit="prompt", disable=not progress) as bar:
+            for s in range(0, len(prompts), chunk):
+                parts.append(await probe_entropy(engine, prompts[s:s + chunk], max_tokens))
+                bar.update(len(prompts[s:s + chunk]))
+        return ProbeResult.concat(parts)
+
+    return asyncio.run(go())
+
+
+def _probe_transformers(engine: Any, prompts: list[str], max_tokens: int) -> ProbeResult:
+    import torch
+
+    # The engine's lock and private tokenizer copy: a probe must not interleave with a generation, and
+    # the public tokenizer's padding state may be changed by other threads (see TransformersEngine).
+    with engine._lock, torch.inference_mode():
+        previous = torch.get_num_threads()
+        if engine.threads is not None:
+            torch.set_num_threads(engine.threads)
+        try:
+            parts = [_probe_batch(engine, prompts[s:s + engine.micro_batch], max_tokens)
+                     for s in range(0, len(prompts), engine.micro_batch)]
+        finally:
+            torch.set_num_threads(previous)
+    return ProbeResult.concat(parts)
+
+
+def _probe_batch(engine: Any, rows: list[str], max_tokens: int) -> ProbeResult:
+    import torch
+
+    enc = engine._encoder(rows, return_tensors="pt", padding=True).to(engine.device)
+    out = engine.model.generate(
+        **enc, max_new_tokens=max_tokens, do_sample=False, output_logits=True, return_dict_in_generate=True,
+        pad_token_id=engine.tokenizer.pad_token_id, eos_token_id=sorted(engine.eos_ids),
+    )
+    # (steps, rows, vocab) raw logits → (rows, steps) entropies; positions after a row's eos are padding.
+    logits = torch.stack(out.logits).to(torch.float64).cpu().numpy()
+    step_h = entropy_from_logits(logits).T
+    new = out.sequences[:, enc["input_ids"].shape[1]:].tolist()
+    counts = [count_completion(ids, engine.eos_ids, max_tokens)[0] for ids in new]
+    values = np.array([_mean_entropy(h[:m]) for h, m in zip(step_h, counts, strict=True)])
+    plen = enc["attention_mask"].sum(dim=1).cpu().numpy().astype(np.int64)
+    return ProbeResult(values, plen, np.asarray(counts, dtype=np.int64), "exact")
+
+
+async def _probe_http(engine: Any, prompts: list[str], max_tokens: int) -> ProbeResult:
+    bodies = [{"prompt": p, "n": 1, "max_tokens": max_tokens, "temperature": 0.0,
+               "logprobs": TOP_LOGPROBS} for p in prompts]
+    answers = await asyncio.gather(*(engine.request(b) for b in bodies))
+    values, plen, mlen = [], [], []
+    for data in answers:
+        h, m, p = _parse_http_logprobs(data)
+        values.append(h)
+        mlen.append(m)
+        plen.append(p)
+    return ProbeResult(np.asarray(values, dtype=np.float64), np.asarray(plen, dtype=np.int64),
+                       np.asarray(mlen, dtype=np.int64), f"top{TOP_LOGPROBS}")
+
+
+def _parse_http_logprobs(data: Mapping[str, Any]) -> tuple[float, int, int]:
+    """(mean top-k entropy, generated tokens, prompt tokens) from one OpenAI completions answer."""
+    try:
+        choice = (data.get("choices") or [])[0]
+        top = choice["logprobs"]["top_logprobs"]
+    except (IndexError, KeyError, TypeError):
+        raise EngineUnavailable("the upstream answered without logprobs; the probe needs an OpenAI-compatible "
+                                "completions server that supports \"logprobs\" (vLLM does)") from None
+    steps = [topk_entropy(list(d.values())) for d in top if d]
+    prompt_tokens = int((data.get("usage") or {}).get("prompt_tokens", 0))
+    return _mean_entropy(steps), len(top), prompt_tokens
+
+
+def _probe_vllm(engine: Any, prompts: list[str], max_tokens: int) -> ProbeResult:
+    params = engine._vllm.SamplingParams(n=1, max_tokens=max_tokens, temperature=0.0, logprobs=TOP_LOGPROBS)
+    with engine._lock:
+        outputs = engine.llm.generate(prompts, params, use_tqdm=False)
+    values, plen, mlen = [], [], []
+    for out in outputs:
+        sample = out.outputs[0]
+        steps = [topk_entropy([lp.logprob for lp in d.values()]) for d in (sample.logprobs or []) if d]
+        values.append(_mean_entropy(steps))
+        plen.append(len(out.prompt_token_ids or []))
+        mlen.append(len(sample.token_ids))
+    return ProbeResult(np.asarray(values, dtype=np.float64), np.asarray(plen, dtype=np.int64),
+                       np.asarray(mlen, dtype=np.int64), f"top{TOP_LOGPROBS}")
+
