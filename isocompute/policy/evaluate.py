@@ -26,6 +26,11 @@ and cost tables; expectations are exact, nothing is sampled):
   Σ_a h_a·U[i, a]. Same spend as the oracle, no targeting; isolates the value of *which* prompts get
   compute.
 
+With a probe feature (``PolicyConfig.probe``) the probe values travel with the prompts (``probe=``,
+split with them into folds) and the learned methods pay the probe: their cost is C + c_p at every
+action, so at budget B they buy B − c_p in samples. The oracle and the baselines do not use the probe
+and pay nothing for it, so "gain vs uniform" is net of the probe's cost.
+
 Per budget the report carries, pooled over folds and seeds: accuracy (mean utility) and realised mean
 cost per method; imitation accuracy (learned action = oracle action); regret = oracle − learned
 accuracy and the bound (1 − imitation) × max_i gap_i with gap_i = U[i, o_i] − min_a U[i, a] — it holds
@@ -117,11 +122,15 @@ def length_rule(train_lengths: np.ndarray, lengths: np.ndarray, share: float) ->
 
 
 def _score(policy: Policy, prompts: Sequence[str], U: np.ndarray, C: np.ndarray, budgets: np.ndarray,
-           train_lengths: np.ndarray, default: str) -> dict[str, np.ndarray]:
-    """Scores of every method on one held-out part: dict of arrays (M, B, n) / (B, n)."""
+           train_lengths: np.ndarray, default: str, probe: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Scores of every method on one held-out part: dict of arrays (M, B, n) / (B, n).
+
+    ``C`` is the samples' cost; the learned methods also pay the policy's probe (``CL = C + c_p``).
+    """
     n, A = U.shape
     rows = np.arange(n)
-    X = policy.features_.transform(prompts)
+    X = policy.features(prompts, probe)
+    CL = C + policy.probe_cost
     u, route = policy.prompt_keys(prompts)
     lengths = np.array([len(p) for p in prompts])
     util = np.full((len(METHODS), budgets.size, n), np.nan)
@@ -146,19 +155,20 @@ def _score(policy: Policy, prompts: Sequence[str], U: np.ndarray, C: np.ndarray,
         util[M["oracle_lp"], bi], cost[M["oracle_lp"], bi] = (lp * U).sum(1), (lp * C).sum(1)
         for name in policy.learners_:
             a, _ = policy.decide_features(X, u, route, b, name)
-            util[M[f"learned_{name}"], bi], cost[M[f"learned_{name}"], bi] = U[rows, a], C[rows, a]
+            util[M[f"learned_{name}"], bi], cost[M[f"learned_{name}"], bi] = U[rows, a], CL[rows, a]
             per_learner[LEARNERS.index(name), bi] = a
             if name == default:
                 l_act[bi] = a
-                util[M["learned"], bi], cost[M["learned"], bi] = U[rows, a], C[rows, a]
+                util[M["learned"], bi], cost[M["learned"], bi] = U[rows, a], CL[rows, a]
                 ab, _ = policy.decide_features(X, u, route, b, name, match="batch")
-                util[M["learned_batch"], bi], cost[M["learned_batch"], bi] = U[rows, ab], C[rows, ab]
+                util[M["learned_batch"], bi], cost[M["learned_batch"], bi] = U[rows, ab], CL[rows, ab]
         lo, hi, q = uniform_mix(mean_costs, b)
         util[M["uniform"], bi] = (1 - q) * U[:, lo] + q * U[:, hi]
         cost[M["uniform"], bi] = (1 - q) * C[:, lo] + q * C[:, hi]
         # The heuristic decides from training data only: its two actions and share come from the
-        # policy's per-action training costs, its threshold from the training lengths.
-        hlo, hhi, hq = uniform_mix(policy.action_costs_, b)
+        # policy's per-action training costs (without the probe it does not use), its threshold from
+        # the training lengths.
+        hlo, hhi, hq = uniform_mix(policy.action_costs_ - policy.probe_cost, b)
         p_up = length_rule(train_lengths, lengths, hq)
         util[M["heuristic"], bi] = (1 - p_up) * U[:, hlo] + p_up * U[:, hhi]
         cost[M["heuristic"], bi] = (1 - p_up) * C[:, hlo] + p_up * C[:, hhi]
@@ -170,12 +180,19 @@ def _score(policy: Policy, prompts: Sequence[str], U: np.ndarray, C: np.ndarray,
 
 def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config: PolicyConfig,
                    budgets: Sequence[float], *, folds: int = 5, seeds: Sequence[int] = (0, 1, 2),
-                   progress: bool = False) -> Evaluation:
-    """k-fold CV over prompts for each seed, refitting ``config`` (both learners) on each training part."""
+                   probe: np.ndarray | None = None, progress: bool = False) -> Evaluation:
+    """k-fold CV over prompts for each seed, refitting ``config`` (both learners) on each training part;
+    ``probe``: the probe's value per prompt when ``config`` has a probe (split with the prompts)."""
     from tqdm.auto import tqdm
 
     prompts = list(prompts)
     n = len(prompts)
+    if (config.probe is None) != (probe is None):
+        raise InputError("probe values must be passed exactly when the configuration has a probe "
+                         f"(it {'has none' if config.probe is None else 'has ' + repr(config.probe.name)}).")
+    pv = None if probe is None else np.asarray(probe, dtype=np.float64)
+    if pv is not None and pv.shape != (n,):
+        raise InputError(f"probe values must be one number per prompt, shape ({n},); got shape {pv.shape}.")
     if folds < 2:
         raise InputError(f"--folds must be ≥ 2 for cross-validation (got {folds}); use --holdout to score a "
                          "fitted policy on a separate table.")
@@ -206,10 +223,10 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
             test = np.sort(test)
             train = np.sort(np.concatenate(parts[:f] + parts[f + 1:]))
             pol = Policy(dataclasses.replace(refit, seed=config.seed + 1000 * seed + f)).fit_arrays(
-                [prompts[i] for i in train], U[train], C[train])
+                [prompts[i] for i in train], U[train], C[train], probe=None if pv is None else pv[train])
             default = config.learner if config.learner in LEARNERS else pol.default_learner_
             sc = _score(pol, [prompts[i] for i in test], U[test], C[test], budgets_arr,
-                        pol.train_lengths_, default)
+                        pol.train_lengths_, default, None if pv is None else pv[test])
             util[si][:, :, test], cost[si][:, :, test] = sc["utility"], sc["cost"]
             o_act[si][:, test], l_act[si][:, test], gap[si][:, test] = (
                 sc["oracle_actions"], sc["learned_actions"], sc["gap"])
@@ -224,13 +241,13 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
 
 
 def holdout(policy: Policy, prompts: Sequence[str], U: np.ndarray, C: np.ndarray,
-            budgets: Sequence[float]) -> Evaluation:
-    """Score a fitted policy on prompts it never saw (one part, no refitting)."""
+            budgets: Sequence[float], *, probe: np.ndarray | None = None) -> Evaluation:
+    """Score a fitted policy on prompts it never saw (one part, no refitting); ``probe`` as for decide."""
     prompts = list(prompts)
     if len(prompts) < 2:
         raise InputError(f"a holdout table needs at least 2 prompts; it has {len(prompts)}.")
     budgets_arr = np.asarray(budgets, dtype=np.float64)
-    sc = _score(policy, prompts, U, C, budgets_arr, policy.train_lengths_, policy.default_learner_)
+    sc = _score(policy, prompts, U, C, budgets_arr, policy.train_lengths_, policy.default_learner_, probe)
     n = len(prompts)
     return Evaluation("holdout", budgets_arr, policy.actions, (policy.config.seed,), 1,
                       sc["utility"][None], sc["cost"][None], sc["oracle_actions"][None],

@@ -23,19 +23,32 @@ Costs: ``cost_unit="samples"`` (default) prices action a at c_a = k_a. With ``"f
 cost table prices each training prompt from its token counts, and serving prices action a at the mean
 training cost of that action (a new prompt's completion length is unknown before it is generated).
 
-Artifact (``save``/``load``; manifest kind ``policy``, schema 1): ``policy.json`` (config, actions,
-action costs, budget range, default learner and why, the training prompt lengths the heuristic
-baseline uses), ``features.json`` + ``features_svd.npz``, and per learner ``<learner>/model_<j>.txt``
-(LightGBM text, one per member) + ``<learner>/state.json`` (hyper-parameters, calibration table). No
-pickle. ``load`` refuses another kind, schema or a checksum mismatch.
+Probe feature (optional, ``PolicyConfig(probe=ProbeSpec(...))``): one value per prompt from a cheap
+model call (the mean token entropy of a short greedy answer, :mod:`isocompute.engines.probe`) joins the
+text features as the last column. The policy cannot call a model, so the caller computes the values
+and passes them: ``fit_arrays(prompts, U, C, probe=values)``, ``decide(prompts, B, probe=values)``.
+The probe is paid on every request, so its declared cost c_p (``ProbeSpec.cost``, in ``cost_unit``) is
+added to every action's cost: the policy fits, calibrates and reports with C + c_p, and a budget of 4
+samples buys 4 − c_p samples plus the probe. Example: c_p = 0.43 samples, actions 1…16 → the policy
+can serve mean budgets in [1.43, 16.43]; a budget below 1.43 is infeasible (BudgetError).
 
-Ignores: per-request caps (``max_samples`` is the gateway's), probe features that call a model.
+Artifact (``save``/``load``; manifest kind ``policy``, schema 1): ``policy.json`` (config — with the
+probe spec or null —, actions, action costs (probe included), budget range, default learner and why,
+feature names, the training prompt lengths the heuristic baseline uses), ``features.json`` +
+``features_svd.npz``, and per learner ``<learner>/model_<j>.txt`` (LightGBM text, one per member) +
+``<learner>/state.json`` (hyper-parameters, calibration table), plus any ``extra_files`` the caller
+adds (``isocompute fit`` caches the training prompts' probe values there). No pickle. ``load``
+refuses another kind, schema or a checksum mismatch; artifacts written before the probe existed load
+with ``probe=None``.
+
+Ignores: per-request caps (``max_samples`` is the gateway's), and how probe values are computed (the
+engines' job; the spec only records name, tokens, prompt format, model and cost).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +82,46 @@ SCHEMA_VERSION = 1
 LEARNERS = ("classifier", "utility")
 COST_UNITS = ("samples", "flops")
 N_CALIBRATION = 65  # entries of the calibration table over the budget range
+PROBES = ("greedy_entropy",)
+PROBE_FORMATS = ("chat", "plain")
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """A probe feature: what produced its values and what it costs per request.
+
+    name: which probe (``greedy_entropy``: mean token entropy in nats of a greedy answer of at most
+    ``max_tokens`` tokens, :func:`isocompute.engines.probe.probe_entropy`). prompt_format: the text the
+    model was probed on — ``chat`` (the prompt in the model's chat template) or ``plain`` (prompt +
+    newline), as ``isocompute sample`` sends it. cost: per request, in the policy's ``cost_unit``,
+    added to every action's cost. model: the checkpoint the values came from (a policy fitted on one
+    model's entropies is wrong for another's); flops: the probe's mean FLOPs per request, as declared.
+    """
+
+    name: str = "greedy_entropy"
+    max_tokens: int = 8
+    cost: float = 0.0
+    prompt_format: str = "chat"
+    model: str = ""
+    flops: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in PROBES:
+            raise InputError(f"unknown probe {self.name!r}; use one of {', '.join(PROBES)}.")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int | np.integer) \
+                or self.max_tokens < 1:
+            raise InputError(f"probe max_tokens must be an integer ≥ 1 (e.g. 8); you passed {self.max_tokens!r}.")
+        object.__setattr__(self, "max_tokens", int(self.max_tokens))
+        try:
+            cost = float(self.cost)
+        except (TypeError, ValueError):
+            cost = float("nan")
+        if not (np.isfinite(cost) and cost >= 0):
+            raise InputError(f"probe cost must be a finite number ≥ 0 in the policy's cost unit; you passed "
+                             f"{self.cost!r}.")
+        object.__setattr__(self, "cost", cost)
+        if self.prompt_format not in PROBE_FORMATS:
+            raise InputError(f"probe prompt_format must be chat or plain; you passed {self.prompt_format!r}.")
 
 
 @dataclass(frozen=True)
@@ -84,7 +137,9 @@ class PolicyConfig:
     calibrated spend at budget B is — ``budget`` (B itself: spare budget buys insurance against the
     learner's mistakes, and costs match the requested budget) or ``oracle`` (what the hindsight oracle
     spends at B on the training prompts: less where extra samples buy nothing, which imitates the
-    oracle more closely); the rest are LightGBM hyper-parameters and the seed.
+    oracle more closely); probe: an optional :class:`ProbeSpec` (one extra feature column whose cost is
+    added to every action, see the module docstring; budget_range then includes that cost); the rest
+    are LightGBM hyper-parameters and the seed.
     """
 
     actions: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -101,6 +156,7 @@ class PolicyConfig:
     n_budget_grid: int = 129
     calibrate_to: str = "budget"
     seed: int = 0
+    probe: ProbeSpec | None = None
 
     def __post_init__(self) -> None:
         acts = tuple(self.actions)
@@ -126,6 +182,10 @@ class PolicyConfig:
             raise InputError(f"calibrate_to must be budget or oracle; you passed {self.calibrate_to!r}.")
         if self.n_budget_grid < 3 or self.n_rounds < 1 or self.num_leaves < 2:
             raise InputError("n_budget_grid must be ≥ 3, n_rounds ≥ 1 and num_leaves ≥ 2.")
+        if isinstance(self.probe, Mapping):
+            object.__setattr__(self, "probe", ProbeSpec(**self.probe))
+        if self.probe is not None and not isinstance(self.probe, ProbeSpec):
+            raise InputError(f"probe must be a ProbeSpec or None; you passed {self.probe!r}.")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -134,8 +194,10 @@ class PolicyConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PolicyConfig:
+        """The inverse of :meth:`to_dict`; a config saved before the probe existed gets ``probe=None``."""
         d = dict(d)
         d["actions"], d["budget_range"] = tuple(d["actions"]), tuple(d["budget_range"])
+        d["probe"] = ProbeSpec(**d["probe"]) if d.get("probe") else None
         return cls(**d)
 
 
@@ -145,7 +207,8 @@ class Decision:
 
     ``k``: (N,) samples to draw per prompt; ``action_index``: (N,) index into ``Policy.actions``;
     ``internal_budget`` (classifier) or ``lam`` (utility learner): the calibrated knob used, the other
-    is None; ``costs``: (N,) expected cost per prompt and ``expected_cost`` their mean, in ``cost_unit``;
+    is None; ``costs``: (N,) expected cost per prompt and ``expected_cost`` their mean, in ``cost_unit``,
+    the probe's cost included; ``probe_cost``: that cost per prompt (0 without a probe);
     ``match``: how the knob was set (``calibrated`` table or solved on the ``batch``).
     """
 
@@ -159,6 +222,7 @@ class Decision:
     expected_cost: float
     cost_unit: str
     match: str = "calibrated"
+    probe_cost: float = 0.0
 
 
 @dataclass
@@ -190,8 +254,9 @@ class Policy:
 
     # ------------------------------------------------------------------------------------------ fitting
     def fit(self, table: Any, *, costs: np.ndarray | None = None, model_flops: Any = None,
-            progress: bool = False) -> Policy:
-        """Fit on an :class:`~isocompute.solver.outcomes.OutcomeTable`; ``costs`` overrides the cost table."""
+            probe: np.ndarray | None = None, progress: bool = False) -> Policy:
+        """Fit on an :class:`~isocompute.solver.outcomes.OutcomeTable`; ``costs`` overrides the cost table;
+        ``probe``: the probe's value per prompt (required exactly when the config has a probe)."""
         from isocompute.solver.costs import cost_table
         from isocompute.solver.estimators import utilities
 
@@ -200,10 +265,14 @@ class Policy:
         if costs is None:
             costs = cost_table(table.prompt_tokens, table.mean_completion_tokens, cfg.actions,
                                unit=cfg.cost_unit, model=model_flops)
-        return self.fit_arrays(table.prompts, U, costs, progress=progress)
+        return self.fit_arrays(table.prompts, U, costs, probe=probe, progress=progress)
 
-    def fit_arrays(self, prompts: Sequence[str], U: np.ndarray, C: np.ndarray, *, progress: bool = False) -> Policy:
-        """Fit from prompts and their utility and cost tables (N × A each); ``progress`` shows a bar."""
+    def fit_arrays(self, prompts: Sequence[str], U: np.ndarray, C: np.ndarray, *, probe: np.ndarray | None = None,
+                   progress: bool = False) -> Policy:
+        """Fit from prompts and their utility and cost tables (N × A each); ``progress`` shows a bar.
+
+        ``C`` is what the samples cost; with a probe, its declared cost is added to every entry here.
+        """
         cfg = self.config
         U, C = np.asarray(U, dtype=np.float64), np.asarray(C, dtype=np.float64)
         prompts = list(prompts)
@@ -211,17 +280,21 @@ class Policy:
         if U.shape != (n, len(cfg.actions)) or C.shape != U.shape:
             raise InputError(f"utilities and costs must be (prompts × actions) = ({n}, {len(cfg.actions)}); got "
                              f"{U.shape} and {C.shape}.")
+        probe_col = self._probe_column(n, probe)
+        C = C + self.probe_cost
         if n < 4 * cfg.calibration_folds:
             raise InputError(f"a policy with {cfg.calibration_folds} calibration folds needs at least "
                              f"{4 * cfg.calibration_folds} prompts; the table has {n}. Sample more prompts.")
         lo, hi = feasible_range(C)
         b_lo, b_hi = cfg.budget_range
         if b_lo < lo * (1 - 1e-9) or b_hi > hi * (1 + 1e-9):
+            with_probe = (f" (each action's cost includes the probe's {self.probe_cost:.4g})"
+                          if cfg.probe is not None else "")
             raise BudgetError(f"budget range [{b_lo:g}, {b_hi:g}] is outside what the actions "
                               f"{list(cfg.actions)} can spend on this table, [{lo:.6g}, {hi:.6g}] mean "
-                              f"{cfg.cost_unit} per prompt; pass --budgets within it.")
+                              f"{cfg.cost_unit} per prompt{with_probe}; pass --budgets within it.")
         self.features_ = PromptFeatures(n_components=cfg.n_components, seed=cfg.seed).fit(prompts)
-        X = self.features_.transform(prompts)
+        X = self._with_probe(self.features_.transform(prompts), probe_col)
         u = prompt_uniforms(prompts)
         self.action_costs_ = C.mean(axis=0)
         self.n_train_ = n
@@ -289,6 +362,52 @@ class Policy:
     def budget_range(self) -> tuple[float, float]:
         return self.config.budget_range
 
+    @property
+    def probe_cost(self) -> float:
+        """The probe's declared cost per request in ``cost_unit`` (0 without a probe)."""
+        return 0.0 if self.config.probe is None else self.config.probe.cost
+
+    @property
+    def feature_names(self) -> list[str]:
+        """Names of the columns of :meth:`features`: the text features, then the probe's."""
+        self._check_fitted()
+        probe = [] if self.config.probe is None else [f"probe_{self.config.probe.name}"]
+        return list(self.features_.feature_names_) + probe
+
+    def _probe_column(self, n: int, probe: Any) -> np.ndarray | None:
+        """The probe values as an (n,) float column, or InputError saying what to pass."""
+        spec = self.config.probe
+        if spec is None:
+            if probe is not None:
+                raise InputError("this policy has no probe feature, but probe values were passed; drop probe= "
+                                 "or refit with a probe (isocompute fit --probe-model DIR).")
+            return None
+        if probe is None:
+            raise InputError(f"this policy uses the probe feature {spec.name!r} ({spec.max_tokens} greedy tokens "
+                             f"of {spec.model or 'its model'}); pass probe= one value per prompt, from "
+                             f"isocompute.engines.probe.probe_entropy(engine, prompts, {spec.max_tokens}).")
+        try:
+            col = np.asarray(probe, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise InputError("probe values must be numbers, one per prompt.") from None
+        if col.shape != (n,):
+            raise InputError(f"probe values must be one number per prompt, shape ({n},); got shape {col.shape}.")
+        if not np.isfinite(col).all():
+            raise InputError(f"probe values must be finite; {int((~np.isfinite(col)).sum())} are not. Recompute "
+                             "them with isocompute.engines.probe.probe_entropy.")
+        return col
+
+    @staticmethod
+    def _with_probe(X: np.ndarray, col: np.ndarray | None) -> np.ndarray:
+        return X if col is None else np.column_stack([X, col])
+
+    def features(self, prompts: Sequence[str], probe: np.ndarray | None = None) -> np.ndarray:
+        """The learners' input matrix: text features of ``prompts``, then the probe column if the policy
+        has one (``probe`` required exactly then; InputError otherwise). Used by decide and evaluation."""
+        self._check_fitted()
+        col = self._probe_column(len(prompts), probe)
+        return self._with_probe(self.features_.transform(prompts), col)
+
     def check_budget(self, budget: float) -> float:
         """The budget as a float, or BudgetError naming the trained range."""
         lo, hi = self.config.budget_range
@@ -297,9 +416,11 @@ class Policy:
         except (TypeError, ValueError):
             raise BudgetError(f"budget must be a number, not {budget!r}; pick one in [{lo:g}, {hi:g}].") from None
         if not (np.isfinite(b) and lo * (1 - 1e-12) <= b <= hi * (1 + 1e-12)):
+            with_probe = (f" (the probe's {self.probe_cost:.4g} per request included)"
+                          if self.config.probe is not None else "")
             raise BudgetError(f"budget {b:g} is outside the range [{lo:g}, {hi:g}] mean {self.config.cost_unit} "
-                              "per request that this policy was trained for; request a budget in that range "
-                              "or re-fit with a wider --budgets.")
+                              f"per request{with_probe} that this policy was trained for; request a budget in "
+                              "that range or re-fit with a wider --budgets.")
         return min(max(b, lo), hi)
 
     def prompt_keys(self, prompts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -371,33 +492,38 @@ class Policy:
             cal = calibrate_mixed_grid(b, b, grid, self.action_costs_[grid_act], u, n_validation=n)
         return float(cal.values[0])
 
-    def decide(self, prompts: Sequence[str], budget: float, *, learner: str | None = None,
-               match: str = "calibrated") -> Decision:
+    def decide(self, prompts: Sequence[str], budget: float, *, probe: np.ndarray | None = None,
+               learner: str | None = None, match: str = "calibrated") -> Decision:
         """Actions for ``prompts`` at mean cost ``budget`` per request (pure; features included).
 
         ``match="calibrated"`` (default): each prompt's action depends only on its text and the budget,
         through the calibration table (what a single request gets). ``match="batch"``: the knob is solved
         on the batch so its mean expected cost is the budget (offline batch jobs; see :meth:`batch_knob`).
+        ``probe``: the probe's value per prompt, required exactly when the policy has a probe; the costs
+        reported then include the probe's.
         """
         self._check_fitted()
         b = self.check_budget(budget)
         name = learner or self.default_learner_
         if name not in self.learners_:
             raise InputError(f"learner {name!r} is not in this policy; it has {', '.join(self.learners_)}.")
+        X = self.features(prompts, probe)
         u, route = self.prompt_keys(prompts)
-        a, knob = self.decide_features(self.features_.transform(prompts), u, route, b, name, match=match)
+        a, knob = self.decide_features(X, u, route, b, name, match=match)
         costs = self.action_costs_[a]
         is_budget = self.learners_[name].calibration.knob == "internal_budget"
         return Decision(
             k=np.asarray(self.config.actions, dtype=np.int64)[a], action_index=a, budget=b, learner=name,
             internal_budget=knob if is_budget else None, lam=None if is_budget else knob,
             costs=costs, expected_cost=float(costs.mean()) if costs.size else 0.0,
-            cost_unit=self.config.cost_unit, match=match,
+            cost_unit=self.config.cost_unit, match=match, probe_cost=self.probe_cost,
         )
 
     # -------------------------------------------------------------------------------------- persistence
-    def save(self, out_dir: str | Path, *, inputs: dict[str, str] | None = None) -> Path:
-        """Write the artifact directory atomically (see the module docstring for its files)."""
+    def save(self, out_dir: str | Path, *, inputs: dict[str, str] | None = None,
+             extra_files: Mapping[str, bytes] | None = None) -> Path:
+        """Write the artifact directory atomically (see the module docstring for its files);
+        ``extra_files`` (name → bytes) are added to it and checksummed like the rest."""
         self._check_fitted()
         with artifact_writer(out_dir, kind=KIND, schema_version=SCHEMA_VERSION, inputs=inputs,
                              params=self.config.to_dict()) as d:
@@ -412,6 +538,8 @@ class Policy:
                 "selection": self.selection_,
                 "learners": sorted(self.learners_),
                 "n_train": self.n_train_,
+                "probe": None if self.config.probe is None else asdict(self.config.probe),
+                "feature_names": self.feature_names,
                 "heuristic": {"train_prompt_lengths": self.train_lengths_.tolist()},
             }
             (d / "policy.json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -421,6 +549,10 @@ class Policy:
                     (d / name / f"model_{j}.txt").write_text(model.booster_.model_to_string())
                 state = {"models": [m.state() for m in f.models], "calibration": f.calibration.to_dict()}
                 (d / name / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+            for fname, data in (extra_files or {}).items():
+                if Path(fname).name != fname or (d / fname).exists():
+                    raise InputError(f"extra file {fname!r} must be a new plain file name in the artifact.")
+                (d / fname).write_bytes(data)
         return Path(out_dir)
 
     @classmethod

@@ -58,6 +58,15 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += ["", f"Actions k = {report['actions']}, strategy `{report['strategy']}`, cost unit "
               f"`{report['cost_unit']}`; bootstrap: {report['bootstrap']} resamples of prompts (seed "
               f"{report['bootstrap_seed']}).", ""]
+    pr = report.get("probe")
+    if pr:
+        flops = "" if pr.get("flops") is None else f", {pr['flops']:.4g} FLOPs"
+        lines += [f"**Probe feature** `{pr['name']}`: mean token entropy of a {pr['max_tokens']}-token greedy answer "
+                  f"of `{pr['model']}` ({pr['prompt_format']} prompt, {pr['method']}; {pr['source']}). Declared cost "
+                  f"**{pr['cost']:.4g} {report['cost_unit']} per request**{flops}, added to every action of the "
+                  "learned policy: its accuracy and cost columns are net of the probe, while the oracle and the "
+                  f"baselines neither use nor pay for it. Values: mean {pr['mean']:.3f} nats (sd {pr['std']:.3f}); "
+                  f"Spearman ρ with 1-sample accuracy {pr['spearman_vs_accuracy_k1']:+.3f}.", ""]
     if n < SMALL_SAMPLE:
         lines += [f"> **Small sample ({n} prompts).** Confidence intervals are wide and a difference whose CI "
                   "contains 0 is *not significant*; read the numbers as a pipeline check, not as evidence.", ""]
