@@ -4,6 +4,12 @@ By default k-fold cross-validation over the outcome table's prompts, for several
 policy's configuration on each fold's training part (both learners); with ``--holdout`` the fitted
 policy is scored as it is on a table it never saw. Writes a ``report`` artifact: report.json,
 report.md and PNG plots (see :mod:`isocompute.policy.report` and :mod:`isocompute.policy.evaluate`).
+
+A policy with a probe feature needs the probe's values on the table's prompts: they come from the
+policy artifact's cache when it holds this table's prompts (``isocompute fit`` on the same table), else
+the probe runs on ``--probe-model`` (default: the model the policy's probe spec names). The
+cross-validation refits with the same probe spec (same declared cost), and the learned methods pay it.
+
 Ignores: serving and latency (``bench/bench_policy.py``).
 """
 
@@ -31,11 +37,14 @@ def parse_seeds(text: str) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
     from isocompute.artifacts import sha256_file
     from isocompute.cli.fit import model_flops_for, parse_budgets, read_table
     from isocompute.policy.evaluate import check_targets, cross_validate, default_budgets, holdout, summarise
     from isocompute.policy.policy import Policy
     from isocompute.policy.report import write_report
+    from isocompute.solver.allocate import feasible_range
     from isocompute.solver.costs import cost_table
     from isocompute.solver.estimators import utilities
 
@@ -60,16 +69,27 @@ def run(args: argparse.Namespace) -> int:
         inputs.update(extra)
     C = cost_table(table.prompt_tokens, table.mean_completion_tokens, cfg.actions, unit=cfg.cost_unit, model=model)
     U = utilities(table, cfg.actions, cfg.strategy)
+    probe, probe_info = None, None
+    if cfg.probe is not None:
+        probe, probe_info = _probe_values(args, cfg.probe, table.prompts, U)
+        inputs["probe_model"] = probe_info["model_sha256"]
+    elif args.probe_model is not None:
+        raise InputError(f"the policy {args.policy} has no probe feature; drop --probe-model (or refit with it).")
     if args.holdout:
-        ev = holdout(policy, table.prompts, U, C, budgets)
+        ev = holdout(policy, table.prompts, U, C, budgets, probe=probe)
         seeds: tuple[int, ...] = (cfg.seed,)
     else:
         seeds = parse_seeds(args.seeds)
-        ev = cross_validate(table.prompts, U, C, cfg, budgets, folds=args.folds, seeds=seeds, progress=True)
+        ev = cross_validate(table.prompts, U, C, cfg, budgets, folds=args.folds, seeds=seeds, probe=probe,
+                            progress=True)
     summary = summarise(ev, n_boot=args.bootstrap, seed=args.seed)
     from isocompute.policy.label_noise import oracle_label_agreement
 
-    noise = oracle_label_agreement(table, U, C, cfg.actions, cfg.strategy, budgets, reps=args.label_reps,
+    # The oracle labels imitation is scored against: at each budget clipped to what the samples alone can
+    # spend (a probe policy's range reaches past it by the probe's cost), as evaluate's oracle is.
+    f_lo, f_hi = feasible_range(C)
+    noise = oracle_label_agreement(table, U, C, cfg.actions, cfg.strategy,
+                                   [float(np.clip(b, f_lo, f_hi)) for b in budgets], reps=args.label_reps,
                                    seed=args.seed)
     for j, e in enumerate(summary["budgets"]):
         e["imitation_ceiling"], e["label_agreement"] = noise["ceiling"][j], noise["agreement"][j]
@@ -78,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         "strategy": cfg.strategy, "cost_unit": cfg.cost_unit, "inputs": inputs,
         "policy": {"path": str(args.policy), "default_learner": policy.default_learner_,
                    "selection": policy.selection_, "config": cfg.to_dict()},
+        "probe": probe_info,
         **summary,
     }
     report["targets"] = check_targets(summary)
@@ -102,7 +123,33 @@ def run(args: argparse.Namespace) -> int:
                   f"{e['imitation_accuracy']:.3f}", f"{e['imitation_ceiling']:.3f}")
     Console().print(t)
     Console().print(report["learner_comparison"]["why"])
+    if probe_info is not None:
+        Console().print(f"probe {probe_info['name']} ({probe_info['source']}): the learned policy pays "
+                        f"{probe_info['cost']:.4g} {cfg.cost_unit} per request for it in every column above; "
+                        f"Spearman ρ with 1-sample accuracy {probe_info['spearman_vs_accuracy_k1']:+.3f}")
     return 0
+
+
+def _probe_values(args: argparse.Namespace, spec: Any, prompts: list[str], U: Any) -> tuple[Any, dict[str, Any]]:
+    """The probe's values on ``prompts`` (policy cache, else computed) and what the report says about them."""
+    from dataclasses import asdict
+
+    from scipy.stats import spearmanr
+
+    from isocompute.cli.fit import compute_probe
+
+    model_dir = Path(args.probe_model or spec.model)
+    if not (model_dir / "config.json").is_file():
+        raise InputError(f"this policy's probe ran on {spec.model!r}, which is not a checkpoint directory here; pass "
+                         "--probe-model DIR with that model.")
+    result, key, how = compute_probe(prompts, model_dir, spec.max_tokens, spec.prompt_format,
+                                     cache_dirs=[Path(args.policy)])
+    rho = spearmanr(result.values, U[:, 0]).statistic if len(prompts) > 2 else float("nan")
+    info = {**asdict(spec), "source": how, "method": result.method, "model_sha256": key["model_sha256"],
+            "mean": float(result.values.mean()), "std": float(result.values.std()),
+            "mean_probe_tokens": float(result.completion_tokens.mean()),
+            "spearman_vs_accuracy_k1": float(rho)}
+    return result.values, info
 
 
 def register(subparsers: Any) -> None:
@@ -124,4 +171,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the CIs")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.add_argument("--model-config", type=Path, help="config.json or model directory (cost unit flops)")
+    p.add_argument("--probe-model", type=Path,
+                   help="checkpoint for a probe policy's values when the policy's cache does not hold this table "
+                        "(default: the model its probe spec names)")
     p.set_defaults(func=run)
