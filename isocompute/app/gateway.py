@@ -13,6 +13,13 @@ For a request with prompts ``x_1 … x_P`` under budget key ``(caller, B, unit)`
    than k returned, or ``finish_reason`` ``error``/``abort``) are left out and the answer says ``partial``;
 5. the realised cost (k in samples; prefill once + every decode in FLOPs) goes to the controller.
 
+A policy with a probe feature (``policy.config.probe``) needs one cheap model call per prompt before it
+can decide: the engine answers the policy text greedily (:func:`isocompute.engines.probe.probe_entropy`,
+in the probe spec's prompt format, so the model sees what it saw at fit time) and the mean token entropy
+goes to ``decide(..., probe=values)``. The probe is part of the request's cost: ``expected_cost``
+includes its declared cost (the policy adds it to every action), ``flops`` and ``usage.flops`` include
+the call's FLOPs, the controller is charged k + the probe's cost, and ``isocompute.probe`` itemises it.
+
 Chat requests are rendered to one prompt with the model tokenizer's chat template (the transformers
 engine's tokenizer, or the tokenizer in ``model_dir`` for vLLM upstreams — the same template vLLM's
 own chat endpoint applies).
@@ -44,7 +51,7 @@ from isocompute.app.auth import Principal
 from isocompute.app.budget_control import BudgetController, ControllerBank
 from isocompute.app.errors import UpstreamBadResponse, UpstreamTimeout
 from isocompute.app.metrics import Metrics
-from isocompute.app.schemas import ChatMessage, IsoComputeInfo
+from isocompute.app.schemas import ChatMessage, IsoComputeInfo, ProbeInfo
 from isocompute.app.settings import Settings
 from isocompute.engines.base import Completion, Engine
 from isocompute.errors import BudgetError, EngineUnavailable, InputError
@@ -62,10 +69,24 @@ class Verifier(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class ProbeCall:
+    """The probe feature's call for a request's prompts: per prompt its value, generated tokens, FLOPs
+    (None without the model's config) and cost in the request's budget unit; the spec's declared cost."""
+
+    name: str
+    values: list[float]
+    tokens: list[int]
+    flops: list[float | None]
+    costs: list[float]
+    declared_cost: float
+
+
+@dataclass(frozen=True, slots=True)
 class Routing:
     """The decision for one request: per-prompt k (capped and as the policy asked), action indices and
-    expected costs (in the policy's unit), λ (``None`` for a classifier policy, whose knob is the
-    internal budget), and the budget bookkeeping the response reports."""
+    expected costs (in the policy's unit, the probe's included), λ (``None`` for a classifier policy,
+    whose knob is the internal budget), the budget bookkeeping the response reports, and the probe call
+    when the policy has one."""
 
     ks: list[int]
     policy_ks: list[int]
@@ -79,6 +100,7 @@ class Routing:
     internal_budget: float
     budget_key: str
     controller: BudgetController | None
+    probe: ProbeCall | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +169,11 @@ def policy_cost_unit(policy: Any) -> str:
     """``samples`` or ``flops``: the unit of the policy's budgets and costs."""
     config = getattr(policy, "config", None)
     return str(getattr(config, "cost_unit", "samples"))
+
+
+def policy_probe(policy: Any) -> Any:
+    """The policy's :class:`~isocompute.policy.policy.ProbeSpec`, or None (policies without a probe)."""
+    return getattr(getattr(policy, "config", None), "probe", None)
 
 
 class Gateway:
@@ -240,7 +267,7 @@ class Gateway:
 
     # ---- routing --------------------------------------------------------------------------------
 
-    def route(
+    async def route(
         self,
         prompts: list[str],
         *,
@@ -255,7 +282,8 @@ class Gateway:
         """Decide k for every prompt (see the module docstring). Raises BudgetError / PermissionDenied.
 
         ``policy_prompts`` (default ``prompts``) is the text the policy sees: for chat, the question
-        without the chat template (see :func:`policy_text`).
+        without the chat template (see :func:`policy_text`). A probe policy's probe call happens here,
+        after the budget checks, so a refused request costs no model call.
         """
         s = self.settings
         if self.policy is None:
@@ -284,8 +312,16 @@ class Gateway:
             ctl = self.controllers.get(key, lambda: BudgetController(
                 B, lo=lo, hi=hi, gain=s.control_gain, max_step=s.control_max_step, initial=b_policy))
             internal = ctl.internal
+        texts = prompts if policy_prompts is None else policy_prompts
+        probe = None
+        spec = policy_probe(self.policy)
+        if spec is not None:
+            probe = await self._probe_feature(texts, spec, unit, p_unit, per_sample)
         t0 = time.perf_counter()
-        decision = self.policy.decide(prompts if policy_prompts is None else policy_prompts, internal)
+        if probe is None:
+            decision = self.policy.decide(texts, internal)
+        else:
+            decision = self.policy.decide(texts, internal, probe=np.asarray(probe.values))
         self.metrics.decision.observe(time.perf_counter() - t0)
         policy_ks = [int(k) for k in np.asarray(decision.k).reshape(-1)]
         actions = [int(a) for a in np.asarray(decision.action_index).reshape(-1)]
@@ -300,13 +336,59 @@ class Gateway:
             self.metrics.lam.labels(label).set(float(lam))
         self.metrics.internal_budget.labels(label).set(internal)
         return Routing(ks, policy_ks, actions, costs, None if lam is None else float(lam),
-                       float(decision.expected_cost), p_unit, B, unit, float(internal), label, ctl)
+                       float(decision.expected_cost), p_unit, B, unit, float(internal), label, ctl, probe)
+
+    async def _probe_feature(self, texts: list[str], spec: Any, unit: str, p_unit: str,
+                             per_sample: float) -> ProbeCall:
+        """Run the policy's probe on ``texts`` and price each call in the request's unit ``unit``.
+
+        Samples: the declared cost (converted with ``per_sample`` FLOPs when the policy prices in FLOPs).
+        FLOPs: the call's analytic FLOPs when the model's config is known, else the declared cost.
+        """
+        from isocompute.app.batching import BatchingEngine
+        from isocompute.engines.probe import probe_entropy, probe_flops
+
+        if spec.prompt_format == "chat":
+            if self.tokenizer is None:
+                raise EngineUnavailable("this policy's probe runs on the chat template and this gateway has no "
+                                        "tokenizer; start it with --model DIR (the checkpoint the upstream serves)")
+            from isocompute.engines.transformers_engine import apply_chat_template
+
+            shown = [apply_chat_template(self.tokenizer, t) for t in texts]
+        else:
+            shown = [t + "\n" for t in texts]
+        engine = self.engine.engine if isinstance(self.engine, BatchingEngine) else self.engine
+        try:
+            res = await asyncio.wait_for(probe_entropy(engine, shown, spec.max_tokens),
+                                         timeout=self.settings.upstream_timeout_s)
+        except TimeoutError:
+            self.metrics.upstream_errors.labels("timeout").inc()
+            raise UpstreamTimeout(f"the probe call to {self.engine.name} did not answer within "
+                                  f"{self.settings.upstream_timeout_s:g} s; retry later or raise upstream_timeout_s"
+                                  ) from None
+        except EngineUnavailable:
+            self.metrics.upstream_errors.labels("unavailable").inc()
+            raise
+        flops: list[float | None] = [None] * len(texts)
+        if self.model_flops is not None:
+            flops = [float(f) for f in probe_flops(self.model_flops, res.prompt_tokens, res.completion_tokens)]
+        declared = float(spec.cost)
+        if unit == "samples":
+            c = declared if p_unit == "samples" else declared / per_sample
+            costs = [c] * len(texts)
+        else:
+            fallback = declared if p_unit == "flops" else declared * per_sample
+            costs = [fallback if f is None else f for f in flops]
+        return ProbeCall(spec.name, [float(v) for v in res.values], [int(m) for m in res.completion_tokens],
+                         flops, costs, declared)
 
     def _flops_per_sample(self, prompt_tokens: list[int] | None, max_tokens: int) -> float:
         """FLOPs one sample costs, to convert between budget units: the policy's training average when
         it prices in FLOPs, else this request's prompt with a ``max_tokens`` completion."""
         if policy_cost_unit(self.policy) == "flops":
-            per = np.asarray(self.policy.action_costs_, dtype=float) / np.asarray(self.policy.actions, dtype=float)
+            probe = float(getattr(policy_probe(self.policy), "cost", 0.0))  # in every action's cost, not a sample's
+            per = ((np.asarray(self.policy.action_costs_, dtype=float) - probe)
+                   / np.asarray(self.policy.actions, dtype=float))
             return float(per.mean())
         if self.model_flops is None:
             raise BudgetError("budget_unit 'flops' needs the model's config for FLOP accounting; start the "
@@ -384,16 +466,22 @@ class Gateway:
         prompt_tokens = max(c.prompt_tokens for c in comps)
         completion_tokens = sum(c.completion_tokens for c in comps)
         flops = None
+        pr = routing.probe
         if self.model_flops is not None:
             from isocompute.flops import request_flops
 
             flops = float(request_flops(self.model_flops, prompt_tokens, [c.completion_tokens for c in comps]))
+            if pr is not None and pr.flops[i] is not None:
+                flops += float(pr.flops[i])  # type: ignore[arg-type]
             self.metrics.flops.inc(flops)
         self.metrics.k.observe(k)
         self.metrics.samples.inc(k)
         if routing.controller is not None:
-            # Without the model's config, a FLOP budget is charged the policy's expected cost of the action.
-            cost = float(k) if routing.unit == "samples" else (flops if flops is not None else routing.costs[i])
+            # Without the model's config, a FLOP budget is charged the policy's expected cost of the action
+            # (which includes the probe's declared cost).
+            probe_cost = 0.0 if pr is None else pr.costs[i]
+            cost = (float(k) + probe_cost if routing.unit == "samples"
+                    else (flops if flops is not None else routing.costs[i]))
             if math.isfinite(cost):
                 routing.controller.observe(cost)
                 st = routing.controller.state()
@@ -405,6 +493,8 @@ class Gateway:
             lambda_=routing.lam, budget=routing.budget, budget_unit=routing.unit,  # type: ignore[arg-type]
             internal_budget=routing.internal_budget, expected_cost=routing.costs[i],
             policy_unit=routing.policy_unit, flops=flops,  # type: ignore[arg-type]
+            probe=None if pr is None else ProbeInfo(name=pr.name, value=pr.values[i], tokens=pr.tokens[i],
+                                                    cost=pr.declared_cost, flops=pr.flops[i]),
         )
         return Answer(chosen.text, chosen.finish_reason, prompt_tokens, completion_tokens, flops, info)
 

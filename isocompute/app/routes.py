@@ -155,9 +155,9 @@ async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, caller: C
                                                 req.seed)
     prompts = [gw.chat_prompt(req.messages)]
     counts = gw.check_prompts(prompts, max_tokens)
-    routing = gw.route(prompts, principal=caller, budget=req.budget, unit=req.budget_unit,
-                       max_samples=req.max_samples, max_tokens=max_tokens, prompt_tokens=counts,
-                       policy_prompts=[policy_text(req.messages)])
+    routing = await gw.route(prompts, principal=caller, budget=req.budget, unit=req.budget_unit,
+                             max_samples=req.max_samples, max_tokens=max_tokens, prompt_tokens=counts,
+                             policy_prompts=[policy_text(req.messages)])
     [ans] = await gw.complete(prompts, routing, max_tokens=max_tokens, temperature=temperature, seed=seed,
                               strategy=req.strategy)
     return ChatCompletionResponse(
@@ -176,8 +176,8 @@ async def completions(req: CompletionRequest, gw: GatewayDep, caller: CallerDep)
     max_tokens, temperature, seed = gw.sampling(req.max_tokens, req.temperature, req.seed)
     prompts = _text_prompts(req.prompt)
     counts = gw.check_prompts(prompts, max_tokens)
-    routing = gw.route(prompts, principal=caller, budget=req.budget, unit=req.budget_unit,
-                       max_samples=req.max_samples, max_tokens=max_tokens, prompt_tokens=counts)
+    routing = await gw.route(prompts, principal=caller, budget=req.budget, unit=req.budget_unit,
+                             max_samples=req.max_samples, max_tokens=max_tokens, prompt_tokens=counts)
     answers = await gw.complete(prompts, routing, max_tokens=max_tokens, temperature=temperature, seed=seed,
                                 strategy=req.strategy)
     return CompletionResponse(
@@ -199,9 +199,9 @@ async def route(req: RouteRequest, gw: GatewayDep, caller: CallerDep) -> RouteRe
     max_tokens = gw.settings.default_max_tokens
     counts = gw.check_prompts(prompts, max_tokens)
     # A dry run must not move the controller, so it reads the internal budget without observing a cost.
-    r = gw.route(prompts, principal=caller, budget=req.budget, unit=req.budget_unit,
-                 max_samples=req.max_samples, max_tokens=max_tokens, prompt_tokens=counts,
-                 policy_prompts=None if req.messages is None else [policy_text(req.messages)])
+    r = await gw.route(prompts, principal=caller, budget=req.budget, unit=req.budget_unit,
+                       max_samples=req.max_samples, max_tokens=max_tokens, prompt_tokens=counts,
+                       policy_prompts=None if req.messages is None else [policy_text(req.messages)])
     return RouteResponse(
         model=gw.settings.served_model, budget=r.budget, budget_unit=r.unit,  # type: ignore[arg-type]
         internal_budget=r.internal_budget, lambda_=r.lam,

@@ -133,6 +133,16 @@ class Usage(BaseModel):
     flops: float | None = Field(None, description="FLOPs spent: one shared prefill plus every decode step")
 
 
+class ProbeInfo(BaseModel):
+    """The probe feature's call for one prompt, when the policy has one (its cost is in the request's)."""
+
+    name: str = Field(description="probe feature, e.g. greedy_entropy (mean token entropy of a greedy answer)")
+    value: float = Field(description="the feature's value the policy decided on (nats for greedy_entropy)")
+    tokens: int = Field(description="tokens the probe's greedy answer generated")
+    cost: float = Field(description="the probe's declared cost per request, in policy_unit (in expected_cost)")
+    flops: float | None = Field(None, description="FLOPs of this probe call (in flops and usage.flops)")
+
+
 class IsoComputeInfo(BaseModel):
     """What the gateway decided and how the vote went, for one prompt."""
 
@@ -153,6 +163,7 @@ class IsoComputeInfo(BaseModel):
     expected_cost: float | None = Field(None, description="the policy's expected cost of the action, in policy_unit")
     policy_unit: BudgetUnit = Field("samples", description="unit of the policy's budgets and expected costs")
     flops: float | None = None
+    probe: ProbeInfo | None = Field(None, description="the probe call the decision used (probe policies only)")
 
 
 class ChatMessageOut(BaseModel):
