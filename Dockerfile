@@ -15,6 +15,8 @@
 # Your own policy and checkpoint, mounted read-only:
 #   docker run --rm -p 8000:8000 -v $PWD/runs/gsm8k:/models:ro \
 #     -e ISOCOMPUTE_POLICY_DIR=/models/policy -e ISOCOMPUTE_MODEL_DIR=/models/checkpoint isocompute
+# The container runs as uid 10001, and isocompute writes its artifact directories mode 0700: make them
+# readable first (chmod -R a+rX runs/gsm8k) or run as their owner (docker run --user "$(id -u)" ...).
 #
 # Secrets are never baked in. API keys are stored hashed in a JSON file (format in isocompute.app.auth)
 # that you mount at run time:
@@ -24,7 +26,7 @@
 # GPU / vLLM: this image is also the gateway in front of vLLM's own GPU image (vllm/vllm-openai), which
 # it reaches over HTTP (--engine vllm-http), so the gateway needs no GPU, no CUDA and no vLLM install.
 # docker/compose.gpu.yaml runs the demo once, vLLM on the GPU serving its checkpoint, and the gateway:
-#   docker build -t isocompute . && docker compose -f docker/compose.gpu.yaml up
+#   docker compose -f docker/compose.gpu.yaml up --build
 # The same by hand, for your own model (the policy must be fitted on outcomes of the model vLLM serves):
 #   docker network create iso
 #   docker run -d --gpus all --ipc=host --network iso --name vllm -v $PWD/runs/gsm8k:/models:ro \
@@ -33,8 +35,11 @@
 #   docker run -d --network iso -p 8000:8000 -v $PWD/runs/gsm8k:/models:ro \
 #     -e ISOCOMPUTE_ENGINE=vllm-http -e 'ISOCOMPUTE_UPSTREAMS=["http://vllm:8000"]' \
 #     -e ISOCOMPUTE_POLICY_DIR=/models/policy -e ISOCOMPUTE_MODEL_DIR=/models/checkpoint isocompute
-# (ISOCOMPUTE_MODEL_DIR gives the gateway the checkpoint's chat template and FLOP accounting; it loads no
-# weights with vllm-http.) The in-process `--engine vllm` needs vLLM inside this image and is not built.
+# ISOCOMPUTE_MODEL_DIR gives the gateway the checkpoint's chat template and FLOP accounting (it loads no
+# weights with vllm-http) and is also the model name it sends upstream: mount the checkpoint at the same
+# path in both containers, as here (or start vLLM with --served-model-name set to that path), or vLLM
+# answers 404 "model does not exist". The in-process `--engine vllm` needs vLLM inside this image and
+# is not built.
 
 ARG PYTHON_IMAGE=python:3.11-slim
 
