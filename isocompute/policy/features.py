@@ -257,6 +257,12 @@ def hashed_matrix(prompts: Sequence[str], n_features: int, cache: dict[str, int]
     return X
 
 
+def _chunk_table(n_features: int) -> Any:
+    from isocompute.policy.chunk_cache import ChunkTable  # imports this module: deferred to break the cycle
+
+    return ChunkTable(n_features)
+
+
 def _check_prompts(prompts: Sequence[str]) -> None:
     if isinstance(prompts, str):
         raise InputError("prompts must be a list of strings, not one string; wrap it: [prompt].")
@@ -299,7 +305,7 @@ class PromptFeatures:
             self.components_ = np.zeros((0, self.n_features), dtype=np.float64)
         self.n_components_ = int(self.components_.shape[0])
         self._components_t = np.ascontiguousarray(self.components_.T)
-        self._cache = _BucketCache(self.n_features)
+        self._table = _chunk_table(self.n_features)
         self.feature_names_ = list(HAND_FEATURES) + [f"svd_{j}" for j in range(self.n_components_)]
         return self
 
@@ -309,17 +315,13 @@ class PromptFeatures:
 
     # ---------------------------------------------------------------------------------------- transform
     def transform(self, prompts: Sequence[str]) -> np.ndarray:
-        """Feature matrix ``(len(prompts), len(feature_names_))``, float64. Pure."""
+        """Feature matrix ``(len(prompts), len(feature_names_))``, float64. Pure.
+
+        Computed through a cache of whitespace chunks (:mod:`isocompute.policy.chunk_cache`), equal bit
+        for bit to :func:`hand_features` and ``hashed_matrix(...) @ components_.T``."""
         self._check_fitted()
         _check_prompts(prompts)
-        toks = [tokenize(t) for t in prompts]
-        hand = np.array([_hand_row(t, k) for t, k in zip(prompts, toks, strict=True)], dtype=np.float64)
-        hand = hand.reshape(len(prompts), len(HAND_FEATURES))
-        if self.n_components_ == 0:
-            return hand
-        grams = [_with_bigrams(k) for k in toks]
-        proj = hashed_matrix(prompts, self.n_features, self._cache, grams) @ self._components_t
-        return np.hstack([hand, proj])
+        return self._table.transform(list(prompts), self._components_t if self.n_components_ else None)
 
     def fit_transform(self, prompts: Sequence[str]) -> np.ndarray:
         return self.fit(prompts).transform(prompts)
@@ -367,7 +369,7 @@ class PromptFeatures:
         obj.components_ = np.ascontiguousarray(components)
         obj.n_components_ = int(components.shape[0])
         obj._components_t = np.ascontiguousarray(components.T)
-        obj._cache = _BucketCache(obj.n_features)
+        obj._table = _chunk_table(obj.n_features)
         obj.feature_names_ = list(HAND_FEATURES) + [f"svd_{j}" for j in range(obj.n_components_)]
         if list(cfg["feature_names"]) != obj.feature_names_:
             raise ArtifactError(f"{d}: the stored feature names differ from what this isocompute computes for "
