@@ -38,7 +38,7 @@ serve: demo
 	$(BIN)/isocompute serve --policy $(DEMO)/policy --engine transformers --model $(DEMO)/tiny-sft
 
 lint: install
-	$(BIN)/ruff check isocompute tests bench
+	$(BIN)/ruff check isocompute tests bench docker
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .hypothesis

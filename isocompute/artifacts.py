@@ -72,6 +72,9 @@ def artifact_writer(
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    # mkdtemp makes 0700; an artifact is meant to be read by others (e.g. mounted into the gateway's
+    # container, which runs as another user), so give it a normal directory's mode.
+    tmp.chmod(0o755)
     try:
         yield tmp
         files = {

@@ -93,3 +93,23 @@ def test_serve_errors(argv, match):
 
     with pytest.raises(InputError, match=match):
         run(serve_args(argv))
+
+
+def test_serve_config_env_pointing_nowhere_is_a_clear_error(monkeypatch, tmp_path):
+    from isocompute.cli.serve import settings_from_args
+
+    monkeypatch.setenv(CONFIG_ENV, str(tmp_path / "nope.toml"))
+    with pytest.raises(InputError, match="ISOCOMPUTE_CONFIG=.* is not a file"):
+        settings_from_args(serve_args(["--policy", str(tmp_path)]))
+
+
+def test_vllm_http_sends_the_upstream_name_not_the_local_checkpoint_path(tmp_path):
+    """model_dir is where this host finds tokenizer and config; vLLM knows the model by its served name
+    (a path here would get 404 unless vLLM was started with exactly that path)."""
+    from isocompute.app.main import build_engine
+
+    s = Settings(engine="vllm-http", upstreams=["http://127.0.0.1:9"], model_dir=tmp_path)
+    assert build_engine(s).model is None  # asked from the upstream's /v1/models
+    s = Settings(engine="vllm-http", upstreams=["http://127.0.0.1:9"], model_dir=tmp_path,
+                 upstream_model="Qwen/Qwen2.5-Math-1.5B-Instruct")
+    assert build_engine(s).model == "Qwen/Qwen2.5-Math-1.5B-Instruct"

@@ -65,3 +65,10 @@ def test_atomic_write_text(tmp_path):
     atomic_write_text(p, "hello")
     assert p.read_text() == "hello"
     assert [q.name for q in p.parent.iterdir()] == ["f.txt"]
+
+
+def test_artifact_directory_is_readable_by_others(tmp_path):
+    """mkdtemp's 0700 made artifacts unreadable to the gateway's non-root container user."""
+    with artifact_writer(tmp_path / "a", kind="demo", schema_version=1) as d:
+        (d / "x.txt").write_text("x")
+    assert (tmp_path / "a").stat().st_mode & 0o777 == 0o755

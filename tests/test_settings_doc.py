@@ -118,3 +118,11 @@ def test_the_toml_example_loads(tmp_path, monkeypatch, no_isocompute_env):
     s = Settings()
     assert s.engine == "vllm-http" and len(s.upstreams) == 2 and s.policy_dir is not None
     assert s.model_fields_set >= {"engine", "upstreams", "policy_dir", "model_dir"}
+
+
+def test_serve_warns_about_unknown_isocompute_variables():
+    from isocompute.cli.serve import unknown_env
+
+    env = {"ISOCOMPUTE_PORT": "1", "ISOCOMPUTE_POLICYDIR": "x", "ISOCOMPUTE_CONFIG": "c.toml",
+           "ISOCOMPUTE_VLLM_PYTHON": "p", "ISOCOMPUTE_DEMO_DIR": "d", "PATH": "/bin"}
+    assert unknown_env(env) == ["ISOCOMPUTE_POLICYDIR"]

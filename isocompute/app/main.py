@@ -52,6 +52,9 @@ def build_engine(s: Settings) -> Engine:
     options: dict[str, Any] = {}
     if s.engine == "vllm-http":
         options["timeout"] = s.upstream_timeout_s
+        # model_dir is where *this* host finds the checkpoint's tokenizer and config; the upstream knows
+        # the model by its own served name, which is asked for (or given) separately.
+        return make_engine(s.engine, model=s.upstream_model, upstreams=s.upstreams, **options)
     return make_engine(s.engine, model=s.model_dir, upstreams=s.upstreams, **options)
 
 

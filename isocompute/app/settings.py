@@ -42,6 +42,7 @@ class Settings(BaseSettings):
     engine: Literal["transformers", "vllm-http", "vllm"] = "transformers"
     model_dir: Path | None = None
     upstreams: list[str] = Field(default_factory=list)
+    upstream_model: str | None = None
     served_model: str = "isocompute"
     default_budget: float = Field(4.0, gt=0, allow_inf_nan=False)
     default_budget_unit: Literal["samples", "flops"] = "samples"

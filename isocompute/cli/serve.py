@@ -4,10 +4,11 @@
                      [--host 127.0.0.1 --port 8000]
 
 Flags override the environment (``ISOCOMPUTE_*``) and the TOML config (``--config`` or
-``ISOCOMPUTE_CONFIG``); every option and its default is documented once, in
-:mod:`isocompute.app.settings`. ``--upstream`` (repeatable) implies ``--engine vllm-http``; pass
-``--model DIR`` with it too so the gateway has the chat template and the FLOP accounting of the served
-checkpoint. The server binds to loopback unless ``--host`` says otherwise.
+``ISOCOMPUTE_CONFIG``); every option and its default is documented once, in the README's
+"Configuration" table. ``--upstream`` (repeatable) implies ``--engine vllm-http``; pass ``--model DIR``
+with it too so the gateway has the chat template and the FLOP accounting of the served checkpoint (the
+name sent upstream is ``--upstream-model``, or whatever the upstream's ``/v1/models`` lists first).
+The server binds to loopback unless ``--host`` says otherwise.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--port", type=int, help="TCP port (default 8000)")
     p.add_argument("--config", type=Path, help="TOML settings file (same keys as app.settings)")
     p.add_argument("--served-model", help="model id clients send (default 'isocompute')")
+    p.add_argument("--upstream-model", help="model name the vLLM upstreams serve (default: their first listed)")
     p.add_argument("--default-budget", type=float, help="budget for requests without one (default 4)")
     p.add_argument("--api-keys", type=Path, help="JSON file of hashed API keys (see app.auth)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
@@ -48,6 +50,16 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         if not args.config.is_file():
             raise InputError(f"--config {args.config} is not a file; pass a TOML settings file")
         os.environ[CONFIG_ENV] = str(args.config)
+    elif os.environ.get(CONFIG_ENV) and not Path(os.environ[CONFIG_ENV]).is_file():
+        raise InputError(f"{CONFIG_ENV}={os.environ[CONFIG_ENV]} is not a file; point it at a TOML settings file "
+                         "or unset it")
+    unknown = unknown_env(os.environ)
+    if unknown:
+        import logging
+
+        logging.getLogger("isocompute.serve").warning(
+            "ignoring unknown environment variable(s) %s: no such setting (see the README's Configuration table)",
+            ", ".join(unknown))
     engine = args.engine or ("vllm-http" if args.upstream else None)
     if engine == "vllm-http" and not args.upstream:
         raise InputError("--engine vllm-http needs --upstream URL (repeatable), e.g. --upstream http://127.0.0.1:8001")
@@ -55,6 +67,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         "policy_dir": args.policy, "engine": engine, "model_dir": args.model, "upstreams": args.upstream,
         "host": args.host, "port": args.port, "served_model": args.served_model,
         "default_budget": args.default_budget, "api_keys_file": args.api_keys,
+        "upstream_model": args.upstream_model,
     }
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
@@ -63,6 +76,19 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         where = ".".join(str(x) for x in first.get("loc", ())) or "settings"
         raise InputError(f"invalid setting {where}: {first['msg']}; fix the flag, ISOCOMPUTE_* variable "
                          "or config entry") from None
+
+
+# ISOCOMPUTE_* variables that belong to tools around the gateway, not to its settings.
+TOOL_ENV_PREFIXES = ("ISOCOMPUTE_VLLM_", "ISOCOMPUTE_DEMO_", "ISOCOMPUTE_BAKED_", "ISOCOMPUTE_ENTRYPOINT_")
+
+
+def unknown_env(environ: dict[str, str] | os._Environ[str]) -> list[str]:
+    """``ISOCOMPUTE_*`` variables that name no setting (typos, which pydantic-settings would ignore)."""
+    from isocompute.app.settings import CONFIG_ENV, Settings
+
+    known = {f"ISOCOMPUTE_{f.upper()}" for f in Settings.model_fields} | {CONFIG_ENV}
+    return sorted(k for k in environ
+                  if k.startswith("ISOCOMPUTE_") and k not in known and not k.startswith(TOOL_ENV_PREFIXES))
 
 
 def run(args: argparse.Namespace) -> int:
