@@ -24,7 +24,7 @@ from isocompute.engines.probe import (
     topk_entropy,
 )
 from isocompute.engines.transformers_engine import TransformersEngine, apply_chat_template
-from isocompute.errors import BudgetError, InputError
+from isocompute.errors import BudgetError, EngineUnavailable, InputError
 from isocompute.flops import ModelFlops, decode_flops, prefill_flops, request_flops
 from isocompute.policy.policy import Policy, PolicyConfig, ProbeSpec
 from isocompute.policy.synthetic import synthetic_records
@@ -155,6 +155,19 @@ def test_vllm_http_probe_reads_top_logprobs():
     assert res.values == pytest.approx([topk_entropy(list(steps[0].values())) / 2] * 2)
     assert res.completion_tokens.tolist() == [2, 2] and res.prompt_tokens.tolist() == [7, 7]
     assert all(b["logprobs"] == 20 and b["temperature"] == 0.0 and b["model"] == "tiny" for b in seen)
+
+
+@pytest.mark.parametrize(
+    ("engine_", "max_tokens", "error", "match"),
+    [
+        ("tf", 0, InputError, "max_tokens >= 1"),
+        ("other", 4, EngineUnavailable, "cannot run the entropy probe; serve a probe policy with"),
+    ],
+)
+def test_probe_engine_errors(engine, engine_, max_tokens, error, match):
+    eng = engine if engine_ == "tf" else type("Fake", (), {"name": "fake"})()
+    with pytest.raises(error, match=match):
+        asyncio.run(probe_entropy(eng, ["1+1="], max_tokens))
 
 
 # ----------------------------------------------------------------------------------------------- policy
@@ -299,3 +312,35 @@ def test_gateway_counts_the_probe_in_the_request(tiny_dir, engine, policy, tmp_p
     # the budget controller was charged the k samples plus the probe (the dry run charges nothing)
     assert len(controllers) == 1 and controllers[0].state().requests == 1
     assert controllers[0].state().mean_cost == pytest.approx(k + COST)
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+@pytest.mark.slow
+def test_cli_fit_and_report_with_probe(tiny_dir, tmp_path, capsys):
+    from isocompute.cli import main
+    from isocompute.policy.synthetic import write_synthetic_outcomes
+
+    table = write_synthetic_outcomes(tmp_path / "t.jsonl", 80, 8, seed=3, noise=0.3)
+    flags = ["--actions", "1,2,4,8", "--n-rounds", "5", "--svd-components", "2", "--calibration-folds", "2",
+             "--probe-model", str(tiny_dir), "--probe-tokens", "3"]
+    assert main(["fit", str(table), "--out", str(tmp_path / "pol"), *flags]) == 0
+    assert "computed with" in capsys.readouterr().out
+    pol = Policy.load(tmp_path / "pol")
+    spec = pol.config.probe
+    assert spec.max_tokens == 3 and spec.prompt_format == "chat" and spec.model == str(tiny_dir)
+    assert 0 < spec.cost < 1 and spec.flops > 0  # 3 greedy tokens cost less than one full sample
+    assert pol.budget_range[0] == pytest.approx(1 + spec.cost, abs=0.01)  # default range: the probe included
+    cached = np.load(tmp_path / "pol" / "probe.npy")
+    assert cached.shape == (80, 3) and (cached[:, 2] <= 3).all()
+    # refit into the same directory: the cache answers, the model is not called again
+    assert main(["fit", str(table), "--out", str(tmp_path / "pol"), *flags]) == 0
+    assert "cached in" in capsys.readouterr().out
+    assert main(["report", str(table), "--policy", str(tmp_path / "pol"), "--out", str(tmp_path / "rep"),
+                 "--folds", "2", "--seeds", "1", "--budgets", "2,4", "--bootstrap", "50", "--label-reps", "5"]) == 0
+    rep = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert rep["probe"]["cost"] == spec.cost and rep["probe"]["source"].startswith("cached in")
+    assert "Probe feature" in (tmp_path / "rep" / "report.md").read_text()
+    e4 = next(e for e in rep["budgets"] if e["budget"] == 4.0)
+    assert e4["methods"]["uniform"]["cost"] == pytest.approx(4.0)

@@ -164,7 +164,7 @@ async def probe_entropy(engine: Any, prompts: Sequence[str], max_tokens: int = 8
     """Mean token entropy of a greedy answer of at most ``max_tokens`` tokens, per prompt (module doc).
 
     ``prompts`` are the texts the model sees (chat-templated where the model samples that way).
-    Raises :class:`InputError` for an engine without a probe (say which ones have one).
+    Raises :class:`EngineUnavailable` for an engine that cannot run it (saying which can).
     """
     if max_tokens < 1:
         raise InputError(f"the probe needs max_tokens >= 1; you passed {max_tokens}.")
@@ -179,8 +179,9 @@ async def probe_entropy(engine: Any, prompts: Sequence[str], max_tokens: int = 8
         return await _probe_http(engine, prompts, max_tokens)
     if getattr(engine, "name", None) == "vllm" and hasattr(engine, "llm"):
         return await asyncio.to_thread(_probe_vllm, engine, prompts, max_tokens)
-    raise InputError(f"engine {getattr(engine, 'name', type(engine).__name__)!r} has no probe; the entropy probe "
-                     "runs on the transformers, vllm-http and vllm engines.")
+    raise EngineUnavailable(f"engine {getattr(engine, 'name', type(engine).__name__)!r} cannot run the entropy "
+                            "probe; serve a probe policy with the transformers, vllm-http or vllm engine, or a "
+                            "policy fitted without --probe-model.")
 
 
 def run_probe(engine: Any, prompts: Sequence[str], max_tokens: int = 8, *, chunk: int = 256,
