@@ -61,7 +61,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     pr = report.get("probe")
     if pr:
         flops = "" if pr.get("flops") is None else f", {pr['flops']:.4g} FLOPs"
-        lines += [f"**Probe feature** `{pr['name']}`: mean token entropy of a {pr['max_tokens']}-token greedy answer "
+        lines += [f"**Probe feature** `{pr['name']}`: mean token entropy of a greedy answer of at most {pr['max_tokens']} tokens "
                   f"of `{pr['model']}` ({pr['prompt_format']} prompt, {pr['method']}; {pr['source']}). Declared cost "
                   f"**{pr['cost']:.4g} {report['cost_unit']} per request**{flops}, added to every action of the "
                   "learned policy: its accuracy and cost columns are net of the probe, while the oracle and the "
