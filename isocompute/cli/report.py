@@ -32,7 +32,8 @@ def parse_seeds(text: str) -> tuple[int, ...]:
     except ValueError:
         raise InputError(f"--seeds must be a count (e.g. 3) or a comma list (e.g. 0,5,7); got {text!r}.") from None
     if not seeds or len(set(seeds)) != len(seeds):
-        raise InputError(f"--seeds must name at least one distinct seed; got {text!r}.")
+        raise InputError(f"--seeds must name at least one distinct seed; got {text!r} (a single number is a count: "
+                         "--seeds 1 runs seed 0; for one specific seed write it with a comma, e.g. --seeds 7,).")
     return seeds
 
 
