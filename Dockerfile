@@ -15,8 +15,8 @@
 # Your own policy and checkpoint, mounted read-only:
 #   docker run --rm -p 8000:8000 -v $PWD/runs/gsm8k:/models:ro \
 #     -e ISOCOMPUTE_POLICY_DIR=/models/policy -e ISOCOMPUTE_MODEL_DIR=/models/checkpoint isocompute
-# The container runs as uid 10001, and isocompute writes its artifact directories mode 0700: make them
-# readable first (chmod -R a+rX runs/gsm8k) or run as their owner (docker run --user "$(id -u)" ...).
+# The container runs as uid 10001; isocompute writes artifact directories mode 0755, but with a strict
+# umask make them readable first (chmod -R a+rX runs/gsm8k) or run as their owner (--user "$(id -u)").
 #
 # Secrets are never baked in. API keys are stored hashed in a JSON file (format in isocompute.app.auth)
 # that you mount at run time:
