@@ -1,4 +1,5 @@
-"""The chunk-cache fast path of PromptFeatures.transform equals the reference features bit for bit."""
+"""PromptFeatures.transform's fast paths (one prompt; a batch through the chunk cache) equal the reference
+features bit for bit."""
 
 import json
 from concurrent.futures import ThreadPoolExecutor
@@ -182,3 +183,21 @@ def test_real_prompts_equal_reference():
     assert np.array_equal(f.transform(prompts), ref)  # warm
     for i in range(0, len(prompts), 7):
         assert np.array_equal(f.transform([prompts[i]])[0], ref[i])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2**40), max_size=300, unique=True), min_size=1, max_size=5))
+def test_int_map_agrees_with_a_dict(batches):
+    """The vectorised open-addressing map (it grows from 16 slots here) against a plain dict."""
+    from isocompute.policy.chunk_cache import _IntMap
+
+    table, ref = _IntMap(16), {}
+    for keys in batches:
+        k = np.array(keys, dtype=np.int64)
+        got = table.get(k)
+        assert got.tolist() == [ref.get(x, -1) for x in keys]
+        new = np.array([x for x in keys if x not in ref], dtype=np.int64)
+        table.put(new, new % 97)
+        ref.update((x, x % 97) for x in new.tolist())
+        assert table.get(k).tolist() == [ref[x] for x in keys]
+        assert table.n == len(ref) and 2 * table.n <= table.keys.size

@@ -1,4 +1,4 @@
-"""The fast path of :meth:`PromptFeatures.transform`: a cache of whitespace chunks, equal to the reference.
+"""The batch path of :meth:`PromptFeatures.transform`: a cache of whitespace chunks, equal to the reference.
 
 Why it is exact. Every quantity of the ``prompt-text`` feature set is a sum or a maximum over pieces that
 never cross whitespace: tokens (no branch of the tokenizer matches whitespace), numbers, and the counted
@@ -9,7 +9,7 @@ chunk's share is computed once and cached:
 * hand counts (tokens, words, numbers, digits, operators, + − ×, LaTeX commands, $, ?, question words)
   add over chunks; the longest number (integer digits) and the largest number are maxima over chunks;
 * n-grams: a chunk's unigrams and inner bigrams are cached as hash buckets; the only n-grams crossing
-  chunks are the bigrams (last token of a chunk, first token of the next), looked up per token pair;
+  chunks are the bigrams (last token of a chunk, first token of the next), cached per chunk pair;
 * the inline expression (``47 + 385 - 12``) may cross whitespace, so it is searched on the prompt text,
   but only on prompts whose chunks show a digit-operator-digit pattern inside a chunk or across one or
   two boundaries (flags cached per chunk): the other prompts cannot contain one.
@@ -19,13 +19,17 @@ Worked example: ``"What is 47 + 385 - 12?"`` → chunks ``What | is | 47 | + | 3
 ``00 ?``; the crossing bigrams are ``what is``, ``is 00``, ``00 +``, …, ``- 00``; ``47`` ends with a
 digit, ``+`` is a lone operator and ``385`` starts with a digit, so this prompt is searched.
 
-Per batch the Python-level work is one dict lookup per chunk and one per crossing bigram (C-level
-``map``), plus the misses; the rest is numpy over flat arrays. The n-gram matrix is built with the
-reference's arithmetic (counts, then l2 normalisation in sorted bucket order), so its product with the
-SVD components is the reference's bit for bit (tests compare both on arbitrary text).
+Per batch the Python-level work is one dict lookup per chunk (C-level ``map``); new chunks are
+described together (one regex pass over all of them) and the rest is numpy over flat arrays. The n-gram
+matrix is built with the reference's arithmetic (counts, then l2 normalisation in sorted bucket order),
+so its product with the SVD components is the reference's bit for bit (tests compare both on arbitrary
+text). Prompts never seen cost about what the reference costs; seen chunks 3-4x less.
 
 Memory is bounded: once the table holds ``max_chunks`` chunks it starts afresh before the next batch.
-Ignores: parallelism (a lock serialises the cache; a transform holds it for microseconds per prompt).
+One prompt alone takes :meth:`ChunkTable.one` instead: the tokenizer over the prompt, then the same
+per-token tables (numpy's per-call overhead would dominate the chunk path for one row).
+
+Ignores: parallelism (a lock serialises the cache).
 """
 
 from __future__ import annotations
@@ -33,8 +37,7 @@ from __future__ import annotations
 import math
 import re
 import threading
-from itertools import chain, compress, repeat
-from operator import itemgetter
+from itertools import compress, repeat
 from typing import Any
 
 import numpy as np
@@ -62,11 +65,8 @@ _EXPR_COLS = [HAND_FEATURES.index(c) for c in ("expr_operands", "expr_carries", 
                                                  "expr_negative")]
 _MAXDIG_COL = HAND_FEATURES.index("max_number_digits")
 _CHARS_COL = HAND_FEATURES.index("chars")
-# A chunk record: (counts, most integer digits, largest number, expression flags, n-gram buckets, first
-# token id, last token id); a pair record: (chunk row, crossing bucket).
-_COUNTS_OF, _MAXDIG_OF, _MAXVAL_OF, _FLAGS_OF, _GRAMS_OF, _FIRST_OF, _LAST_OF = (itemgetter(j) for j in range(7))
-_NUMBERS = COUNTS.index("numbers")
 _LOG_COL = HAND_FEATURES.index("log10_max_number")
+_NUMBERS, _DIGITS = COUNTS.index("numbers"), COUNTS.index("digits")
 
 # Expression flags of a chunk (bits). An expression needs digit [ \t]* op [ \t]* digit somewhere: inside
 # one chunk, or with whitespace before the operator, after it, or both (then the operator is a chunk).
@@ -75,7 +75,7 @@ _EXPR_OPS = frozenset("-+*×")
 _DIGIT = re.compile(r"\d")  # the tokenizer's notion of a digit (Unicode Nd)
 _SEP = " \x00 "  # joins a batch; a batch with a whitespace-delimited NUL of its own takes the reference
 _SEP_CHUNK = "\x00"
-_NO_CROSS, _UNDERSCORES = -1, -2  # pair crossings: none (a prompt starts), or past a token-less chunk
+_OPERATOR_CHARS = frozenset("+-*/^=<>×÷·−")  # the characters of features._OPERATOR
 
 
 def _is_digit(ch: str) -> bool:
@@ -97,10 +97,6 @@ def _expression_flags(c: str) -> int:
     if len(c) >= 2 and c[0] in _EXPR_OPS and _is_digit(c[1]):
         f |= _STARTS_OPD
     return f
-
-
-_OPERATOR_CHARS = frozenset("+-*/^=<>×÷·−")  # the characters of features._OPERATOR
-_DIGITS = COUNTS.index("digits")
 
 
 def _token_counts(t: str) -> tuple[int, ...]:
@@ -131,17 +127,12 @@ class _Memo(dict):
         return v
 
 
-_NO_COUNTS = (0,) * len(COUNTS)
-
-
-def _describe(c: str, token_counts: Any = _token_counts) -> tuple[list[str], tuple[int, ...], int, float, int]:
+def _describe(c: str) -> tuple[list[str], tuple[int, ...], int, float, int]:
     """(tokens, counts in COUNTS order, most integer digits, largest number, expression flags) of a chunk:
-    the reference's formulas (features._hand_row) applied to the chunk. ``token_counts``: a memo of
-    :func:`_token_counts`."""
+    the reference's formulas (features._hand_row) applied to the chunk, one chunk at a time (the table
+    describes new chunks in bulk; this is its check, and its path for chunks holding a NUL)."""
     toks = _TOKEN.findall(c.lower().translate(_SHAPE))
-    if not toks:
-        return toks, _NO_COUNTS, 0, 0.0, 0
-    counts = token_counts(toks[0]) if len(toks) == 1 else tuple(map(sum, zip(*map(token_counts, toks), strict=True)))
+    counts = tuple(map(sum, zip(*map(_token_counts, toks), strict=True))) if toks else (0,) * len(COUNTS)
     max_digits, max_value = 0, 0.0  # numbers are unsigned: 0 is a neutral start for both maxima
     if counts[_NUMBERS]:
         nums = _NUMBER.findall(c)
@@ -169,13 +160,64 @@ class _Grow:
         self.n = need
 
 
+class _IntMap:
+    """A map from non-negative int64 keys to int64 values with vectorised lookups: open addressing with
+    linear probing in two numpy arrays, so a batch of keys costs a few numpy passes rather than a dict
+    lookup each (~100 ns). Kept at most half full."""
+
+    def __init__(self, capacity: int = 1 << 12) -> None:
+        self.keys = np.full(capacity, -1, dtype=np.int64)
+        self.values = np.zeros(capacity, dtype=np.int64)
+        self.n = 0
+
+    def _home(self, k: np.ndarray) -> np.ndarray:
+        # Fibonacci hashing: the top bits of k·2^64/φ (mod 2^64) spread consecutive ids over the table
+        bits = self.keys.size.bit_length() - 1
+        return ((k.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(64 - bits)).astype(np.intp)
+
+    def get(self, k: np.ndarray) -> np.ndarray:
+        """Values of keys ``k`` (-1 where absent)."""
+        out = np.full(k.size, -1, dtype=np.int64)
+        slot, todo = self._home(k), np.arange(k.size)
+        mask = self.keys.size - 1
+        while todo.size:
+            found = self.keys[slot]
+            hit = found == k[todo]
+            out[todo[hit]] = self.values[slot[hit]]
+            more = ~hit & (found >= 0)  # an occupied slot holding another key: probe the next one
+            todo, slot = todo[more], (slot[more] + 1) & mask
+        return out
+
+    def put(self, k: np.ndarray, v: np.ndarray) -> None:
+        """Insert distinct keys ``k`` (absent so far) with values ``v``."""
+        if 2 * (self.n + k.size) > self.keys.size:
+            old_k, old_v = self.keys[self.keys >= 0], self.values[self.keys >= 0]
+            size = self.keys.size
+            while 2 * (self.n + k.size) > size:
+                size *= 2
+            self.keys, self.values, self.n = np.full(size, -1, dtype=np.int64), np.zeros(size, dtype=np.int64), 0
+            self.put(old_k, old_v)
+        mask = self.keys.size - 1
+        slot, todo = self._home(k), np.arange(k.size)
+        while todo.size:
+            free = self.keys[slot] < 0
+            # of the keys that found a free slot, the first to claim each slot takes it
+            cand = np.flatnonzero(free)
+            _, first = np.unique(slot[cand], return_index=True)
+            won = cand[first]
+            self.keys[slot[won]], self.values[slot[won]] = k[todo[won]], v[todo[won]]
+            left = np.ones(todo.size, dtype=bool)
+            left[won] = False
+            todo, slot = todo[left], (slot[left] + 1) & mask  # the rest probe on past taken slots
+        self.n += k.size
+
+
 class ChunkTable:
     """Cache of per-chunk features for one hashing width; :meth:`transform` is the batch transform.
 
     Two tables: chunks (text → its counts, maxima, expression flags, n-gram buckets, end tokens) and chunk
     pairs ((previous chunk, chunk) → the chunk's row and the bucket of the bigram crossing into it), so a
-    cached prompt costs one dict lookup per chunk. A miss is filled in plain Python (a new chunk: ~10 µs;
-    a new pair of known chunks: ~1 µs); the numpy copies the batch path reads are appended in bulk.
+    cached batch costs one dict lookup per chunk. Rows live in growing numpy arrays.
     """
 
     def __init__(self, n_features: int, *, max_chunks: int = 1 << 16) -> None:
@@ -185,38 +227,41 @@ class ChunkTable:
         self._reset()
 
     def _reset(self) -> None:
-        self._chunks: dict[str, int] = {}  # chunk text → row of _chunk_rec
-        self._chunk_rec: list[tuple] = []
-        self._pairs: dict[tuple[str, str], int] = {}  # (previous chunk, chunk) → row of _pair_rec
-        self._pair_rec: list[tuple[int, int]] = []
-        self._tokens: dict[str, int] = {}  # token → id
-        self._token_text: list[str] = []
-        self._token_pairs: dict[int, int] = {}  # (last id << 32 | first id) → bucket of "last first"
+        self._chunks: dict[str, int] = {}  # chunk text → row of the chunk arrays
         self._buckets = _Memo(self._murmur)  # n-gram → bucket (murmurhash3 costs ~1 µs a call)
-        self._token_counts = _Memo(_token_counts)
-        # numpy copies of the records for the batch path, appended by _sync
-        self._counts = _Grow((len(COUNTS),), np.int64)
+        self._tokens = _Memo(self._new_token)  # token → id
+        self._token_text: list[str] = []
+        self._token_rec: list[tuple] = []  # per token id: (its COUNTS share, bucket, integer digits, is a number)
+        self._token_pairs = _IntMap()  # (id a << 32 | id b) → bucket of "a b"
+        self._tok_counts = _Grow((len(COUNTS),), np.int64)  # _token_rec as arrays (see _sync_tokens)
+        self._tok_bucket = _Grow((), np.int64)
+        self._tok_intdig = _Grow((), np.int64)
+        self._tok_isnum = _Grow((), bool)
+        self._tok_isop = _Grow((), bool)  # one of the expression operators - + * ×
+        self._raw = _Memo(self._new_raw)  # a token as written (digits kept) → index of the two below
+        self._raw_rec: list[tuple[int, float]] = []
+        self._raw_token = _Grow((), np.int64)  # its token id (digits as 0)
+        self._raw_value = _Grow((), np.float64)  # its value if it is a number, else 0
+        self._counts = _Grow((len(COUNTS),), np.int64)  # per chunk
         self._maxdig = _Grow((), np.int64)
         self._maxval = _Grow((), np.float64)
         self._flags = _Grow((), np.uint8)
-        self._first = _Grow((), np.int64)
+        self._first = _Grow((), np.int64)  # token ids at the chunk's ends (-1: no token)
         self._last = _Grow((), np.int64)
-        self._gstart = _Grow((), np.int64)  # a chunk's unigram and inner bigram buckets in _grams
+        self._gstart = _Grow((), np.int64)  # a chunk's unigram then inner bigram buckets in _grams
         self._glen = _Grow((), np.int64)
         self._grams = _Grow((), np.int64)
-        self._pair_chunk = _Grow((), np.int64)
-        self._pair_cross = _Grow((), np.int64)
         # Row 0: the chunk that joins a batch (a real chunk too); row 1: "" (never a chunk), all zeros,
         # which stands in for the separators so that every prompt's run of rows is non-empty.
-        self._chunk_row(_SEP_CHUNK)
-        self._chunk_row("")
+        self._add_one(_SEP_CHUNK)
+        self._add_one("")
 
     def __len__(self) -> int:
         return len(self._chunks)
 
     def _full(self) -> bool:
-        return (len(self._chunks) > self.max_chunks or len(self._pairs) > 4 * self.max_chunks
-                or len(self._buckets) > 8 * self.max_chunks)
+        return (len(self._chunks) > self.max_chunks or self._token_pairs.n > 4 * self.max_chunks
+                or len(self._buckets) > 8 * self.max_chunks or len(self._raw) > 8 * self.max_chunks)
 
     # ------------------------------------------------------------------------------------------- misses
     def _murmur(self, gram: str) -> int:
@@ -225,90 +270,125 @@ class ChunkTable:
         nf = self.n_features
         return (2147483647 - (nf - 1)) % nf if h == -(2**31) else abs(h) % nf
 
-    def _token_id(self, t: str) -> int:
-        j = self._tokens.get(t)
-        if j is None:
-            j = self._tokens[t] = len(self._token_text)
-            self._token_text.append(t)
-        return j
+    def _new_token(self, t: str) -> int:
+        number = _is_digit(t[0])
+        self._token_rec.append((_token_counts(t), self._buckets[t], len(t.partition(".")[0]) if number else 0,
+                                number, t in _EXPR_OPS))
+        self._token_text.append(t)
+        return len(self._token_text) - 1
 
-    def _chunk_row(self, c: str) -> int:
-        j = self._chunks.get(c)
-        if j is None:
-            toks, counts, max_digits, max_value, flags = _describe(c, self._token_counts.__getitem__)
-            bucket = self._buckets.__getitem__
-            grams = (*map(bucket, toks), *map(bucket, map(" ".join, zip(toks, toks[1:], strict=False))))
-            first = self._token_id(toks[0]) if toks else -1
-            last = self._token_id(toks[-1]) if toks else -1
-            j = self._chunks[c] = len(self._chunk_rec)
-            self._chunk_rec.append((counts, max_digits, max_value, flags, grams, first, last))
-        return j
+    def _new_raw(self, t: str) -> int:
+        self._raw_rec.append((self._tokens[t.translate(_SHAPE)], float(t) if _is_digit(t[0]) else 0.0))
+        return len(self._raw_rec) - 1
 
-    def _pair_row(self, pair: tuple[str, str]) -> int:
-        j = self._pairs.get(pair)
-        if j is None:
-            chunks = self._chunks
-            prev, cur = chunks.get(pair[0]), chunks.get(pair[1])
-            prev = self._chunk_row(pair[0]) if prev is None else prev
-            cur = self._chunk_row(pair[1]) if cur is None else cur
-            a, b = self._chunk_rec[prev], self._chunk_rec[cur]
-            if prev == 0 or cur == 0:
-                cross = _NO_CROSS  # the pair spans two prompts of a batch
-            elif not (a[4] and b[4]):
-                cross = _UNDERSCORES
-            else:
-                key = a[6] << 32 | b[5]
-                cross = self._token_pairs.get(key)
-                if cross is None:
-                    text = self._token_text
-                    cross = self._token_pairs[key] = self._buckets[text[a[6]] + " " + text[b[5]]]
-            j = self._pairs[pair] = len(self._pair_rec)
-            self._pair_rec.append((cur, cross))
-        return j
+    def _sync_tokens(self) -> None:
+        new = self._token_rec[self._tok_bucket.n :]
+        if new:
+            self._tok_counts.extend(np.array([r[0] for r in new], dtype=np.int64).reshape(len(new), len(COUNTS)))
+            self._tok_bucket.extend(np.fromiter((r[1] for r in new), dtype=np.int64, count=len(new)))
+            self._tok_intdig.extend(np.fromiter((r[2] for r in new), dtype=np.int64, count=len(new)))
+            self._tok_isnum.extend(np.fromiter((r[3] for r in new), dtype=bool, count=len(new)))
+            self._tok_isop.extend(np.fromiter((r[4] for r in new), dtype=bool, count=len(new)))
+        raw = self._raw_rec[self._raw_token.n :]
+        if raw:
+            self._raw_token.extend(np.fromiter((r[0] for r in raw), dtype=np.int64, count=len(raw)))
+            self._raw_value.extend(np.fromiter((r[1] for r in raw), dtype=np.float64, count=len(raw)))
+
+    def _add_one(self, c: str) -> None:
+        """Add one chunk with :func:`_describe` (a chunk holding a NUL, which the bulk path cannot join)."""
+        toks, counts, max_digits, max_value, flags = _describe(c)
+        bucket = self._buckets.__getitem__
+        grams = [*map(bucket, toks), *map(bucket, map(" ".join, zip(toks, toks[1:], strict=False)))]
+        self._counts.extend(np.array([counts], dtype=np.int64))
+        self._maxdig.extend(np.array([max_digits]))
+        self._maxval.extend(np.array([max_value]))
+        self._flags.extend(np.array([flags], dtype=np.uint8))
+        self._first.extend(np.array([self._tokens[toks[0]] if toks else -1]))
+        self._last.extend(np.array([self._tokens[toks[-1]] if toks else -1]))
+        self._gstart.extend(np.array([self._grams.n]))
+        self._glen.extend(np.array([len(grams)]))
+        self._grams.extend(np.array(grams, dtype=np.int64))
+        self._chunks[c] = len(self._chunks)
+
+    def _add_chunks(self, chunks: list[str]) -> None:
+        """Describe new chunks together, straight into the numpy copies: one regex pass for the tokens
+        and one for the numbers of all of them (joined by separators), numpy for the per-chunk sums — ~10x
+        less than chunk by chunk."""
+        for c in chunks:
+            if _SEP_CHUNK in c:  # a NUL inside would read as a separator
+                self._add_one(c)
+        plain = [c for c in chunks if _SEP_CHUNK not in c]
+        if not plain:
+            return
+        m, raw = len(plain), _SEP.join(plain)
+        ids = np.fromiter(map(self._tokens.__getitem__, _TOKEN.findall(raw.lower().translate(_SHAPE))),
+                          dtype=np.int64)
+        is_sep = ids == self._tokens[_SEP_CHUNK]
+        of = np.cumsum(is_sep)[~is_sep]  # chunk of each token
+        ids = ids[~is_sep]
+        self._sync_tokens()
+        ntok = np.bincount(of, minlength=m)
+        start = np.cumsum(ntok) - ntok
+        cs = np.zeros((ids.size + 1, len(COUNTS)), dtype=np.int64)
+        np.cumsum(self._tok_counts.buf[ids], axis=0, out=cs[1:])
+        counts = cs[start + ntok] - cs[start]  # integer sums, exact, empty chunks included
+        maxdig = np.zeros(m, dtype=np.int64)
+        np.maximum.at(maxdig, of, self._tok_intdig.buf[ids])
+        maxval = np.zeros(m, dtype=np.float64)  # numbers are unsigned: 0 is neutral
+        if counts[:, _NUMBERS].any():  # the k-th number of the raw text is the k-th number token
+            values = np.fromiter(map(float, _NUMBER.findall(raw)), dtype=np.float64)
+            np.maximum.at(maxval, of[self._tok_isnum.buf[ids]], values)
+        # every expression flag needs a digit, but a lone operator
+        flags = np.array([c in _EXPR_OPS for c in plain], dtype=np.uint8) * np.uint8(_IS_OP)
+        digits = np.flatnonzero(counts[:, _DIGITS]).tolist()
+        flags[digits] = [_expression_flags(plain[k]) for k in digits]
+        # n-gram buckets, per chunk its unigrams then its inner bigrams
+        same = of[1:] == of[:-1]
+        inner = self._token_pair_buckets(ids[:-1][same], ids[1:][same])
+        ninner = np.maximum(ntok - 1, 0)
+        glen = ntok + ninner
+        gstart = np.cumsum(glen) - glen
+        grams = np.empty(int(glen.sum()), dtype=np.int64)
+        grams[gstart[of] + np.arange(ids.size) - start[of]] = self._tok_bucket.buf[ids]
+        io = of[1:][same]  # chunk of each inner bigram
+        grams[gstart[io] + ntok[io] + np.arange(io.size) - (np.cumsum(ninner) - ninner)[io]] = inner
+        first, last = np.full(m, -1, dtype=np.int64), np.full(m, -1, dtype=np.int64)
+        has = ntok > 0
+        first[has], last[has] = ids[start[has]], ids[start[has] + ntok[has] - 1]
+        self._counts.extend(counts)
+        self._maxdig.extend(maxdig)
+        self._maxval.extend(maxval)
+        self._flags.extend(flags)
+        self._first.extend(first)
+        self._last.extend(last)
+        self._gstart.extend(self._grams.n + gstart)
+        self._glen.extend(glen)
+        self._grams.extend(grams)
+        base = len(self._chunks)
+        self._chunks.update(zip(plain, range(base, base + m), strict=True))
 
     def _token_pair_buckets(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Bucket of the bigram "token a, token b" for token-id arrays a, b."""
-        keys = ((a << 32) | b).tolist()
-        out = np.fromiter(map(self._token_pairs.get, keys, repeat(-1)), dtype=np.int64, count=len(keys))
-        text = self._token_text
-        for i in np.flatnonzero(out < 0).tolist():
-            k = keys[i]
-            j = self._token_pairs.get(k)
-            if j is None:
-                j = self._token_pairs[k] = self._buckets[text[k >> 32] + " " + text[k & 0xFFFFFFFF]]
-            out[i] = j
+        keys = (a << 32) | b
+        out = self._token_pairs.get(keys)
+        miss = np.flatnonzero(out < 0)
+        if miss.size:
+            new, where = np.unique(keys[miss], return_inverse=True)
+            text = self._token_text
+            buckets = np.fromiter((self._buckets[text[k >> 32] + " " + text[k & 0xFFFFFFFF]] for k in new.tolist()),
+                                  dtype=np.int64, count=new.size)
+            self._token_pairs.put(new, buckets)
+            out[miss] = buckets[where]
         return out
 
-    def _sync(self) -> None:
-        """Append the records added since the last call to the numpy copies."""
-        new = self._chunk_rec[self._counts.n :]
-        if new:
-            self._counts.extend(np.array(list(map(_COUNTS_OF, new)), dtype=np.int64).reshape(len(new), len(COUNTS)))
-            self._maxdig.extend(np.fromiter(map(_MAXDIG_OF, new), dtype=np.int64, count=len(new)))
-            self._maxval.extend(np.fromiter(map(_MAXVAL_OF, new), dtype=np.float64, count=len(new)))
-            self._flags.extend(np.fromiter(map(_FLAGS_OF, new), dtype=np.uint8, count=len(new)))
-            self._first.extend(np.fromiter(map(_FIRST_OF, new), dtype=np.int64, count=len(new)))
-            self._last.extend(np.fromiter(map(_LAST_OF, new), dtype=np.int64, count=len(new)))
-            glen = np.fromiter(map(len, map(_GRAMS_OF, new)), dtype=np.int64, count=len(new))
-            self._gstart.extend(self._grams.n + np.cumsum(glen) - glen)
-            self._glen.extend(glen)
-            self._grams.extend(np.fromiter(chain.from_iterable(map(_GRAMS_OF, new)), dtype=np.int64,
-                                           count=int(glen.sum())))
-        new_pairs = self._pair_rec[self._pair_chunk.n :]
-        if new_pairs:
-            cur, cross = np.array(new_pairs, dtype=np.int64).reshape(len(new_pairs), 2).T
-            self._pair_chunk.extend(cur)
-            self._pair_cross.extend(cross)
-
-    def _pair_ids(self, flat: list[str]) -> np.ndarray:
-        pid = np.fromiter(map(self._pairs.get, zip(chain((_SEP_CHUNK,), flat), flat, strict=False), repeat(-1)),
-                          dtype=np.intp, count=len(flat))
-        miss = np.flatnonzero(pid < 0)
+    def _chunk_ids(self, flat: list[str]) -> np.ndarray:
+        cid = np.fromiter(map(self._chunks.get, flat, repeat(-1)), dtype=np.intp, count=len(flat))
+        miss = np.flatnonzero(cid < 0)
         if miss.size:
-            missing = list(compress(zip(chain((_SEP_CHUNK,), flat), flat, strict=False), (pid < 0).tolist()))
-            pid[miss] = list(map(self._pair_row, missing))
-        self._sync()
-        return pid
+            missing = list(compress(flat, (cid < 0).tolist()))
+            self._add_chunks(list(dict.fromkeys(missing)))
+            cid[miss] = np.fromiter(map(self._chunks.__getitem__, missing), dtype=np.intp, count=len(missing))
+        return cid
 
     # ------------------------------------------------------------------------------------------- batch
     def features(self, texts: list[str], ngrams: bool = True) -> tuple[np.ndarray, Any]:
@@ -325,68 +405,12 @@ class ChunkTable:
     def transform(self, texts: list[str], components_t: np.ndarray | None) -> np.ndarray:
         """``[hand | counts @ components_t]`` (just the hand block when ``components_t`` is None): what
         :meth:`PromptFeatures.transform` returns, bit for bit."""
-        if len(texts) == 1:
-            row = self._single(texts[0], components_t)
-            if row is not None:
-                return row
+        import scipy.sparse as sp
+
         hand, parts = self._batch(texts, components_t is not None)
         if parts is None:
             return hand
-        import scipy.sparse as sp
-
         return np.hstack([hand, sp.csr_array(parts, shape=(len(texts), self.n_features)) @ components_t])
-
-    def _single(self, text: str, components_t: np.ndarray | None) -> np.ndarray | None:
-        """One prompt in plain Python (numpy per-call overhead would dominate), or None for the batch path
-        (a NUL or an underscores-only chunk)."""
-        flat = text.split()
-        with self._lock:
-            if self._full():
-                self._reset()
-            pids = list(map(self._pairs.get, zip(chain((_SEP_CHUNK,), flat), flat, strict=False)))
-            if None in pids:
-                keys = list(zip(chain((_SEP_CHUNK,), flat), flat, strict=False))
-                pids = [self._pair_row(keys[i]) if j is None else j for i, j in enumerate(pids)]
-            crows, crosses = zip(*map(self._pair_rec.__getitem__, pids), strict=True) if pids else ((), ())
-            recs = list(map(self._chunk_rec.__getitem__, crows))
-        if 0 in crows or _UNDERSCORES in crosses:
-            return None
-        row = [0.0] * len(HAND_FEATURES)
-        row[_CHARS_COL] = len(text)
-        if recs:
-            sums = list(map(sum, zip(*map(_COUNTS_OF, recs), strict=True)))
-            for j, v in zip(_COL, sums, strict=True):
-                row[j] = v
-            if sums[_NUMBERS]:
-                md = row[_MAXDIG_COL] = max(map(_MAXDIG_OF, recs))
-                # beyond float precision the digit count *is* the log magnitude (as in the reference)
-                row[_LOG_COL] = math.log10(1.0 + max(map(_MAXVAL_OF, recs))) if md <= 15 else float(md)
-            # searching one prompt costs less than checking its chunks' flags in Python
-            for j, v in zip(_EXPR_COLS, expression_features(text), strict=True):
-                row[j] = v
-        hand = np.array([row], dtype=np.float64)
-        if components_t is None:
-            return hand
-        grams = list(chain.from_iterable(map(_GRAMS_OF, recs)))
-        grams.extend(x for x in crosses if x >= 0)
-        if not grams:
-            return np.hstack([hand, np.zeros((1, components_t.shape[1]))])
-        g = np.array(grams)
-        g.sort()
-        first = np.empty(g.size, dtype=bool)
-        first[0] = True
-        np.not_equal(g[1:], g[:-1], out=first[1:])
-        start = np.flatnonzero(first)
-        counts = np.empty_like(start)
-        counts[:-1] = start[1:] - start[:-1]
-        counts[-1] = g.size - start[-1]
-        # integer counts: their squares sum exactly in any order, as the reference's bincount does
-        data = counts.astype(np.float64)
-        data /= math.sqrt(float(counts @ counts))
-        # Summing down axis 0 of a C-ordered array adds row after row (numpy pairs up sums only along the
-        # fast axis), which is csr_matvecs' order: the reference's product, bit for bit.
-        proj = (components_t[g[start]] * data[:, None]).sum(axis=0, keepdims=True)
-        return np.hstack([hand, proj])
 
     def _batch(self, texts: list[str], ngrams: bool) -> tuple[np.ndarray, Any]:
         n = len(texts)
@@ -399,8 +423,7 @@ class ChunkTable:
         with self._lock:
             if self._full():
                 self._reset()
-            pid = self._pair_ids(flat)
-            cid = self._pair_chunk.buf[pid]
+            cid = self._chunk_ids(flat)
             is_sep = cid == 0
             seps = np.flatnonzero(is_sep)
             if seps.size != n:  # a prompt has a whitespace-delimited NUL of its own (never in practice)
@@ -410,27 +433,72 @@ class ChunkTable:
             maxdig = self._maxdig.buf[cid]
             maxval = self._maxval.buf[cid]
             flags = self._flags.buf[cid]
+            row = np.cumsum(is_sep) - 1
             if ngrams:
-                cross = self._pair_cross.buf[pid]
                 glen = self._glen.buf[cid]
                 ends = np.cumsum(glen)
                 inner = self._grams.buf[np.repeat(self._gstart.buf[cid] - ends + glen, glen) + np.arange(ends[-1])]
-                underscores = bool((cross == _UNDERSCORES).any())
-                if underscores:  # a chunk without tokens: bigrams cross it, token pair by token pair
-                    keep = glen > 0
-                    ck, rk = cid[keep], np.cumsum(is_sep)[keep]
-                    same = rk[1:] == rk[:-1]
-                    cross = self._token_pair_buckets(self._last.buf[ck[:-1][same]], self._first.buf[ck[1:][same]])
-                    cross_rows = rk[1:][same] - 1
-        row = np.cumsum(is_sep) - 1
+                # bigrams crossing from the last token of a chunk to the first of the next chunk with tokens
+                # (the separators and underscores-only chunks have none) of the same prompt
+                keep = glen > 0
+                ck, rk = cid[keep], row[keep]
+                same = rk[1:] == rk[:-1]
+                cross = self._token_pair_buckets(self._last.buf[ck[:-1][same]], self._first.buf[ck[1:][same]])
+                cross_rows = rk[1:][same]
         hand = _hand(texts, seps, row, counts, maxdig, maxval, flags)
         if not ngrams:
             return hand, None
-        if not underscores:
-            has_cross = cross >= 0
-            cross_rows, cross = row[has_cross], cross[has_cross]
         return hand, self._csr_parts(n, np.concatenate([np.repeat(row, glen), cross_rows]),
-                                  np.concatenate([inner, cross]))
+                                     np.concatenate([inner, cross]))
+
+    def one(self, text: str, components_t: np.ndarray | None) -> np.ndarray:
+        """Features of one prompt, shape (1, d). Numpy's per-call overhead would dominate the chunk path
+        for one prompt, so this is the reference's one pass of the tokenizer, with each token's facts
+        (COUNTS share, bucket, digits) from the token table, its bigrams' buckets from the token-pair map
+        and the projection on the prompt's distinct buckets (no sparse matrix to build)."""
+        # Tokens as written (digits kept: the tokenizer splits digits the same either way), so their
+        # values come from the table too; each maps to its token with digits as 0, the reference's.
+        raw = _TOKEN.findall(text.lower())
+        with self._lock:
+            if self._full():
+                self._reset()
+            rid = np.fromiter(map(self._raw.__getitem__, raw), dtype=np.int64, count=len(raw))
+            self._sync_tokens()
+            ids = self._raw_token.buf[rid]
+            counts = self._tok_counts.buf[ids].sum(axis=0)
+            if components_t is not None and ids.size:
+                grams = np.concatenate([self._tok_bucket.buf[ids], self._token_pair_buckets(ids[:-1], ids[1:])])
+            hand = np.zeros((1, len(HAND_FEATURES)))
+            if counts[_NUMBERS]:
+                d = hand[0, _MAXDIG_COL] = self._tok_intdig.buf[ids].max()
+                # beyond float precision the digit count *is* the log magnitude (as in the reference)
+                hand[0, _LOG_COL] = math.log10(1.0 + self._raw_value.buf[rid].max()) if d <= 15 else float(d)
+                # an expression is a number, an operator and a number in a row, as tokens; else skip the search
+                num, op = self._tok_isnum.buf[ids], self._tok_isop.buf[ids]
+                expr = counts[_NUMBERS] >= 2 and bool((num[:-2] & op[1:-1] & num[2:]).any())
+            else:
+                expr = False
+        hand[0, _CHARS_COL] = len(text)
+        hand[0, _COL] = counts
+        if expr:
+            hand[0, _EXPR_COLS] = expression_features(text)
+        if components_t is None:
+            return hand
+        if not ids.size:
+            return np.hstack([hand, np.zeros((1, components_t.shape[1]))])
+        grams.sort()
+        first = np.empty(grams.size, dtype=bool)
+        first[0] = True
+        np.not_equal(grams[1:], grams[:-1], out=first[1:])
+        start = np.flatnonzero(first)
+        counts = np.empty_like(start)
+        counts[:-1] = start[1:] - start[:-1]
+        counts[-1] = grams.size - start[-1]
+        # integer counts: their squares sum exactly in any order, as the reference's bincount does
+        data = counts.astype(np.float64) / math.sqrt(float(counts @ counts))
+        # Summing down axis 0 of a C-ordered array adds row after row (numpy pairs sums up only along the
+        # fast axis): csr_matvecs' order over sorted buckets, so the reference's product bit for bit.
+        return np.hstack([hand, (components_t[grams[start]] * data[:, None]).sum(axis=0, keepdims=True)])
 
     def _csr_parts(self, n: int, rows: np.ndarray, buckets: np.ndarray) -> tuple[np.ndarray, ...]:
         """(data, indices, indptr) of the counts of (row, bucket) pairs, l2-normalised per row, with the

@@ -317,11 +317,14 @@ class PromptFeatures:
     def transform(self, prompts: Sequence[str]) -> np.ndarray:
         """Feature matrix ``(len(prompts), len(feature_names_))``, float64. Pure.
 
-        Computed through a cache of whitespace chunks (:mod:`isocompute.policy.chunk_cache`), equal bit
-        for bit to :func:`hand_features` and ``hashed_matrix(...) @ components_.T``."""
+        Equal bit for bit to :func:`hand_features` and ``hashed_matrix(...) @ components_.T``, computed
+        through a cache of whitespace chunks and tokens (:mod:`isocompute.policy.chunk_cache`)."""
         self._check_fitted()
         _check_prompts(prompts)
-        return self._table.transform(list(prompts), self._components_t if self.n_components_ else None)
+        comp = self._components_t if self.n_components_ else None
+        if len(prompts) == 1:
+            return self._table.one(prompts[0], comp)
+        return self._table.transform(list(prompts), comp)
 
     def fit_transform(self, prompts: Sequence[str]) -> np.ndarray:
         return self.fit(prompts).transform(prompts)
