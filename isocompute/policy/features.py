@@ -263,6 +263,17 @@ def _chunk_table(n_features: int) -> Any:
     return ChunkTable(n_features)
 
 
+def _fit_extras(extras: tuple[str, ...], n_components: int, seed: int, prompts: Sequence[str]) -> list[Any]:
+    if not extras:
+        return []
+    from isocompute.policy.embedding import EMBEDDINGS, EmbeddingBlock
+
+    unknown = [e for e in extras if e not in EMBEDDINGS]
+    if unknown or len(set(extras)) != len(extras):
+        raise InputError(f"extras must be distinct names among {', '.join(EMBEDDINGS)}; you passed {list(extras)}.")
+    return [EmbeddingBlock(name, n_components=n_components, seed=seed).fit(prompts) for name in extras]
+
+
 def _check_prompts(prompts: Sequence[str]) -> None:
     if isinstance(prompts, str):
         raise InputError("prompts must be a list of strings, not one string; wrap it: [prompt].")
@@ -272,17 +283,25 @@ def _check_prompts(prompts: Sequence[str]) -> None:
 
 
 class PromptFeatures:
-    """Hand features + SVD-reduced hashed n-grams (the ``prompt-text`` feature set, version 1).
+    """Hand features + SVD-reduced hashed n-grams (the ``prompt-text`` feature set, version 2), plus
+    optional extra blocks, each with a declared cost.
 
     Parameters: ``n_components`` SVD dimensions (reduced to ``n_prompts - 1`` on tiny training sets),
-    ``n_features`` hashing buckets, ``seed`` for the randomised SVD. After ``fit``: ``components_``
-    (shape ``(n_components_, n_features)``), ``n_components_``, ``feature_names_``.
+    ``n_features`` hashing buckets, ``seed`` for the randomised SVD; ``extras``: names of extra blocks
+    appended in order (``"minilm"``: a sentence embedding, :mod:`isocompute.policy.embedding`, which
+    costs a model call per prompt) and ``extra_components`` columns each. After ``fit``:
+    ``components_`` (shape ``(n_components_, n_features)``), ``n_components_``, ``extras_`` (the fitted
+    blocks), ``feature_names_``. A policy whose features have extras must add
+    :meth:`feature_cost_per_prompt` to every action's cost: each request pays for them.
     """
 
-    def __init__(self, *, n_components: int = 16, n_features: int = 1 << 13, seed: int = 0) -> None:
+    def __init__(self, *, n_components: int = 16, n_features: int = 1 << 13, seed: int = 0,
+                 extras: Sequence[str] = (), extra_components: int = 8) -> None:
         self.n_components = n_components
         self.n_features = n_features
         self.seed = seed
+        self.extras = tuple(extras)
+        self.extra_components = extra_components
 
     # ------------------------------------------------------------------------------------------ fitting
     def fit(self, prompts: Sequence[str]) -> PromptFeatures:
@@ -306,8 +325,45 @@ class PromptFeatures:
         self.n_components_ = int(self.components_.shape[0])
         self._components_t = np.ascontiguousarray(self.components_.T)
         self._table = _chunk_table(self.n_features)
-        self.feature_names_ = list(HAND_FEATURES) + [f"svd_{j}" for j in range(self.n_components_)]
+        self.extras_ = _fit_extras(self.extras, self.extra_components, self.seed, prompts)
+        self.feature_names_ = self._names()
         return self
+
+    def _names(self) -> list[str]:
+        return (list(HAND_FEATURES) + [f"svd_{j}" for j in range(self.n_components_)]
+                + [name for block in self.extras_ for name in block.feature_names_])
+
+    # ------------------------------------------------------------------------------------ extra blocks
+    @property
+    def extra_flops_per_prompt_(self) -> float:
+        """Declared FLOPs per prompt of the extra blocks: their mean over the training prompts (0 without)."""
+        self._check_fitted()
+        return float(sum(block.flops_per_prompt_ for block in self.extras_))
+
+    def extra_flops(self, prompts: Sequence[str]) -> np.ndarray:
+        """FLOPs per prompt of computing the extra blocks for these prompts (zeros without extras)."""
+        self._check_fitted()
+        out = np.zeros(len(prompts))
+        for block in self.extras_:
+            out += block.flops(prompts)
+        return out
+
+    def feature_cost_per_prompt(self, cost_unit: str, sample_flops: Any = None) -> float:
+        """What every request pays for the extra blocks, in a policy's cost unit: 0 without extras; in
+        ``flops`` :attr:`extra_flops_per_prompt_`; in ``samples`` that over one sample's mean FLOPs
+        (``sample_flops``: one sample's FLOPs per training prompt on the served model, e.g. the
+        ``flops`` cost table's k = 1 column). Example: minilm, 2.1e8 FLOPs, against 6.8e7 per sample → 3.1."""
+        flops = self.extra_flops_per_prompt_
+        if flops == 0 or cost_unit == "flops":
+            return flops
+        if cost_unit != "samples":
+            raise InputError(f"unknown cost unit {cost_unit!r}; use samples or flops.")
+        if sample_flops is None:
+            raise InputError("the extra features' cost in samples needs one sample's FLOPs on the served model "
+                             "(sample_flops=, e.g. the flops cost table's k = 1 column of the training prompts).")
+        from isocompute.policy.embedding import cost_in_samples
+
+        return cost_in_samples(flops, sample_flops)
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "components_"):
@@ -322,9 +378,10 @@ class PromptFeatures:
         self._check_fitted()
         _check_prompts(prompts)
         comp = self._components_t if self.n_components_ else None
-        if len(prompts) == 1:
-            return self._table.one(prompts[0], comp)
-        return self._table.transform(list(prompts), comp)
+        X = self._table.one(prompts[0], comp) if len(prompts) == 1 else self._table.transform(list(prompts), comp)
+        if self.extras_:
+            X = np.hstack([X, *(block.transform(prompts) for block in self.extras_)])
+        return X
 
     def fit_transform(self, prompts: Sequence[str]) -> np.ndarray:
         return self.fit(prompts).transform(prompts)
@@ -336,18 +393,21 @@ class PromptFeatures:
         return {
             "name": FEATURE_SET,
             "version": FEATURE_VERSION,
-            "params": {"n_components": self.n_components, "n_features": self.n_features, "seed": self.seed},
+            "params": {"n_components": self.n_components, "n_features": self.n_features, "seed": self.seed,
+                       "extras": list(self.extras), "extra_components": self.extra_components},
             "n_components_": self.n_components_,
             "feature_names": self.feature_names_,
             "ngrams": "unigrams+bigrams of lower-cased regex tokens, numbers as <numD>",
             "hashing": "sklearn HashingVectorizer(alternate_sign=False, norm='l2'), murmurhash3 seed 0",
-            "extras": [],
+            "extras": [block.config() for block in self.extras_],
         }
 
     def save(self, directory: str | Path, stem: str = "features") -> None:
         d = Path(directory)
         (d / f"{stem}.json").write_text(json.dumps(self.config(), indent=2) + "\n")
         np.savez(d / f"{stem}_svd.npz", components=self.components_)
+        for block in self.extras_:
+            block.save(d, stem)
 
     @classmethod
     def load(cls, directory: str | Path, stem: str = "features") -> PromptFeatures:
@@ -373,7 +433,10 @@ class PromptFeatures:
         obj.n_components_ = int(components.shape[0])
         obj._components_t = np.ascontiguousarray(components.T)
         obj._table = _chunk_table(obj.n_features)
-        obj.feature_names_ = list(HAND_FEATURES) + [f"svd_{j}" for j in range(obj.n_components_)]
+        from isocompute.policy.embedding import EmbeddingBlock
+
+        obj.extras_ = [EmbeddingBlock.load(d, stem, block) for block in cfg.get("extras", [])]
+        obj.feature_names_ = obj._names()
         if list(cfg["feature_names"]) != obj.feature_names_:
             raise ArtifactError(f"{d}: the stored feature names differ from what this isocompute computes for "
                                 f"{FEATURE_SET!r} version {FEATURE_VERSION}; re-fit the policy (`isocompute fit`).")
