@@ -2,16 +2,26 @@
 cumulative rollouts (pilot and discarded rollouts included) and against FLOPs, several seeds.
 
 Every method trains the same base model with plain GRPO advantages (objective ``mean``), the same group
-size n and B_p, until the same cumulative rollout budget is spent; held-out accuracy is measured
-every ``--eval-every`` steps (mean correctness of ``--eval-n`` samples per held-out problem at temperature
-1). The named baseline is uniform GRPO: the script prints, per seed, the
-rollouts each method needed to first reach the target accuracy and the ratio uniform / method (> 1:
-fewer rollouts). Crossings are read on curves smoothed by a centred 3-point moving average. The target is
-``--target`` or, by default, the start accuracy plus half of uniform GRPO's mean gain at its smoothed end
-(so uniform reaches it mid-run); when uniform gains nothing, half of the best method's gain.
+size n, B_p and learning rate, from the same training problems and seed, until the same cumulative
+rollout budget is spent. The held-out problems and the evaluation's sampling seed are the same for every
+method and seed (common random numbers), so runs differ only by their training. Two held-out metrics:
 
-    .venv/bin/python bench/bench_grpo_allocation.py --base runs/tiny-sft --seeds 0,1,2 \\
-        --budget 6000 --json bench/results/grpo_allocation.json --plot bench/results/grpo_allocation.png
+* ``ref`` (the curves, every ``--eval-every`` steps): the exact probability that a temperature-1 sample
+  is the reference solution, averaged over ``--eval-problems`` problems — one forward pass per problem,
+  no sampling noise. It is a lower bound of the expected accuracy that follows it closely for the tiny
+  model (its correct answers almost all follow the reference; see the sampled check below).
+* ``accuracy`` (the check, at the start and the end; every ``--sample-every`` steps if set): mean
+  correctness of ``--eval-n`` samples at temperature 1 on the first ``--sample-problems`` problems.
+  With 16 samples on 128 problems its standard error is about 0.008, as large as the differences the
+  crossing times depend on — why the curves use ``ref``.
+
+The named baseline is uniform GRPO. Per seed the script prints the rollouts (and FLOPs) each method
+needed to first reach the target on its curve smoothed by a centred 3-point moving average, and the
+ratio uniform / method (> 1: fewer rollouts). The target is ``--target`` or, by default, the start value
+plus half of uniform GRPO's mean smoothed gain at the end of the budget (so uniform reaches it mid-run).
+
+    .venv/bin/python bench/bench_grpo_allocation.py --base runs/tiny-sft --seeds 0,1,2 --threads 1 \\
+        --json bench/results/grpo_allocation.json --plot docs/grpo-allocation.png
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -26,9 +37,20 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_grpo_common import crossing, held_out, parse_mix, run_curve, smooth  # noqa: E402
 
-from isocompute.training.grpo import AlignedGRPOConfig  # noqa: E402
+from isocompute.training.grpo import AlignedGRPOConfig, load_base  # noqa: E402
 
 METHODS = ("uniform", "pilot-commit", "dynamic")
+
+
+def flop_split(ledger: dict) -> dict[str, float]:
+    """Rollout / update FLOPs and ρ = F_update / F_total in the analytic count and the RACE convention."""
+    out = {}
+    for conv in ("analytic", "race"):
+        d = ledger[conv]
+        total = d["rollout"] + d["update"] + d["reward"]
+        out.update({f"{conv}_rollout": d["rollout"], f"{conv}_update": d["update"],
+                    f"{conv}_rho": d["update"] / total if total else float("nan")})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,27 +58,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base", default="runs/tiny-sft", help="model directory, or none for the random tiny model")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--budget", type=float, default=6000, help="cumulative rollouts per run")
+    ap.add_argument("--budget", type=float, default=4800, help="cumulative rollouts per run")
     ap.add_argument("--n", type=int, default=8, help="group size (rollouts per prompt in an update)")
-    ap.add_argument("--prompts-per-step", type=int, default=4)
-    ap.add_argument("--pool-size", type=int, default=8, help="Pilot-Commit prompts piloted per step")
-    ap.add_argument("--n-pilot", type=int, default=4)
-    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--prompts-per-step", type=int, default=8)
+    ap.add_argument("--pool-size", type=int, default=0, help="Pilot-Commit prompts piloted per step (0: 2·B_p)")
+    ap.add_argument("--n-pilot", type=int, default=0, help="Pilot-Commit pilot rollouts per prompt (0: n // 2)")
+    ap.add_argument("--lr", type=float, default=2e-5,
+                    help="AdamW learning rate (1e-4 and above made every method lower held-out accuracy)")
     ap.add_argument("--max-completion-length", type=int, default=64)
-    ap.add_argument("--eval-problems", type=int, default=128)
-    ap.add_argument("--eval-every", type=int, default=5)
-    ap.add_argument("--eval-n", type=int, default=4, help="samples per held-out problem (temperature 1)")
-    ap.add_argument("--target", type=float, default=None, help="accuracy target (default: uniform's mean final)")
+    ap.add_argument("--eval-problems", type=int, default=256, help="held-out problems for the ref curve")
+    ap.add_argument("--eval-every", type=int, default=4, help="steps between ref measurements")
+    ap.add_argument("--eval-n", type=int, default=16, help="samples per problem for the sampled accuracy")
+    ap.add_argument("--sample-problems", type=int, default=128, help="held-out problems for the sampled accuracy")
+    ap.add_argument("--sample-every", type=int, default=0,
+                    help="steps between sampled-accuracy measurements (0: start and end only)")
+    ap.add_argument("--target", type=float, default=None,
+                    help="ref target (default: start + half of uniform's mean smoothed gain)")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--mix", type=parse_mix, default=None,
-                    help="arith difficulty weights for training and held-out problems, e.g. 1:1,2:1 (default: all)")
+    ap.add_argument("--mix", type=parse_mix, default=parse_mix("1:1,2:1,3:1"),
+                    help="arith difficulty weights for training and held-out problems (default 1:1,2:1,3:1)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)
+    ap.add_argument("--from-json", default=None,
+                    help="re-summarise (and re-plot) the runs of an earlier --json instead of training")
     args = ap.parse_args(argv)
+    if args.from_json:
+        return resummarise(args)
 
+    wall = time.monotonic()
     seeds = [int(s) for s in args.seeds.split(",")]
     methods = args.methods.split(",")
     problems = held_out(args.eval_problems, mix=args.mix)
+    base = None if args.base == "none" else args.base
+    start_acc = start_accuracy(base, problems[: args.sample_problems], args)
+    print(f"start: sampled accuracy {start_acc:.3f} ({args.eval_n} samples x {args.sample_problems} problems, "
+          "shared by every run)", flush=True)
     results: dict[str, dict[int, dict]] = {m: {} for m in methods}
     for seed in seeds:
         for method in methods:
@@ -64,65 +100,148 @@ def main(argv: list[str] | None = None) -> int:
                                     steps=10_000, lr=args.lr, max_completion_length=args.max_completion_length,
                                     seed=seed, threads=args.threads, allocation=method, n_pilot=args.n_pilot,
                                     pool_size=args.pool_size, max_rounds=2, mix=args.mix)
-            curve, _ = run_curve(cfg, base=None if args.base == "none" else args.base, problems=problems,
-                                 eval_every=args.eval_every, eval_n=args.eval_n, temperature=1.0,
-                                 stop_rollouts=args.budget, max_new_tokens=args.max_completion_length)
+            curve, _ = run_curve(cfg, base=base, problems=problems, eval_every=args.eval_every, eval_n=args.eval_n,
+                                 temperature=1.0, stop_rollouts=args.budget, max_new_tokens=args.max_completion_length,
+                                 sample_every=args.sample_every or 10**9, sample_problems=args.sample_problems,
+                                 start_accuracy=start_acc)
             last = curve.points[-1]
             # informative groups per 1,000 generated rollouts: what each method buys with its sampling
             informative = (1 - curve.zero_groups) * last["used"] / args.n / last["rollouts"] * 1000
             results[method][seed] = {"points": curve.points, "seconds": curve.seconds, "rollouts": curve.rollouts,
+                                     "ledger": curve.ledger, "flop_split": flop_split(curve.ledger),
                                      "zero_groups": curve.zero_groups, "informative_per_1k": informative}
-            print(f"seed {seed} {method:>12}: acc {curve.points[0]['accuracy']:.3f} -> {last['accuracy']:.3f} "
-                  f"after {last['rollouts']:.0f} rollouts ({last['used']:.0f} used, {curve.zero_groups:.0%} of "
-                  f"update groups all-same, {informative:.1f} informative groups per 1k rollouts), "
-                  f"{last['flops']:.3e} FLOPs, {curve.seconds:.0f} s", flush=True)
+            print(f"seed {seed} {method:>12}: ref {curve.points[0]['ref']:.4f} -> {last['ref']:.4f}, sampled "
+                  f"accuracy {start_acc:.3f} -> {last['accuracy']:.3f} after {last['rollouts']:.0f} rollouts "
+                  f"({last['step']} steps, {last['used']:.0f} used, {curve.zero_groups:.0%} of update groups "
+                  f"all-same, {informative:.1f} informative groups per 1k rollouts), {last['flops']:.3e} FLOPs, "
+                  f"{curve.seconds:.0f} s", flush=True)
 
-    def final(m: str) -> float:  # smoothed end of the curve, averaged over seeds
-        return float(np.mean([smooth(np.array([p["accuracy"] for p in r["points"]]))[-1]
-                              for r in results[m].values()]))
-
-    start = float(np.mean([r["points"][0]["accuracy"] for runs in results.values() for r in runs.values()]))
-    gain = final("uniform") - start if "uniform" in results else 0.0
-    if gain <= 0:
-        gain = max(final(m) - start for m in methods)
-    if args.target is None and gain <= 0:
-        print(f"\nno method improved on the start accuracy {start:.3f}: no target, no ratios "
-              "(try another learning rate, mix or budget).")
-        gain = float("nan")
-    target = args.target if args.target is not None else start + 0.5 * gain
-    print(f"\nstart accuracy {start:.3f}; final (smoothed, mean of seeds): "
-          + ", ".join(f"{m} {final(m):.3f}" for m in methods) + f"; target accuracy {target:.3f}")
-    summary: dict[str, dict[str, list[float]]] = {}
+    summary = summarise(results, methods, seeds, args.target)
+    print(f"\nref at start {summary['start']:.4f}; target {summary['target']:.4f}")
+    print(f"{'method':>12} | final ref (smoothed) / sampled acc per seed | rollouts to target | "
+          "ratio uniform/method: rollouts | FLOPs")
     for m in methods:
-        to_roll, to_flops = [], []
-        for seed in seeds:
-            pts = results[m][seed]["points"]
-            acc = smooth(np.array([p["accuracy"] for p in pts]))
-            to_roll.append(crossing(np.array([p["rollouts"] for p in pts]), acc, target))
-            to_flops.append(crossing(np.array([p["flops"] for p in pts]), acc, target))
-        summary[m] = {"rollouts_to_target": to_roll, "flops_to_target": to_flops}
-    base_r = np.array(summary["uniform"]["rollouts_to_target"]) if "uniform" in summary else None
-    base_f = np.array(summary["uniform"]["flops_to_target"]) if "uniform" in summary else None
-    print(f"{'method':>12} | rollouts to target per seed | ratio uniform/method (rollouts) | (FLOPs)")
-    for m in methods:
-        r, f = np.array(summary[m]["rollouts_to_target"]), np.array(summary[m]["flops_to_target"])
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio_r = base_r / r if base_r is not None else np.full_like(r, np.nan)
-            ratio_f = base_f / f if base_f is not None else np.full_like(f, np.nan)
-        summary[m].update(ratio_rollouts=ratio_r.tolist(), ratio_flops=ratio_f.tolist())
-        print(f"{m:>12} | {', '.join(f'{v:.0f}' for v in r)} | "
-              f"{', '.join(f'{v:.2f}' for v in ratio_r)} (mean of seeds {np.nanmean(ratio_r):.2f}; ratio of "
-              f"means {np.nanmean(base_r) / np.nanmean(r):.2f}) | "
-              f"{', '.join(f'{v:.2f}' for v in ratio_f)}")
+        s = summary["methods"][m]
+        print(f"{m:>12} | {', '.join(f'{a:.4f}/{b:.3f}' for a, b in zip(s['final_ref'], s['final_accuracy'], strict=True))}"
+              f" | {', '.join(f'{v:.0f}' for v in s['rollouts_to_target'])} | "
+              f"{', '.join(f'{v:.2f}' for v in s['ratio_rollouts'])} (mean {s['mean_ratio_rollouts']:.2f}, ratio of "
+              f"means {s['ratio_of_means_rollouts']:.2f}, seed-mean curve {s['mean_curve_ratio_rollouts']:.2f}) | {', '.join(f'{v:.2f}' for v in s['ratio_flops'])} "
+              f"(mean {s['mean_ratio_flops']:.2f})")
     print("NaN: the run never reached the target within the budget.")
+    for frac in (0.25, 0.75):
+        ratios = summary[f"ratio_rollouts_at_{frac:g}_gain"]
+        print(f"ratio uniform/method (rollouts) at start + {frac:g} x uniform's gain: " + "; ".join(
+            f"{m} {', '.join(f'{v:.2f}' for v in r)}" for m, r in ratios.items() if m != "uniform"))
+    one = results[methods[0]][seeds[0]]["flop_split"]
+    print(f"FLOP split, {methods[0]} seed {seeds[0]}: analytic rollout {one['analytic_rollout']:.3e} + update "
+          f"{one['analytic_update']:.3e}, rho {one['analytic_rho']:.3f}; RACE rollout {one['race_rollout']:.3e} + "
+          f"update {one['race_update']:.3e}, rho {one['race_rho']:.3f}")
+    summary["wall_seconds"] = time.monotonic() - wall
+    print(f"wall time {summary['wall_seconds']:.0f} s")
 
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"args": vars(args), "target": target, "summary": summary,
+        Path(args.json).write_text(json.dumps({"args": vars(args), "start_accuracy": start_acc, "summary": summary,
                                                "runs": results}, indent=2, default=float) + "\n")
     if args.plot:
-        plot(results, target, args.plot)
+        plot(results, summary["target"], args.plot)
     return 0
+
+
+def resummarise(args: argparse.Namespace) -> int:
+    """Recompute the summary of a saved --json (rewritten in place, keeping its wall time) and its plot."""
+    path = Path(args.from_json)
+    data = json.loads(path.read_text())
+    runs = {m: {int(k): v for k, v in r.items()} for m, r in data["runs"].items()}
+    methods, seeds = list(runs), sorted(next(iter(runs.values())))
+    summary = summarise(runs, methods, seeds, data["args"]["target"])
+    summary["wall_seconds"] = data["summary"].get("wall_seconds")
+    data["summary"] = summary
+    path.write_text(json.dumps(data, indent=2, default=float) + "\n")
+    for m in methods:
+        s = summary["methods"][m]
+        print(f"{m:>12}: rollouts to target {', '.join(f'{v:.0f}' for v in s['rollouts_to_target'])}; ratio "
+              f"{', '.join(f'{v:.2f}' for v in s['ratio_rollouts'])} (mean {s['mean_ratio_rollouts']:.2f}, "
+              f"seed-mean curve {s['mean_curve_ratio_rollouts']:.2f}); FLOPs ratio "
+              f"{', '.join(f'{v:.2f}' for v in s['ratio_flops'])}")
+    if args.plot:
+        plot(runs, summary["target"], args.plot)
+    return 0
+
+
+def start_accuracy(base: str | None, problems: list, args: argparse.Namespace) -> float:
+    """Sampled accuracy of the base model: every run starts from it, so it is measured once."""
+    import torch
+
+    from isocompute.training.evaluation import evaluate
+
+    torch.set_num_threads(args.threads)
+    model, tok = load_base(base)
+    return evaluate(model, tok, problems, n=args.eval_n, ks=(1,), temperature=1.0,
+                    max_new_tokens=args.max_completion_length, seed=0).accuracy
+
+
+def summarise(results: dict, methods: list[str], seeds: list[int], target: float | None) -> dict:
+    """Target, rollouts/FLOPs to target per seed and the uniform / method ratios (see the module docstring)."""
+
+    def final(m: str, s: int) -> float:  # smoothed end of the ref curve
+        return float(smooth(np.array([p["ref"] for p in results[m][s]["points"]]))[-1])
+
+    start = float(np.mean([r["points"][0]["ref"] for runs in results.values() for r in runs.values()]))
+    ref_method = "uniform" if "uniform" in methods else methods[0]
+    gain = float(np.mean([final(ref_method, s) for s in seeds])) - start
+    if target is None:
+        target = start + 0.5 * gain if gain > 0 else float("nan")
+    out: dict = {"start": start, "target": target, "uniform_gain": gain, "methods": {}}
+    for m in methods:
+        to_roll, to_flops = [], []
+        for s in seeds:
+            pts = results[m][s]["points"]
+            y = _curve(results[m][s])
+            to_roll.append(crossing(np.array([p["rollouts"] for p in pts], float), y, target))
+            to_flops.append(crossing(np.array([p["flops"] for p in pts], float), y, target))
+        out["methods"][m] = {"rollouts_to_target": to_roll, "flops_to_target": to_flops,
+                             "final_ref": [final(m, s) for s in seeds],
+                             "final_accuracy": [results[m][s]["points"][-1]["accuracy"] for s in seeds],
+                             "seconds": [results[m][s]["seconds"] for s in seeds]}
+    # robustness of the headline: the same ratios at a quarter and three quarters of uniform's gain
+    for frac in (0.25, 0.75):
+        t = start + frac * gain if gain > 0 else float("nan")
+        cross = {m: np.array([crossing(np.array([p["rollouts"] for p in results[m][s]["points"]], float),
+                                       _curve(results[m][s]), t) for s in seeds]) for m in methods}
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[f"ratio_rollouts_at_{frac:g}_gain"] = {m: (cross[ref_method] / cross[m]).tolist() for m in methods}
+    # the crossing of the seed-mean curve (the thick line of the plot), a steadier single number
+    for m in methods:
+        xs, ys = mean_curve(results[m], "rollouts")
+        out["methods"][m]["mean_curve_rollouts_to_target"] = crossing(xs, ys, target)
+    base_r = np.array(out["methods"][ref_method]["rollouts_to_target"])
+    base_f = np.array(out["methods"][ref_method]["flops_to_target"])
+    for m in methods:
+        s = out["methods"][m]
+        r, f = np.array(s["rollouts_to_target"]), np.array(s["flops_to_target"])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            s["ratio_rollouts"], s["ratio_flops"] = (base_r / r).tolist(), (base_f / f).tolist()
+            s["mean_ratio_rollouts"] = float(np.mean(s["ratio_rollouts"]))
+            s["mean_ratio_flops"] = float(np.mean(s["ratio_flops"]))
+            s["ratio_of_means_rollouts"] = float(np.mean(base_r) / np.mean(r))
+            s["mean_curve_ratio_rollouts"] = float(out["methods"][ref_method]["mean_curve_rollouts_to_target"]
+                                                   / s["mean_curve_rollouts_to_target"])
+    return out
+
+
+def mean_curve(runs: dict, key: str, points: int = 60) -> tuple[np.ndarray, np.ndarray]:
+    """The seeds' ref curves averaged on a common grid of ``key`` (rollouts or FLOPs), up to the shortest run."""
+    grids = [(np.array([p[key] for p in r["points"]], float), np.array([p["ref"] for p in r["points"]]))
+             for r in runs.values()]
+    xs = np.linspace(0, min(g[0][-1] for g in grids), points)
+    return xs, np.mean([np.interp(xs, gx, gy) for gx, gy in grids], axis=0)
+
+
+def _curve(run: dict) -> np.ndarray:
+    """The ref curve smoothed for crossings; the start is one shared measurement and stays as measured."""
+    raw = np.array([p["ref"] for p in run["points"]])
+    return np.concatenate([raw[:1], smooth(raw)[1:]])
 
 
 def plot(results: dict, target: float, path: str) -> None:
@@ -135,15 +254,16 @@ def plot(results: dict, target: float, path: str) -> None:
     for ax, key, label in ((axes[0], "rollouts", "cumulative rollouts (pilot and discarded included)"),
                            (axes[1], "flops", "cumulative training FLOPs (analytic)")):
         for i, (m, runs) in enumerate(results.items()):
-            for j, r in enumerate(runs.values()):
-                pts = r["points"]
-                ax.plot([p[key] for p in pts], [p["accuracy"] for p in pts], color=f"C{i}", alpha=0.8,
-                        label=m if j == 0 else None)
-        ax.axhline(target, color="grey", linestyle=":", label="target")
+            for r in runs.values():
+                ax.plot([p[key] for p in r["points"]], [p["ref"] for p in r["points"]], color=f"C{i}", alpha=0.3,
+                        linewidth=0.8)
+            ax.plot(*mean_curve(runs, key), color=f"C{i}", linewidth=2, label=f"{m} (mean of {len(runs)} seeds)")
+        if np.isfinite(target):
+            ax.axhline(target, color="grey", linestyle=":", label="target")
         ax.set_xlabel(label)
-        ax.set_ylabel("held-out accuracy (T = 1)")
+        ax.set_ylabel("held-out P(reference solution), T = 1")
         ax.legend(fontsize=8)
-    fig.suptitle("Rollout allocation on tiny arith (one line per seed)")
+    fig.suptitle("GRPO rollout allocation on tiny arith (thin: one seed; thick: mean)")
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -15,7 +15,7 @@ import numpy as np
 
 from isocompute.tasks import arith
 from isocompute.tasks.base import Problem
-from isocompute.training.evaluation import evaluate
+from isocompute.training.evaluation import evaluate, reference_probability
 from isocompute.training.grpo import AlignedGRPOConfig, load_base, make_trainer_class, problem_rows
 
 HELD_OUT_SEED = 7  # arith seed of held-out problems (training uses 2,000,000 + seed)
@@ -73,10 +73,20 @@ def crossing(x: np.ndarray, y: np.ndarray, target: float) -> float:
 def run_curve(cfg: AlignedGRPOConfig, *, base: str | None, problems: list[Problem], eval_every: int,
               stop_rollouts: float | None = None, stop_flops: float | None = None, eval_n: int = 1,
               temperature: float = 0.0, max_new_tokens: int = 64, keep_model: bool = False,
-              eval_seed: int = 0) -> tuple[Curve, Any]:
+              eval_seed: int = 0, sample_every: int | None = None, sample_problems: int | None = None,
+              start_accuracy: float | None = None) -> tuple[Curve, Any]:
     """Train per ``cfg`` (its ``steps`` is an upper bound) until the rollout or FLOP budget is spent,
-    evaluating held-out accuracy (greedy by default) at the start and every ``eval_every`` steps. The
-    evaluation's sampling seed is the same for every run, so runs differ only by their training."""
+    measuring held-out metrics at the start and every ``eval_every`` steps:
+
+    * ``ref``: the exact probability that a temperature-1 sample is the reference solution
+      (:func:`reference_probability`, no sampling noise, one forward pass per problem);
+    * ``accuracy``: mean correctness of ``eval_n`` samples per problem (greedy by default) on the first
+      ``sample_problems`` problems (all by default), at steps that are multiples of ``sample_every`` and
+      at the end (``sample_every`` None: at every measured step; elsewhere NaN). ``start_accuracy``
+      replaces the sampling at step 0, for callers that start many runs from the same base.
+
+    The evaluation's sampling seed is the same for every run (common random numbers): runs differ only by
+    their training."""
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -85,13 +95,21 @@ def run_curve(cfg: AlignedGRPOConfig, *, base: str | None, problems: list[Proble
     model, tok = load_base(base, seed=cfg.seed)
     dataset = Dataset.from_list(problem_rows(cfg.problems()))
     curve = Curve()
+    prompts = [p.prompt for p in problems]
+    references = [arith.solution_for(p) for p in problems]
+    sampled = problems[:sample_problems] if sample_problems else problems
 
-    def measure(trainer: Any, step: int) -> None:
-        res = evaluate(trainer.model, tok, problems, n=eval_n, ks=(1,), temperature=temperature,
-                       max_new_tokens=max_new_tokens, seed=eval_seed)
+    def measure(trainer: Any, step: int, last: bool = False) -> None:
+        acc = float("nan")
+        if step == 0 and start_accuracy is not None:
+            acc = start_accuracy
+        elif last or sample_every is None or step % sample_every == 0:
+            acc = evaluate(trainer.model, tok, sampled, n=eval_n, ks=(1,), temperature=temperature,
+                           max_new_tokens=max_new_tokens, seed=eval_seed).accuracy
+        ref = float(reference_probability(trainer.model, tok, prompts, references).mean())
         curve.points.append({"step": step, "rollouts": trainer.rollout_ledger.total,
                              "used": trainer.rollout_ledger.used, "flops": trainer.ledger.analytic.total,
-                             "race_flops": trainer.ledger.race.total, "accuracy": res.accuracy})
+                             "race_flops": trainer.ledger.race.total, "ref": ref, "accuracy": acc})
 
     class Recorder(TrainerCallback):
         trainer: Any = None
@@ -100,8 +118,9 @@ def run_curve(cfg: AlignedGRPOConfig, *, base: str | None, problems: list[Proble
             tr = self.trainer
             spent = (stop_rollouts is not None and tr.rollout_ledger.total >= stop_rollouts) or (
                 stop_flops is not None and tr.ledger.analytic.total >= stop_flops)
-            if state.global_step % eval_every == 0 or spent:
-                measure(tr, state.global_step)
+            last = spent or state.global_step >= state.max_steps
+            if state.global_step % eval_every == 0 or last:
+                measure(tr, state.global_step, last)
             if spent:
                 control.should_training_stop = True
             return control

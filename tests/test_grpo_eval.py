@@ -10,7 +10,7 @@ from isocompute.errors import InputError
 from isocompute.solver.estimators import majority_at_k
 from isocompute.tasks import arith
 from isocompute.training import tiny
-from isocompute.training.evaluation import EvalResult, evaluate, mean_ci
+from isocompute.training.evaluation import EvalResult, evaluate, mean_ci, reference_probability
 from isocompute.training.rewards import answer_codes
 
 
@@ -64,3 +64,42 @@ def test_sweep_run_trains_evaluates_and_resumes(tmp_path, capsys):
     assert r["eval_n"] == 3  # the evaluation's sample count does not overwrite the grid's n
     assert main(args) == 0  # resumes: nothing left to run
     assert len((tmp_path / "sw" / "runs.jsonl").read_text().splitlines()) == 1
+
+
+def _brute_reference_probability(model, tok, prompt, ref):
+    """One unpadded forward pass per reference token: the product of next-token probabilities."""
+    import torch
+
+    head = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
+    ids = tok(head, add_special_tokens=False)["input_ids"]
+    prob = 1.0
+    with torch.no_grad():
+        for y in tok(ref, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]:
+            logits = model(input_ids=torch.tensor([ids])).logits[0, -1].double()
+            prob *= float(torch.softmax(logits, -1)[y])
+            ids.append(y)
+    return prob
+
+
+def test_reference_probability_equals_token_by_token_product_and_ignores_padding():
+    model, tok = tiny.build_model(seed=3), tiny.build_tokenizer()
+    problems = arith.generate(5, seed=0, mix={1: 1.0, 3: 1.0})
+    prompts = [p.prompt for p in problems]
+    refs = [arith.solution_for(p) for p in problems]
+    refs[1] = "7"  # mixed lengths: padding must not leak into the shorter rows
+    got = reference_probability(model, tok, prompts, refs, batch_rows=3)
+    brute = [_brute_reference_probability(model, tok, q, r) for q, r in zip(prompts, refs, strict=True)]
+    np.testing.assert_allclose(np.log(got), np.log(brute), atol=1e-4)  # probabilities down to 1e-69
+    np.testing.assert_allclose(reference_probability(model, tok, prompts, refs, batch_rows=1), got, rtol=1e-5)
+    model.train()
+    reference_probability(model, tok, prompts[:1], refs[:1])
+    assert model.training
+
+
+@pytest.mark.parametrize(("prompts", "refs", "match"), [
+    (["What is 1 + 1?"], [], "one reference per prompt"),
+    ([], [], "at least one prompt"),
+])
+def test_reference_probability_errors(prompts, refs, match):
+    with pytest.raises(InputError, match=match):
+        reference_probability(tiny.build_model(seed=0), tiny.build_tokenizer(), prompts, refs)
