@@ -25,6 +25,8 @@ import functools
 import time
 from pathlib import Path
 
+import numpy as np
+
 import isocompute.policy.policy as policy_module
 from isocompute.flops import ModelFlops
 from isocompute.policy.embedding import MiniLM
@@ -37,10 +39,10 @@ from isocompute.solver.outcomes import read_outcomes
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def fit(prompts, U, C, budget_range, extras, components):
+def fit(prompts, U, C, budget_range, extras, components, seed):
     policy_module.PromptFeatures = functools.partial(PromptFeatures, extras=extras, extra_components=components)
     try:
-        cfg = PolicyConfig(learner="utility", budget_range=budget_range)
+        cfg = PolicyConfig(learner="utility", budget_range=budget_range, seed=seed)
         return Policy(cfg).fit_arrays(prompts, U, C)
     finally:
         policy_module.PromptFeatures = PromptFeatures
@@ -50,6 +52,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--table", type=Path, default=ROOT / "runs" / "demo" / "outcomes.jsonl")
     ap.add_argument("--components", type=int, default=8, help="embedding columns (PCA on the training prompts)")
+    ap.add_argument("--seeds", type=int, default=1, help="policy seeds (folds, LightGBM) to average over")
     args = ap.parse_args()
 
     table = read_outcomes(args.table)
@@ -84,12 +87,18 @@ def main() -> None:
     rows = [("free", (1.0, 16.0), 0.0)]
     if c_e is not None and 1 + c_e < 16:
         rows.append(("charged", (1.0 + c_e, 16.0), c_e))
-    print(f"\n{'':8} {'budgets':>14} {'text features':>14} {'+ minilm':>9} {'difference':>10}")
+    print(f"\nmean out-of-fold accuracy over 9 budgets, {args.seeds} seed(s) (per-seed differences in brackets)")
+    print(f"{'':8} {'budgets':>14} {'text features':>14} {'+ minilm':>9} {'difference':>10}")
     for name, rng, charge in rows:
-        plain = fit(prompts, U, C, rng, (), args.components).selection_["scores"]["utility"]
-        emb = fit(prompts, U, C + charge, rng, ("minilm",), args.components).selection_["scores"]["utility"]
-        a, b = plain["heldout_accuracy"], emb["heldout_accuracy"]
-        print(f"{name:8} {rng[0]:6.3g}…{rng[1]:<6.3g} {a:>14.4f} {b:>9.4f} {b - a:>+10.4f}")
+        diffs, acc = [], []
+        for seed in range(args.seeds):
+            plain = fit(prompts, U, C, rng, (), args.components, seed).selection_["scores"]["utility"]
+            emb = fit(prompts, U, C + charge, rng, ("minilm",), args.components, seed).selection_["scores"]["utility"]
+            acc.append((plain["heldout_accuracy"], emb["heldout_accuracy"]))
+            diffs.append(emb["heldout_accuracy"] - plain["heldout_accuracy"])
+        a, b = np.mean(acc, axis=0)
+        print(f"{name:8} {rng[0]:6.3g}…{rng[1]:<6.3g} {a:>14.4f} {b:>9.4f} {b - a:>+10.4f}  "
+              f"[{', '.join(f'{d:+.4f}' for d in diffs)}]")
     if c_e is not None and 1 + c_e >= 16:
         print(f"charged: not run — the embedding alone costs {c_e:.3g} samples, beyond the 16-sample budget")
 

@@ -22,6 +22,9 @@ the mean F over the training prompts (``flops_per_prompt_``); in samples it is t
 FLOPs on the served model (:func:`cost_in_samples`) — what a policy must add to every action's cost
 when its features use the block, since every request pays for it.
 
+Unlike the text features, the columns are not bit-stable across batches: encoding a prompt in another
+batch (another padded shape) can move them in the 7th digit (float32 products).
+
 Ignores: GPU encoding (CPU, ``threads`` torch threads), prompts past 256 wordpieces (truncated, as the
 model was trained), and other encoders (``EMBEDDINGS`` names the one supported).
 """

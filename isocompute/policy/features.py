@@ -22,12 +22,18 @@ number, log10(1 + 385) = 2.587, one question word ("what"); its expression has 3
 
 :class:`PromptFeatures` follows scikit-learn habits: ``__init__`` stores parameters, ``fit`` fits the
 SVD and sets attributes ending in ``_``, ``transform`` is pure. The fitted state is a small JSON config
-plus one ``.npz`` array (no pickle), so serving computes exactly what training computed; ``transform``
-uses one fast path for both (a test checks it equals ``HashingVectorizer`` bit for bit).
+plus one ``.npz`` array (no pickle), so serving computes exactly what training computed. The functions
+here are the reference; ``transform`` computes the same numbers bit for bit, faster, through tables of
+tokens and whitespace chunks (:mod:`isocompute.policy.chunk_cache`; tests compare both on arbitrary
+text, and the hashing with ``HashingVectorizer``). Measured on a busy 2-core machine: one MATH-500
+prompt ~0.1-0.4 ms (by length); 1,024 of them ~20 ms once their chunks were seen, ~70 ms the first time.
 
-Ignores: semantics (a sentence embedding is an optional extra with its own declared cost, not part of
-this feature set), non-ASCII digits, numbers written in words, and a probe call to a model (left to the
-gateway issue).
+Optional extra blocks (``extras=("minilm",)``) append columns that cost a model call per prompt — a
+sentence embedding (:mod:`isocompute.policy.embedding`); the config names them and their declared cost,
+:meth:`PromptFeatures.feature_cost_per_prompt`, which a policy adds to every action's cost.
+
+Ignores: semantics beyond n-grams (unless an extra adds them), non-ASCII digits, numbers written in
+words, and a probe call to a model (the policy's probe feature).
 """
 
 from __future__ import annotations
