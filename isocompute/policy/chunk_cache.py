@@ -381,7 +381,8 @@ class ChunkTable:
         if miss.size:
             new, where = np.unique(keys[miss], return_inverse=True)
             text = self._token_text
-            buckets = np.fromiter((self._buckets[text[k >> 32] + " " + text[k & 0xFFFFFFFF]] for k in new.tolist()),
+            murmur = self._murmur  # (the int map caches these; the string memo would only hold them twice)
+            buckets = np.fromiter((murmur(text[k >> 32] + " " + text[k & 0xFFFFFFFF]) for k in new.tolist()),
                                   dtype=np.int64, count=new.size)
             self._token_pairs.put(new, buckets)
             out[miss] = buckets[where]
