@@ -19,6 +19,11 @@ in the probe spec's prompt format, so the model sees what it saw at fit time) an
 goes to ``decide(..., probe=values)``. The probe is part of the request's cost: ``expected_cost``
 includes its declared cost (the policy adds it to every action), ``flops`` and ``usage.flops`` include
 the call's FLOPs, the controller is charged k + the probe's cost, and ``isocompute.probe`` itemises it.
+A policy with extra feature blocks (``policy.config.feature_extras``, e.g. the minilm sentence
+embedding) computes them inside ``decide`` on this machine; they are paid the same way: ``expected_cost``
+includes their declared cost (``policy.feature_cost_``), ``flops``/``usage.flops`` include the
+encoder's FLOPs for this prompt, and the controller is charged k + their cost (not itemised in the
+response yet).
 
 Chat requests are rendered to one prompt with the model tokenizer's chat template (the transformers
 engine's tokenizer, or the tokenizer in ``model_dir`` for vLLM upstreams — the same template vLLM's
@@ -82,11 +87,22 @@ class ProbeCall:
 
 
 @dataclass(frozen=True, slots=True)
+class FeatureCall:
+    """The policy's extra feature blocks for a request's prompts: their names, per prompt the encoder's
+    FLOPs and the cost in the request's budget unit; the policy's declared cost per request."""
+
+    names: tuple[str, ...]
+    flops: list[float]
+    costs: list[float]
+    declared_cost: float
+
+
+@dataclass(frozen=True, slots=True)
 class Routing:
     """The decision for one request: per-prompt k (capped and as the policy asked), action indices and
     expected costs (in the policy's unit, the probe's included), λ (``None`` for a classifier policy,
     whose knob is the internal budget), the budget bookkeeping the response reports, and the probe call
-    when the policy has one."""
+    and the extra features when the policy has them."""
 
     ks: list[int]
     policy_ks: list[int]
@@ -101,6 +117,7 @@ class Routing:
     budget_key: str
     controller: BudgetController | None
     probe: ProbeCall | None = None
+    features: FeatureCall | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +191,11 @@ def policy_cost_unit(policy: Any) -> str:
 def policy_probe(policy: Any) -> Any:
     """The policy's :class:`~isocompute.policy.policy.ProbeSpec`, or None (policies without a probe)."""
     return getattr(getattr(policy, "config", None), "probe", None)
+
+
+def policy_feature_cost(policy: Any) -> float:
+    """The declared cost per request of the policy's extra feature blocks, in its unit (0 without)."""
+    return float(getattr(policy, "feature_cost_", 0.0) or 0.0)
 
 
 class Gateway:
@@ -323,6 +345,7 @@ class Gateway:
         else:
             decision = self.policy.decide(texts, internal, probe=np.asarray(probe.values))
         self.metrics.decision.observe(time.perf_counter() - t0)
+        features = self._feature_call(texts, unit, p_unit, per_sample)
         policy_ks = [int(k) for k in np.asarray(decision.k).reshape(-1)]
         actions = [int(a) for a in np.asarray(decision.action_index).reshape(-1)]
         costs = [float(c) for c in np.asarray(decision.costs, dtype=float).reshape(-1)]
@@ -336,7 +359,7 @@ class Gateway:
             self.metrics.lam.labels(label).set(float(lam))
         self.metrics.internal_budget.labels(label).set(internal)
         return Routing(ks, policy_ks, actions, costs, None if lam is None else float(lam),
-                       float(decision.expected_cost), p_unit, B, unit, float(internal), label, ctl, probe)
+                       float(decision.expected_cost), p_unit, B, unit, float(internal), label, ctl, probe, features)
 
     async def _probe_feature(self, texts: list[str], spec: Any, unit: str, p_unit: str,
                              per_sample: float) -> ProbeCall:
@@ -382,12 +405,28 @@ class Gateway:
         return ProbeCall(spec.name, [float(v) for v in res.values], [int(m) for m in res.completion_tokens],
                          flops, costs, declared)
 
+    def _feature_call(self, texts: list[str], unit: str, p_unit: str, per_sample: float) -> FeatureCall | None:
+        """The extra feature blocks' FLOPs per prompt and their cost in the request's unit ``unit`` (None
+        when the policy has none). Samples: the declared cost (converted with ``per_sample`` FLOPs when
+        the policy prices in FLOPs); FLOPs: the encoder's FLOPs for this prompt."""
+        names = tuple(getattr(getattr(self.policy, "config", None), "feature_extras", ()) or ())
+        if not names:
+            return None
+        flops = [float(f) for f in self.policy.features_.extra_flops(texts)]
+        declared = policy_feature_cost(self.policy)
+        if unit == "samples":
+            costs = [declared if p_unit == "samples" else declared / per_sample] * len(texts)
+        else:
+            costs = list(flops)
+        return FeatureCall(names, flops, costs, declared)
+
     def _flops_per_sample(self, prompt_tokens: list[int] | None, max_tokens: int) -> float:
         """FLOPs one sample costs, to convert between budget units: the policy's training average when
         it prices in FLOPs, else this request's prompt with a ``max_tokens`` completion."""
         if policy_cost_unit(self.policy) == "flops":
-            probe = float(getattr(policy_probe(self.policy), "cost", 0.0))  # in every action's cost, not a sample's
-            per = ((np.asarray(self.policy.action_costs_, dtype=float) - probe)
+            # the probe's and extra features' costs are in every action's cost, not a sample's
+            paid = float(getattr(policy_probe(self.policy), "cost", 0.0)) + policy_feature_cost(self.policy)
+            per = ((np.asarray(self.policy.action_costs_, dtype=float) - paid)
                    / np.asarray(self.policy.actions, dtype=float))
             return float(per.mean())
         if self.model_flops is None:
@@ -466,21 +505,23 @@ class Gateway:
         prompt_tokens = max(c.prompt_tokens for c in comps)
         completion_tokens = sum(c.completion_tokens for c in comps)
         flops = None
-        pr = routing.probe
+        pr, fe = routing.probe, routing.features
         if self.model_flops is not None:
             from isocompute.flops import request_flops
 
             flops = float(request_flops(self.model_flops, prompt_tokens, [c.completion_tokens for c in comps]))
             if pr is not None and pr.flops[i] is not None:
                 flops += float(pr.flops[i])  # type: ignore[arg-type]
+            if fe is not None:
+                flops += fe.flops[i]
             self.metrics.flops.inc(flops)
         self.metrics.k.observe(k)
         self.metrics.samples.inc(k)
         if routing.controller is not None:
             # Without the model's config, a FLOP budget is charged the policy's expected cost of the action
-            # (which includes the probe's declared cost).
-            probe_cost = 0.0 if pr is None else pr.costs[i]
-            cost = (float(k) + probe_cost if routing.unit == "samples"
+            # (which includes the probe's and extra features' declared costs).
+            paid = (0.0 if pr is None else pr.costs[i]) + (0.0 if fe is None else fe.costs[i])
+            cost = (float(k) + paid if routing.unit == "samples"
                     else (flops if flops is not None else routing.costs[i]))
             if math.isfinite(cost):
                 routing.controller.observe(cost)

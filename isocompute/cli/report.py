@@ -9,6 +9,9 @@ A policy with a probe feature needs the probe's values on the table's prompts: t
 policy artifact's cache when it holds this table's prompts (``isocompute fit`` on the same table), else
 the probe runs on ``--probe-model`` (default: the model the policy's probe spec names). The
 cross-validation refits with the same probe spec (same declared cost), and the learned methods pay it.
+A policy with extra feature blocks (``isocompute fit --features minilm``) is refitted with them; each
+refit declares their cost on its training part (in samples: over one sample's FLOPs on the table's
+model, from ``--model-config`` or the table's meta), and the learned methods pay it.
 
 Ignores: serving and latency (``bench/bench_policy.py``).
 """
@@ -41,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from isocompute.artifacts import sha256_file
-    from isocompute.cli.fit import model_flops_for, parse_budgets, read_table
+    from isocompute.cli.fit import model_flops_for, parse_budgets, read_table, sample_flops_for
     from isocompute.policy.evaluate import check_targets, cross_validate, default_budgets, holdout, summarise
     from isocompute.policy.policy import Policy
     from isocompute.policy.report import write_report
@@ -76,13 +79,18 @@ def run(args: argparse.Namespace) -> int:
         inputs["probe_model"] = probe_info["model_sha256"]
     elif args.probe_model is not None:
         raise InputError(f"the policy {args.policy} has no probe feature; drop --probe-model (or refit with it).")
+    sample_flops = None
+    if cfg.feature_extras and cfg.cost_unit == "samples" and cfg.feature_cost is None and not args.holdout:
+        feature_model, extra = model_flops_for(table, args.model_config)
+        inputs.update(extra)
+        sample_flops = sample_flops_for(table, feature_model)
     if args.holdout:
         ev = holdout(policy, table.prompts, U, C, budgets, probe=probe)
         seeds: tuple[int, ...] = (cfg.seed,)
     else:
         seeds = parse_seeds(args.seeds)
         ev = cross_validate(table.prompts, U, C, cfg, budgets, folds=args.folds, seeds=seeds, probe=probe,
-                            progress=True)
+                            sample_flops=sample_flops, progress=True)
     summary = summarise(ev, n_boot=args.bootstrap, seed=args.seed)
     from isocompute.policy.label_noise import oracle_label_agreement
 
@@ -100,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
         "policy": {"path": str(args.policy), "default_learner": policy.default_learner_,
                    "selection": policy.selection_, "config": cfg.to_dict()},
         "probe": probe_info,
+        "features": None if not cfg.feature_extras else {
+            "extras": list(cfg.feature_extras), "extra_components": cfg.extra_components,
+            "fitted_policy_cost": policy.feature_cost_, "declared": cfg.feature_cost,
+            "flops_per_request": policy.features_.extra_flops_per_prompt_},
         **summary,
     }
     report["targets"] = check_targets(summary)
@@ -128,6 +140,10 @@ def run(args: argparse.Namespace) -> int:
         Console().print(f"probe {probe_info['name']} ({probe_info['source']}): the learned policy pays "
                         f"{probe_info['cost']:.4g} {cfg.cost_unit} per request for it in every column above; "
                         f"Spearman ρ with 1-sample accuracy {probe_info['spearman_vs_accuracy_k1']:+.3f}")
+    if cfg.feature_extras:
+        Console().print(f"extra features {', '.join(cfg.feature_extras)}: the learned policy pays "
+                        f"{policy.feature_cost_:.4g} {cfg.cost_unit} per request for them in every column above "
+                        f"(the fitted policy's; each refit measures its own training part)")
     return 0
 
 

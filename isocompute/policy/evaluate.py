@@ -29,7 +29,11 @@ and cost tables; expectations are exact, nothing is sampled):
 With a probe feature (``PolicyConfig.probe``) the probe values travel with the prompts (``probe=``,
 split with them into folds) and the learned methods pay the probe: their cost is C + c_p at every
 action, so at budget B they buy B − c_p in samples. The oracle and the baselines do not use the probe
-and pay nothing for it, so "gain vs uniform" is net of the probe's cost.
+and pay nothing for it, so "gain vs uniform" is net of the probe's cost. Extra feature blocks
+(``PolicyConfig.feature_extras``, e.g. a sentence embedding) are paid the same way: the learned methods'
+cost is C + c_p + c_f (``Policy.paid_per_request``), the baselines pay neither. Each refit measures c_f
+on its training part, which in samples needs one sample's FLOPs per prompt (``sample_flops=``, split
+with the prompts) unless the configuration declares ``feature_cost``.
 
 Per budget the report carries, pooled over folds and seeds: accuracy (mean utility) and realised mean
 cost per method; imitation accuracy (learned action = oracle action); regret = oracle − learned
@@ -125,12 +129,13 @@ def _score(policy: Policy, prompts: Sequence[str], U: np.ndarray, C: np.ndarray,
            train_lengths: np.ndarray, default: str, probe: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Scores of every method on one held-out part: dict of arrays (M, B, n) / (B, n).
 
-    ``C`` is the samples' cost; the learned methods also pay the policy's probe (``CL = C + c_p``).
+    ``C`` is the samples' cost; the learned methods also pay the policy's probe and extra features
+    (``CL = C + c_p + c_f``), the baselines do not.
     """
     n, A = U.shape
     rows = np.arange(n)
     X = policy.features(prompts, probe)
-    CL = C + policy.probe_cost
+    CL = C + policy.paid_per_request
     u, route = policy.prompt_keys(prompts)
     lengths = np.array([len(p) for p in prompts])
     util = np.full((len(METHODS), budgets.size, n), np.nan)
@@ -166,9 +171,9 @@ def _score(policy: Policy, prompts: Sequence[str], U: np.ndarray, C: np.ndarray,
         util[M["uniform"], bi] = (1 - q) * U[:, lo] + q * U[:, hi]
         cost[M["uniform"], bi] = (1 - q) * C[:, lo] + q * C[:, hi]
         # The heuristic decides from training data only: its two actions and share come from the
-        # policy's per-action training costs (without the probe it does not use), its threshold from
-        # the training lengths.
-        hlo, hhi, hq = uniform_mix(policy.action_costs_ - policy.probe_cost, b)
+        # policy's per-action training costs (without the probe and extra features it does not use), its
+        # threshold from the training lengths.
+        hlo, hhi, hq = uniform_mix(policy.action_costs_ - policy.paid_per_request, b)
         p_up = length_rule(train_lengths, lengths, hq)
         util[M["heuristic"], bi] = (1 - p_up) * U[:, hlo] + p_up * U[:, hhi]
         cost[M["heuristic"], bi] = (1 - p_up) * C[:, hlo] + p_up * C[:, hhi]
@@ -180,9 +185,11 @@ def _score(policy: Policy, prompts: Sequence[str], U: np.ndarray, C: np.ndarray,
 
 def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config: PolicyConfig,
                    budgets: Sequence[float], *, folds: int = 5, seeds: Sequence[int] = (0, 1, 2),
-                   probe: np.ndarray | None = None, progress: bool = False) -> Evaluation:
+                   probe: np.ndarray | None = None, sample_flops: np.ndarray | None = None,
+                   progress: bool = False) -> Evaluation:
     """k-fold CV over prompts for each seed, refitting ``config`` (both learners) on each training part;
-    ``probe``: the probe's value per prompt when ``config`` has a probe (split with the prompts)."""
+    ``probe``: the probe's value per prompt when ``config`` has a probe (split with the prompts);
+    ``sample_flops``: one sample's FLOPs per prompt, to price extra features in samples (split likewise)."""
     from tqdm.auto import tqdm
 
     prompts = list(prompts)
@@ -193,6 +200,9 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
     pv = None if probe is None else np.asarray(probe, dtype=np.float64)
     if pv is not None and pv.shape != (n,):
         raise InputError(f"probe values must be one number per prompt, shape ({n},); got shape {pv.shape}.")
+    sf = None if sample_flops is None else np.asarray(sample_flops, dtype=np.float64)
+    if sf is not None and sf.shape != (n,):
+        raise InputError(f"sample_flops must be one number per prompt, shape ({n},); got shape {sf.shape}.")
     if folds < 2:
         raise InputError(f"--folds must be ≥ 2 for cross-validation (got {folds}); use --holdout to score a "
                          "fitted policy on a separate table.")
@@ -223,7 +233,8 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
             test = np.sort(test)
             train = np.sort(np.concatenate(parts[:f] + parts[f + 1:]))
             pol = Policy(dataclasses.replace(refit, seed=config.seed + 1000 * seed + f)).fit_arrays(
-                [prompts[i] for i in train], U[train], C[train], probe=None if pv is None else pv[train])
+                [prompts[i] for i in train], U[train], C[train], probe=None if pv is None else pv[train],
+                sample_flops=None if sf is None else sf[train])
             default = config.learner if config.learner in LEARNERS else pol.default_learner_
             sc = _score(pol, [prompts[i] for i in test], U[test], C[test], budgets_arr,
                         pol.train_lengths_, default, None if pv is None else pv[test])

