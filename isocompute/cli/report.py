@@ -9,9 +9,10 @@ A policy with a probe feature needs the probe's values on the table's prompts: t
 policy artifact's cache when it holds this table's prompts (``isocompute fit`` on the same table), else
 the probe runs on ``--probe-model`` (default: the model the policy's probe spec names). The
 cross-validation refits with the same probe spec (same declared cost), and the learned methods pay it.
-A policy with extra feature blocks (``isocompute fit --features minilm``) is refitted with them; each
-refit declares their cost on its training part (in samples: over one sample's FLOPs on the table's
-model, from ``--model-config`` or the table's meta), and the learned methods pay it.
+A policy with extra feature blocks (``isocompute fit --features minilm``) is refitted with them at the
+fitted policy's declared cost per request (``feature_cost`` in its artifact: re-measuring it on each
+training part would move it by a fraction of a percent and could push the policy's budget range out
+of a fold's reach), and the learned methods pay it.
 
 Ignores: serving and latency (``bench/bench_policy.py``).
 """
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from isocompute.artifacts import sha256_file
-    from isocompute.cli.fit import model_flops_for, parse_budgets, read_table, sample_flops_for
+    from isocompute.cli.fit import model_flops_for, parse_budgets, read_table
     from isocompute.policy.evaluate import check_targets, cross_validate, default_budgets, holdout, summarise
     from isocompute.policy.policy import Policy
     from isocompute.policy.report import write_report
@@ -79,18 +80,18 @@ def run(args: argparse.Namespace) -> int:
         inputs["probe_model"] = probe_info["model_sha256"]
     elif args.probe_model is not None:
         raise InputError(f"the policy {args.policy} has no probe feature; drop --probe-model (or refit with it).")
-    sample_flops = None
-    if cfg.feature_extras and cfg.cost_unit == "samples" and cfg.feature_cost is None and not args.holdout:
-        feature_model, extra = model_flops_for(table, args.model_config)
-        inputs.update(extra)
-        sample_flops = sample_flops_for(table, feature_model)
+    cv_cfg = cfg
+    if cfg.feature_extras and cfg.feature_cost is None:  # refits pay what the fitted policy declared
+        import dataclasses
+
+        cv_cfg = dataclasses.replace(cfg, feature_cost=policy.feature_cost_)
     if args.holdout:
         ev = holdout(policy, table.prompts, U, C, budgets, probe=probe)
         seeds: tuple[int, ...] = (cfg.seed,)
     else:
         seeds = parse_seeds(args.seeds)
-        ev = cross_validate(table.prompts, U, C, cfg, budgets, folds=args.folds, seeds=seeds, probe=probe,
-                            sample_flops=sample_flops, progress=True)
+        ev = cross_validate(table.prompts, U, C, cv_cfg, budgets, folds=args.folds, seeds=seeds, probe=probe,
+                            progress=True)
     summary = summarise(ev, n_boot=args.bootstrap, seed=args.seed)
     from isocompute.policy.label_noise import oracle_label_agreement
 
@@ -143,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     if cfg.feature_extras:
         Console().print(f"extra features {', '.join(cfg.feature_extras)}: the learned policy pays "
                         f"{policy.feature_cost_:.4g} {cfg.cost_unit} per request for them in every column above "
-                        f"(the fitted policy's; each refit measures its own training part)")
+                        f"(declared by the fitted policy; every refit pays the same)")
     return 0
 
 
