@@ -30,13 +30,6 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from isocompute.training.tiny import save_tiny
-
-    return save_tiny(tmp_path_factory.mktemp("tiny") / "model", seed=0)
-
-
-@pytest.fixture(scope="module")
 def policy_dir(tmp_path_factory):
     from isocompute.policy.policy import Policy
     from isocompute.policy.synthetic import synthetic_records

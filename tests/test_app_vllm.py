@@ -28,13 +28,6 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from isocompute.training.tiny import save_tiny
-
-    return save_tiny(tmp_path_factory.mktemp("gw-vllm") / "model", seed=0)
-
-
-@pytest.fixture(scope="module")
 def policy_dir(tmp_path_factory):
     from isocompute.policy.policy import Policy
     from isocompute.policy.synthetic import synthetic_records

@@ -21,18 +21,6 @@ from isocompute.errors import EngineUnavailable, InputError
 PROMPTS = ["What is 12 + 30?", "What is 7 * 6?", "1+1="]
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from isocompute.training.tiny import save_tiny
-
-    return save_tiny(tmp_path_factory.mktemp("tiny") / "model", seed=0)
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_dir):
-    return TransformersEngine(tiny_dir, threads=1)
-
-
 def greedy_reference(model, tokenizer, prompt: str, eos: set[int], max_tokens: int) -> list[int]:
     """Independent greedy decoding: full forward pass per step, no KV cache, no generate()."""
     import torch

@@ -23,7 +23,7 @@ from isocompute.engines.probe import (
     probe_flops,
     topk_entropy,
 )
-from isocompute.engines.transformers_engine import TransformersEngine, apply_chat_template
+from isocompute.engines.transformers_engine import apply_chat_template
 from isocompute.errors import BudgetError, EngineUnavailable, InputError
 from isocompute.flops import ModelFlops, decode_flops, prefill_flops, request_flops
 from isocompute.policy.policy import Policy, PolicyConfig, ProbeSpec
@@ -34,18 +34,6 @@ from isocompute.solver.outcomes import from_records
 ACTIONS = (1, 2, 4, 8)
 SMALL = dict(actions=ACTIONS, n_rounds=10, n_budget_grid=17, calibration_folds=2, n_components=4)
 COST = 0.5  # declared probe cost in samples
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from isocompute.training.tiny import save_tiny
-
-    return save_tiny(tmp_path_factory.mktemp("tiny") / "model", seed=0)
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_dir):
-    return TransformersEngine(tiny_dir, threads=1)
 
 
 @pytest.fixture(scope="module")

