@@ -37,6 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_grpo_common import crossing, held_out, parse_mix, run_curve, smooth  # noqa: E402
 
+from isocompute.tasks import arith  # noqa: E402
 from isocompute.training.grpo import AlignedGRPOConfig, load_base  # noqa: E402
 
 METHODS = ("uniform", "pilot-commit", "dynamic")
@@ -63,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts-per-step", type=int, default=8)
     ap.add_argument("--pool-size", type=int, default=0, help="Pilot-Commit prompts piloted per step (0: 2·B_p)")
     ap.add_argument("--n-pilot", type=int, default=0, help="Pilot-Commit pilot rollouts per prompt (0: n // 2)")
+    ap.add_argument("--n-problems", type=int, default=2000, help="training prompt pool (fewer: more passes over it)")
+    ap.add_argument("--staleness", type=int, default=5, help="Pilot-Commit: steps a hopeless prompt is deferred")
     ap.add_argument("--lr", type=float, default=2e-5,
                     help="AdamW learning rate (1e-4 and above made every method lower held-out accuracy)")
     ap.add_argument("--max-completion-length", type=int, default=64)
@@ -75,8 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", type=float, default=None,
                     help="ref target (default: start + half of uniform's mean smoothed gain)")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--mix", type=parse_mix, default=parse_mix("1:1,2:1,3:1"),
-                    help="arith difficulty weights for training and held-out problems (default 1:1,2:1,3:1)")
+    ap.add_argument("--mix", type=parse_mix, default=dict(arith.DEFAULT_MIX),
+                    help="arith difficulty weights for training and held-out problems, e.g. 1:1,2:1,3:1 "
+                         "(default: the task's default mix, what `isocompute train grpo` trains on)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)
     ap.add_argument("--from-json", default=None,
@@ -99,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg = AlignedGRPOConfig(objective="mean", num_generations=args.n, prompts_per_step=args.prompts_per_step,
                                     steps=10_000, lr=args.lr, max_completion_length=args.max_completion_length,
                                     seed=seed, threads=args.threads, allocation=method, n_pilot=args.n_pilot,
-                                    pool_size=args.pool_size, max_rounds=2, mix=args.mix)
+                                    pool_size=args.pool_size, max_rounds=2, mix=args.mix,
+                                    n_problems=args.n_problems, staleness=args.staleness)
             curve, _ = run_curve(cfg, base=base, problems=problems, eval_every=args.eval_every, eval_n=args.eval_n,
                                  temperature=1.0, stop_rollouts=args.budget, max_new_tokens=args.max_completion_length,
                                  sample_every=args.sample_every or 10**9, sample_problems=args.sample_problems,
