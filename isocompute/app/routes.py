@@ -20,6 +20,7 @@ can override them with ``app.dependency_overrides``.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 import uuid
@@ -268,5 +269,10 @@ async def reload_policy(
     except ArtifactError as e:  # the running policy stays; the admin sent a bad directory
         raise InputError(f"cannot reload: {e}") from None
     gw.replace_policy(policy)
+    # as at startup (main.py): move the new policy out of the GC's young generations, and let the old
+    # one go (frozen objects are never collected) — one full collection per reload, an admin action
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
     log.info("policy reloaded from %s by %s", path, who)
     return ReloadResponse(reloaded=True, policy_dir=str(path))
