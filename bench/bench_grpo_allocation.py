@@ -40,7 +40,7 @@ from bench_grpo_common import crossing, held_out, parse_mix, run_curve, smooth  
 from isocompute.tasks import arith  # noqa: E402
 from isocompute.training.grpo import AlignedGRPOConfig, load_base  # noqa: E402
 
-METHODS = ("uniform", "pilot-commit", "dynamic")
+METHODS = ("uniform", "pilot-commit", "dynamic", "pilot-commit+screen")
 
 
 def flop_split(ledger: dict) -> dict[str, float]:
@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         for method in methods:
             cfg = AlignedGRPOConfig(objective="mean", num_generations=args.n, prompts_per_step=args.prompts_per_step,
                                     steps=10_000, lr=args.lr, max_completion_length=args.max_completion_length,
-                                    seed=seed, threads=args.threads, allocation=method, n_pilot=args.n_pilot,
+                                    seed=seed, threads=args.threads, allocation=method.removesuffix("+screen"),
+                                    screen=method.endswith("+screen"), n_pilot=args.n_pilot,
                                     pool_size=args.pool_size, max_rounds=2, mix=args.mix,
                                     n_problems=args.n_problems, staleness=args.staleness)
             curve, _ = run_curve(cfg, base=base, problems=problems, eval_every=args.eval_every, eval_n=args.eval_n,

@@ -93,7 +93,8 @@ def run_curve(cfg: AlignedGRPOConfig, *, base: str | None, problems: list[Proble
 
     torch.set_num_threads(cfg.threads)
     model, tok = load_base(base, seed=cfg.seed)
-    dataset = Dataset.from_list(problem_rows(cfg.problems()))
+    train_problems = cfg.problems()
+    dataset = Dataset.from_list(problem_rows(train_problems))
     curve = Curve()
     prompts = [p.prompt for p in problems]
     references = [arith.solution_for(p) for p in problems]
@@ -129,7 +130,7 @@ def run_curve(cfg: AlignedGRPOConfig, *, base: str | None, problems: list[Proble
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-grpo-") as scratch:
         trainer = make_trainer_class()(model, cfg.trl_args(scratch), dataset, objective=cfg.objective,
-                                       processing_class=tok, allocator=cfg.allocator(len(dataset)),
+                                       processing_class=tok, allocator=cfg.allocator(len(dataset), [p.prompt for p in train_problems]),
                                        callbacks=[rec])
         rec.trainer = trainer
         measure(trainer, 0)

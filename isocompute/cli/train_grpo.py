@@ -42,6 +42,9 @@ def register_stage(stages: Any) -> None:
                    help="rollout allocation: none (TRL's sampler), uniform, dynamic (DAPO), pilot-commit")
     p.add_argument("--n-pilot", type=int, default=d.n_pilot, help="Pilot-Commit pilot rollouts (0 = n // 2)")
     p.add_argument("--pool-size", type=int, default=d.pool_size, help="Pilot-Commit pool per step (0 = 2·B_p)")
+    p.add_argument("--screen", action="store_true",
+                   help="Pilot-Commit: skip prompts whose text looks like prompts whose pilots were wasted "
+                        "(a LightGBM screen learned from the pilots; training/screen.py)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=run)
 
@@ -54,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
                             temperature=args.temperature, max_completion_length=args.max_completion_length,
                             lora_rank=args.lora_rank, race_a=args.race_a, n_problems=args.problems,
                             seed=args.seed, threads=args.threads, allocation=args.allocation,
-                            n_pilot=args.n_pilot, pool_size=args.pool_size)
+                            n_pilot=args.n_pilot, pool_size=args.pool_size, screen=args.screen)
     result = train_grpo(cfg, args.out, base=args.base, progress=not args.no_progress)
     led = result.ledger
     correct = [e["objective/correct"] for e in result.log if "objective/correct" in e]

@@ -13,7 +13,9 @@ every advantage is zero), yet uniform GRPO pays n rollouts for it. Three ways to
   with p̂ < p_lo are hopeless for now and deferred for ``staleness`` steps (then piloted again, since the
   policy moves); the survivors (p̂ in [p_lo, 1 − p_hi]), most informative first (largest p̂(1 − p̂)), up to
   B_p of them, get n_c = n − n_p more rollouts, and their pilot rollouts join the group, so a group has n.
-  When no prompt survives, another pilot round runs, up to ``max_rounds``.
+  When no prompt survives, another pilot round runs, up to ``max_rounds``. With a
+  :class:`~isocompute.training.screen.PromptScreen`, candidates whose text looks like prompts whose pilots
+  failed (or all passed) are skipped before any rollout (learned from the pilots so far).
 
 When nothing qualifies after ``max_rounds`` (a policy that fails or solves everything it draws), both
 filtering allocators fall back rather than stall: DAPO returns its last batch, Pilot-Commit commits to the
@@ -42,6 +44,7 @@ import numpy as np
 
 from isocompute.errors import InputError
 from isocompute.flops import FlopLedger, ModelFlops
+from isocompute.training.screen import PromptScreen
 
 PHASES: tuple[str, ...] = ("uniform", "dynamic", "pilot", "commit")
 
@@ -128,6 +131,7 @@ class AllocationStep:
     evicted: tuple[int, ...] = ()
     deferred: tuple[int, ...] = ()
     fallback: bool = False
+    skipped: int = 0  # candidates a Pilot-Commit screen turned away without a rollout
 
 
 class Allocator(Protocol):
@@ -212,7 +216,7 @@ class PilotCommitAllocator:
 
     def __init__(self, n_prompts: int, *, n_pilot: int, n_commit: int, pool_size: int, prompts_per_step: int,
                  p_lo: float = 0.1, p_hi: float = 0.1, staleness: int = 5, max_rounds: int = 2,
-                 seed: int = 0) -> None:
+                 seed: int = 0, screen: PromptScreen | None = None) -> None:
         _positive(n_pilot=n_pilot, pool_size=pool_size, prompts_per_step=prompts_per_step, max_rounds=max_rounds)
         if n_commit < 0 or staleness < 0:
             raise InputError(f"n_commit and staleness must be ≥ 0; you passed {n_commit}, {staleness}.")
@@ -223,10 +227,23 @@ class PilotCommitAllocator:
         self.group_size = n_pilot + n_commit
         self.prompts_per_step, self.p_lo, self.p_hi = prompts_per_step, p_lo, p_hi
         self.staleness, self.max_rounds = staleness, max_rounds
+        if screen is not None and screen.X.shape[0] != n_prompts:
+            raise InputError(f"the screen holds {screen.X.shape[0]} prompts but the pool has {n_prompts}; "
+                             "build it from the same prompt list.")
+        self.screen = screen
+        self._survival: float | None = None  # running pilot survival rate (tracked with a screen)
         self.stream = PromptStream(n_prompts, seed)
         self.evicted: set[int] = set()
         self.deferred_until: dict[int, int] = {}
         self.t = 0
+
+    def _pool_target(self) -> int:
+        """Prompts to pilot this round: ``pool_size``; with a screen, which raises the survival rate,
+        only as many as are expected to yield B_p survivors at the survival rate seen so far (between
+        B_p and ``pool_size``), so that fewer surplus survivors lose their pilot."""
+        if self.screen is None or self._survival is None or self._survival <= 0:
+            return self.pool_size
+        return int(min(self.pool_size, max(self.prompts_per_step, np.ceil(self.prompts_per_step / self._survival))))
 
     def eligible(self, i: int) -> bool:
         return i not in self.evicted and self.deferred_until.get(i, -1) <= self.t
@@ -236,10 +253,14 @@ class PilotCommitAllocator:
         pilots: list[Group] = []
         evicted: list[int] = []
         deferred: list[int] = []
-        generated = rounds = 0
+        generated = rounds = skipped = 0
         piloted: set[int] = set()
         while not survivors and rounds < self.max_rounds:
-            pool = self.stream.take(self.pool_size, lambda i: self.eligible(i) and i not in piloted)
+            skipped_before = self.screen.skipped if self.screen else 0
+            pool = self.stream.take(self._pool_target(), lambda i: self.eligible(i) and i not in piloted
+                                    and (self.screen is None or self.screen.admits(i)))
+            if self.screen:
+                skipped += self.screen.skipped - skipped_before
             if not pool:
                 break
             piloted.update(pool)
@@ -256,6 +277,11 @@ class PilotCommitAllocator:
                     deferred.append(g.prompt)
                 else:
                     survivors.append(g)
+            if self.screen:
+                kept = [self.p_lo <= g.accuracy <= 1.0 - self.p_hi for g in pilots]
+                self.screen.observe([g.prompt for g in pilots], kept)
+                rate = float(np.mean(kept)) if kept else 0.0
+                self._survival = rate if self._survival is None else 0.8 * self._survival + 0.2 * rate
         fallback = not survivors and bool(pilots)
         if fallback:
             survivors = list(pilots)
@@ -269,15 +295,16 @@ class PilotCommitAllocator:
             generated += sum(g.size for g in commits)
             groups = [p.extend(c) for p, c in zip(chosen, commits, strict=True)]
         self.t += 1
-        return _finish(ledger, groups, generated, rounds, tuple(evicted), tuple(deferred), fallback=fallback)
+        return _finish(ledger, groups, generated, rounds, tuple(evicted), tuple(deferred), fallback=fallback,
+                       skipped=skipped)
 
 
 def _finish(ledger: RolloutLedger, groups: list[Group], generated: int, rounds: int,
-            evicted: tuple[int, ...] = (), deferred: tuple[int, ...] = (), *, fallback: bool = False
-            ) -> AllocationStep:
+            evicted: tuple[int, ...] = (), deferred: tuple[int, ...] = (), *, fallback: bool = False,
+            skipped: int = 0) -> AllocationStep:
     ledger.used += sum(g.size for g in groups)
     ledger.steps += 1
-    return AllocationStep(groups, generated, rounds, evicted, deferred, fallback)
+    return AllocationStep(groups, generated, rounds, evicted, deferred, fallback, skipped)
 
 
 ALLOCATORS: tuple[str, ...] = ("uniform", "dynamic", "pilot-commit")
@@ -286,7 +313,8 @@ ALLOCATORS: tuple[str, ...] = ("uniform", "dynamic", "pilot-commit")
 def make_allocator(name: str, n_prompts: int, *, group_size: int, prompts_per_step: int, seed: int = 0,
                    n_pilot: int | None = None, pool_size: int | None = None, **options: Any) -> Allocator:
     """An allocator by name (:data:`ALLOCATORS`). Pilot-Commit defaults: n_p = group_size // 2 and a pool
-    of 2·prompts_per_step prompts; ``options`` go to the allocator (p_lo, p_hi, staleness, max_rounds)."""
+    of 2·prompts_per_step prompts; ``options`` go to the allocator (p_lo, p_hi, staleness, max_rounds, and
+    for Pilot-Commit a ``screen``)."""
     if name == "uniform":
         return UniformAllocator(n_prompts, group_size=group_size, prompts_per_step=prompts_per_step, seed=seed)
     if name == "dynamic":

@@ -57,6 +57,7 @@ from isocompute.training.allocation import (
     make_allocator,
 )
 from isocompute.training.rewards import Objective, answer_codes, group_advantages, group_metrics
+from isocompute.training.screen import PromptScreen
 
 KIND = "grpo"
 SCHEMA_VERSION = 1
@@ -257,6 +258,7 @@ def _define_trainer(GRPOTrainer: type) -> type:  # noqa: C901 - one class body
                 m["alloc/evicted"].append(float(len(step.evicted)))
                 m["alloc/deferred"].append(float(len(step.deferred)))
                 m["alloc/fallback"].append(float(step.fallback))
+                m["alloc/skipped"].append(float(step.skipped))
                 if step.groups:
                     return step
             raise IsoComputeError(
@@ -370,7 +372,9 @@ class AlignedGRPOConfig:
     :mod:`isocompute.training.allocation` (``uniform``, ``dynamic``, ``pilot-commit``); its options
     ``n_pilot`` (n_p, 0 = n // 2), ``pool_size`` (0 = 2·B_p), ``p_lo``/``p_hi`` (kept pilot accuracy
     [p_lo, 1 − p_hi]), ``staleness`` (steps a hopeless prompt is deferred) and ``max_rounds`` (pilot or
-    refill rounds per step).
+    refill rounds per step); ``screen`` adds a learned :class:`~isocompute.training.screen.PromptScreen`
+    to Pilot-Commit (pilot only prompts whose predicted survival is ≥ ``screen_min_survival``, plus a
+    share ``screen_explore`` of the others).
     """
 
     objective: str = "maj@8"
@@ -395,11 +399,19 @@ class AlignedGRPOConfig:
     p_hi: float = 0.1
     staleness: int = 5
     max_rounds: int = 2
+    screen: bool = False
+    screen_min_survival: float = 0.2
+    screen_explore: float = 0.1
 
     def __post_init__(self) -> None:
         obj = Objective.parse(self.objective)
+        if self.screen and self.allocation != "pilot-commit":
+            raise InputError(f"screen works with allocation 'pilot-commit' only; you asked for {self.allocation!r}.")
+        if not (0.0 <= self.screen_min_survival <= 1.0 and 0.0 <= self.screen_explore <= 1.0):
+            raise InputError(f"screen_min_survival and screen_explore must be in [0, 1]; you passed "
+                             f"{self.screen_min_survival}, {self.screen_explore}.")
         if self.allocation != "none":
-            self.allocator(self.n_problems)  # raises on bad allocation options
+            self.allocator(self.n_problems, check_only=True)  # raises on bad allocation options
         if self.num_generations < obj.min_generations():
             raise InputError(f"{obj.name} needs num_generations ≥ {obj.min_generations()} (k + 1 rollouts per prompt "
                              f"for the leave-one-out baseline); you passed {self.num_generations}.")
@@ -431,8 +443,11 @@ class AlignedGRPOConfig:
     def problems(self) -> list[Problem]:
         return arith.generate(self.n_problems, GRPO_SEED_OFFSET + self.seed, mix=self.mix)
 
-    def allocator(self, n_prompts: int) -> Allocator | None:
-        """The rollout allocator of ``allocation`` over ``n_prompts`` prompts (None for ``"none"``)."""
+    def allocator(self, n_prompts: int, prompts: Sequence[str] | None = None, *,
+                  check_only: bool = False) -> Allocator | None:
+        """The rollout allocator of ``allocation`` over ``n_prompts`` prompts (None for ``"none"``);
+        ``prompts``, their texts, are needed by the screen only (``check_only``: validate the options
+        without building a screen)."""
         if self.allocation == "none":
             return None
         if self.allocation not in ALLOCATORS:
@@ -441,6 +456,12 @@ class AlignedGRPOConfig:
         if self.allocation == "pilot-commit":
             options.update(p_lo=self.p_lo, p_hi=self.p_hi, staleness=self.staleness,
                            n_pilot=self.n_pilot or None, pool_size=self.pool_size or None)
+            if self.screen and not check_only:
+                if prompts is None or len(prompts) != n_prompts:
+                    raise InputError("the Pilot-Commit screen needs the texts of the training prompts; pass "
+                                     "prompts= (one per training prompt).")
+                options["screen"] = PromptScreen(prompts, min_survival=self.screen_min_survival,
+                                                 explore=self.screen_explore, seed=self.seed)
         elif self.allocation == "uniform":
             options = {}
         return make_allocator(self.allocation, n_prompts, group_size=self.num_generations,
@@ -507,14 +528,16 @@ def train_grpo(cfg: AlignedGRPOConfig, out_dir: str | Path, *, base: str | Path 
 
     torch.set_num_threads(cfg.threads)
     model, tokenizer = load_base(base, seed=cfg.seed)
-    dataset = Dataset.from_list(problem_rows(cfg.problems()))
+    problems = cfg.problems()
+    dataset = Dataset.from_list(problem_rows(problems))
     trainer_cls = make_trainer_class()
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="isocompute-grpo-") as scratch:
         trainer = trainer_cls(model, cfg.trl_args(scratch, progress=progress), dataset, objective=cfg.objective,
                               processing_class=tokenizer, race=RaceConvention(a=cfg.race_a),
                               peft_config=lora_config(cfg.lora_rank) if cfg.lora_rank else None,
-                              allocator=cfg.allocator(len(dataset)), **dict(trainer_kwargs or {}))
+                              allocator=cfg.allocator(len(dataset), [p.prompt for p in problems]),
+                              **dict(trainer_kwargs or {}))
         trainer.train()
     seconds = time.monotonic() - start
     trained = trainer.accelerator.unwrap_model(trainer.model)
