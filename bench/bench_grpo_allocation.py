@@ -1,5 +1,8 @@
-"""Pilot-Commit vs uniform GRPO vs DAPO dynamic sampling on tiny arith: held-out accuracy against
-cumulative rollouts (pilot and discarded rollouts included) and against FLOPs, several seeds.
+"""Pilot-Commit (plain, and with its learned screen) vs uniform GRPO vs DAPO dynamic sampling on tiny
+arith: held-out accuracy against cumulative rollouts (pilot and discarded rollouts included) and against
+FLOPs, several seeds. Methods: ``uniform``, ``pilot-commit``, ``dynamic``, ``pilot-commit+screen``
+(:mod:`isocompute.training.screen`); ``--methods`` picks some, ``--from-json`` re-summarises runs saved by
+several invocations (e.g. one per core) after their ``runs`` were merged into one file.
 
 Every method trains the same base model with plain GRPO advantages (objective ``mean``), the same group
 size n, B_p and learning rate, from the same training problems and seed, until the same cumulative
