@@ -198,3 +198,19 @@ def test_default_learning_rate_is_one_at_which_plain_grpo_learns():
     # lowered held-out accuracy (one AdamW step at 1e-3 took batch correctness from 0.28 to 0.03); 2e-5
     # raised it on every seed. `isocompute train grpo` takes its default from here.
     assert grpo.AlignedGRPOConfig().lr <= 3e-5
+
+
+@pytest.mark.slow
+def test_cli_pilot_commit_with_screen_reports_its_allocation(tmp_path, capsys):
+    from isocompute.cli import main
+    from isocompute.training import tiny
+
+    base = tiny.save_tiny(tmp_path / "base", seed=3)
+    rc = main(["train", "grpo", "--objective", "mean", "--base", str(base), "--out", str(tmp_path / "pc"),
+               "--steps", "2", "--num-generations", "4", "--prompts-per-step", "2", "--max-completion-length", "2",
+               "--problems", "16", "--allocation", "pilot-commit", "--screen", "--no-progress"])
+    assert rc == 0
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("allocation pilot-commit:")]
+    assert len(line) == 1 and "the screen skipped" in line[0]
+    log = [json.loads(x) for x in (tmp_path / "pc" / "train_log.jsonl").read_text().splitlines()]
+    assert any("alloc/skipped" in e for e in log)

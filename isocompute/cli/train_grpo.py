@@ -66,4 +66,11 @@ def run(args: argparse.Namespace) -> int:
           f"FLOPs {led.analytic.total:.3e} (rollout {led.analytic.rollout:.3e}, update {led.analytic.update:.3e}), "
           f"rho {led.rho:.3f} (RACE {led.race_rho:.3f}); training-batch correctness "
           f"{sum(correct[:span]) / span:.3f} (first quarter) -> {sum(correct[-span:]) / span:.3f} (last quarter)")
+    used = [e["rollouts/used"] for e in result.log if "rollouts/used" in e]
+    if cfg.allocation != "none" and used:
+        line = f"allocation {cfg.allocation}: {used[-1]:,.0f} of {led.samples:,} rollouts reached an update"
+        if cfg.screen:  # log_every = 1 by default: one entry per step
+            skipped = sum(e.get("alloc/skipped", 0.0) for e in result.log)
+            line += f"; the screen skipped {skipped:,.0f} candidate prompts without a rollout"
+        print(line)
     return 0
