@@ -66,21 +66,33 @@ def generator_metadata(ids: list[str]) -> np.ndarray:
     return np.asarray(rows)
 
 
-def cross_validated(X: np.ndarray | None, prompts: list[str], y: np.ndarray, *, seeds: int,
-                    with_text: bool) -> float:
-    """Mean held-out label accuracy of a LightGBM classifier over 5 folds × ``seeds``."""
+def fold_text_features(prompts: list[str], seeds: int) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
+    """(seed, fold) → the policy's features of that fold's training and held-out prompts, the SVD fitted
+    on the training part; computed once and shared by every budget and input set."""
+    from sklearn.model_selection import KFold
+
+    out = {}
+    for seed in range(seeds):
+        for f, (tr, te) in enumerate(KFold(5, shuffle=True, random_state=seed).split(prompts)):
+            pf = PromptFeatures(seed=seed).fit([prompts[i] for i in tr])
+            out[seed, f] = pf.transform([prompts[i] for i in tr]), pf.transform([prompts[i] for i in te])
+    return out
+
+
+def cross_validated(X: np.ndarray | None, text: dict | None, y: np.ndarray, *, seeds: int) -> float:
+    """Mean held-out label accuracy of a LightGBM classifier over 5 folds × ``seeds``, on ``X`` and/or
+    the per-fold text features ``text`` (:func:`fold_text_features`)."""
     import lightgbm as lgb
     from sklearn.model_selection import KFold
 
     scores = []
     for seed in range(seeds):
         pred = np.zeros_like(y)
-        for tr, te in KFold(5, shuffle=True, random_state=seed).split(y):
+        for f, (tr, te) in enumerate(KFold(5, shuffle=True, random_state=seed).split(y)):
             parts_tr, parts_te = [], []
-            if with_text:
-                pf = PromptFeatures(seed=seed).fit([prompts[i] for i in tr])
-                parts_tr.append(pf.transform([prompts[i] for i in tr]))
-                parts_te.append(pf.transform([prompts[i] for i in te]))
+            if text is not None:
+                parts_tr.append(text[seed, f][0])
+                parts_te.append(text[seed, f][1])
             if X is not None:
                 parts_tr.append(X[tr])
                 parts_te.append(X[te])
@@ -113,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     C = np.tile(np.asarray(actions, dtype=float), (U.shape[0], 1))
     meta = generator_metadata(list(table.ids))
     prompts = list(table.prompts)
+    text_features = fold_text_features(prompts, args.seeds)
     noise = oracle_label_agreement(table, U, C, actions, args.strategy, budgets, reps=args.label_reps)
     print(f"{args.table}: {len(prompts)} prompts, actions {actions}, {args.strategy}; LightGBM classifier, "
           f"5 folds x {args.seeds} seeds, label accuracy on held-out prompts")
@@ -121,10 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     for j, b in enumerate(budgets):
         y = allocate(U, C, b, rounding="deterministic").actions
         cost = float(C[np.arange(len(y)), y].mean())
-        base = cross_validated(None, prompts, y, seeds=args.seeds, with_text=False)
-        text = cross_validated(None, prompts, y, seeds=args.seeds, with_text=True)
-        gen = cross_validated(meta, prompts, y, seeds=args.seeds, with_text=False)
-        both = cross_validated(meta, prompts, y, seeds=args.seeds, with_text=True)
+        base = cross_validated(None, None, y, seeds=args.seeds)
+        text = cross_validated(None, text_features, y, seeds=args.seeds)
+        gen = cross_validated(meta, None, y, seeds=args.seeds)
+        both = cross_validated(meta, text_features, y, seeds=args.seeds)
         print(f"{b:>6g} | {cost:>11.3f} | {base:>14.3f} | {text:>15.3f} | {gen:>18.3f} | {both:>6.3f} | "
               f"{noise['ceiling'][j]:>19.3f}")
     print(f"wall time {time.perf_counter() - t0:.0f} s")

@@ -253,14 +253,12 @@ class PilotCommitAllocator:
         pilots: list[Group] = []
         evicted: list[int] = []
         deferred: list[int] = []
-        generated = rounds = skipped = 0
+        generated = rounds = 0
+        skipped_before = self.screen.skipped if self.screen else 0
         piloted: set[int] = set()
         while not survivors and rounds < self.max_rounds:
-            skipped_before = self.screen.skipped if self.screen else 0
             pool = self.stream.take(self._pool_target(), lambda i: self.eligible(i) and i not in piloted
                                     and (self.screen is None or self.screen.admits(i)))
-            if self.screen:
-                skipped += self.screen.skipped - skipped_before
             if not pool:
                 break
             piloted.update(pool)
@@ -296,7 +294,7 @@ class PilotCommitAllocator:
             groups = [p.extend(c) for p, c in zip(chosen, commits, strict=True)]
         self.t += 1
         return _finish(ledger, groups, generated, rounds, tuple(evicted), tuple(deferred), fallback=fallback,
-                       skipped=skipped)
+                       skipped=self.screen.skipped - skipped_before if self.screen else 0)
 
 
 def _finish(ledger: RolloutLedger, groups: list[Group], generated: int, rounds: int,

@@ -57,7 +57,7 @@ from isocompute.training.allocation import (
     make_allocator,
 )
 from isocompute.training.rewards import Objective, answer_codes, group_advantages, group_metrics
-from isocompute.training.screen import PromptScreen
+from isocompute.training.screen import PromptScreen, check_screen_options
 
 KIND = "grpo"
 SCHEMA_VERSION = 1
@@ -407,9 +407,7 @@ class AlignedGRPOConfig:
         obj = Objective.parse(self.objective)
         if self.screen and self.allocation != "pilot-commit":
             raise InputError(f"screen works with allocation 'pilot-commit' only; you asked for {self.allocation!r}.")
-        if not (0.0 <= self.screen_min_survival <= 1.0 and 0.0 <= self.screen_explore <= 1.0):
-            raise InputError(f"screen_min_survival and screen_explore must be in [0, 1]; you passed "
-                             f"{self.screen_min_survival}, {self.screen_explore}.")
+        check_screen_options(self.screen_min_survival, self.screen_explore)
         if self.allocation != "none":
             self.allocator(self.n_problems, check_only=True)  # raises on bad allocation options
         if self.num_generations < obj.min_generations():

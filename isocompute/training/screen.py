@@ -34,6 +34,12 @@ import numpy as np
 from isocompute.errors import InputError
 
 
+def check_screen_options(min_survival: float, explore: float) -> None:
+    """InputError unless both are probabilities (the screen's and ``AlignedGRPOConfig``'s check)."""
+    if not (0.0 <= min_survival <= 1.0 and 0.0 <= explore <= 1.0):
+        raise InputError(f"min_survival and explore must be in [0, 1]; you passed {min_survival}, {explore}.")
+
+
 class PromptScreen:
     """Predicts from prompt text whether a pilot would survive; see the module docstring."""
 
@@ -43,8 +49,7 @@ class PromptScreen:
 
         if not prompts:
             raise InputError("the screen needs the prompt pool's texts; it got none.")
-        if not (0.0 <= min_survival <= 1.0 and 0.0 <= explore <= 1.0):
-            raise InputError(f"min_survival and explore must be in [0, 1]; you passed {min_survival}, {explore}.")
+        check_screen_options(min_survival, explore)
         if refit_every < 1 or min_labels < 2:
             raise InputError(f"refit_every must be ≥ 1 and min_labels ≥ 2; you passed {refit_every}, {min_labels}.")
         self.X = hand_features(list(prompts))
