@@ -154,7 +154,7 @@ def _probe_values(args: argparse.Namespace, spec: Any, prompts: list[str], U: An
 
     from scipy.stats import spearmanr
 
-    from isocompute.cli.fit import compute_probe
+    from isocompute.engines.probe_cache import compute_probe
 
     model_dir = Path(args.probe_model or spec.model)
     if not (model_dir / "config.json").is_file():

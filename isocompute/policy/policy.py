@@ -134,6 +134,24 @@ class _Fitted:
     calibration: Calibration
 
 
+@dataclass(frozen=True, eq=False)
+class _CrossFit:
+    """What every learner's cross-fit shares: features X, U and C (paid costs included), the mixing
+    uniforms u, the calibration folds, and the calibration grid's requested budgets and spend targets."""
+
+    X: np.ndarray
+    U: np.ndarray
+    C: np.ndarray
+    u: np.ndarray
+    folds: list[tuple[np.ndarray, np.ndarray]]
+    requested: np.ndarray
+    targets: np.ndarray
+
+    @property
+    def rows(self) -> np.ndarray:
+        return np.arange(self.U.shape[0])
+
+
 def _tick(bar: Any, model: Any) -> Any:
     bar.update(1)
     return model
@@ -187,89 +205,115 @@ class Policy:
         ``feature_cost``).
         """
         cfg = self.config
+        prompts, U, C = self._check_arrays(prompts, U, C)
+        n = len(prompts)
+        probe_col = self._probe_column(n, probe)
+        self._fit_features(prompts, sample_flops)
+        C = C + self.probe_cost + self.feature_cost_
+        self._check_reach(C)
+        X = self._with_probe(self.features_.transform(prompts), probe_col)
+        self.action_costs_ = C.mean(axis=0)
+        self.n_train_ = n
+        self.train_lengths_ = np.sort(np.array([len(p) for p in prompts], dtype=np.int64))
+        requested = budget_grid(*cfg.budget_range, N_CALIBRATION)
+        if cfg.calibrate_to == "oracle":  # B where the budget binds, less where extra samples buy nothing
+            targets = np.array([allocate(U, C, float(b), rounding="mix").mean_cost for b in requested])
+        else:
+            targets = requested.copy()
+        job = _CrossFit(X, U, C, prompt_uniforms(prompts), crossfit_folds(n, cfg.calibration_folds, cfg.seed),
+                        requested, targets)
+        names = LEARNERS if cfg.learner == "auto" else (cfg.learner,)
+        from tqdm.auto import tqdm
+
+        self.learners_: dict[str, _Fitted] = {}
+        held_out: dict[str, Callable[[float], np.ndarray]] = {}  # budget → out-of-fold actions
+        with tqdm(total=len(names) * len(job.folds), desc="fit: members", unit="model", disable=not progress) as bar:
+            for name in names:
+                fit_one = self._fit_classifier if name == "classifier" else self._fit_utility
+                self.learners_[name], held_out[name] = fit_one(job, bar)
+        self.default_learner_, self.selection_ = _select(held_out, U, C, cfg)
+        return self
+
+    def _check_arrays(self, prompts: Sequence[str], U: Any, C: Any) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """Prompts as a list and U, C as float arrays of shape (prompts × actions), or InputError."""
+        cfg = self.config
         U, C = np.asarray(U, dtype=np.float64), np.asarray(C, dtype=np.float64)
         prompts = list(prompts)
         n = len(prompts)
         if U.shape != (n, len(cfg.actions)) or C.shape != U.shape:
             raise InputError(f"utilities and costs must be (prompts × actions) = ({n}, {len(cfg.actions)}); got "
                              f"{U.shape} and {C.shape}.")
-        probe_col = self._probe_column(n, probe)
         if n < 4 * cfg.calibration_folds:
             raise InputError(f"a policy with {cfg.calibration_folds} calibration folds needs at least "
                              f"{4 * cfg.calibration_folds} prompts; the table has {n}. Sample more prompts.")
+        return prompts, U, C
+
+    def _fit_features(self, prompts: list[str], sample_flops: np.ndarray | None) -> None:
+        """Fit the features first: the extra blocks' cost is what their encoder spends on these prompts."""
+        cfg = self.config
         measure = bool(cfg.feature_extras) and cfg.feature_cost is None and cfg.cost_unit == "samples"
         if measure and sample_flops is None:  # before the (slow) encoder runs
             raise InputError(f"the extra features {list(cfg.feature_extras)} are paid in samples, which needs one "
                              "sample's FLOPs per training prompt: pass model_flops= (the served model's config) "
                              "or sample_flops=, or declare feature_cost= in the config.")
-        # The features are fitted first: the extra blocks' cost is what the encoder spends on these prompts.
         self.features_ = PromptFeatures(n_components=cfg.n_components, seed=cfg.seed, extras=cfg.feature_extras,
                                         extra_components=cfg.extra_components).fit(prompts)
         self.feature_cost_ = (cfg.feature_cost if cfg.feature_cost is not None
                               else self.features_.feature_cost_per_prompt(cfg.cost_unit, sample_flops))
-        C = C + self.probe_cost + self.feature_cost_
+
+    def _check_reach(self, C: np.ndarray) -> None:
+        """BudgetError unless the actions (paid costs included) can spend the whole budget range on C."""
         lo, hi = feasible_range(C)
-        b_lo, b_hi = cfg.budget_range
+        b_lo, b_hi = self.config.budget_range
         if b_lo < lo * (1 - 1e-9) or b_hi > hi * (1 + 1e-9):
             paid = self._paid_note()
             raise BudgetError(f"budget range [{b_lo:g}, {b_hi:g}] is outside what the actions "
-                              f"{list(cfg.actions)} can spend on this table, [{lo:.6g}, {hi:.6g}] mean "
-                              f"{cfg.cost_unit} per prompt{f' (each action includes {paid})' if paid else ''}; "
+                              f"{list(self.config.actions)} can spend on this table, [{lo:.6g}, {hi:.6g}] mean "
+                              f"{self.config.cost_unit} per prompt{f' (each action includes {paid})' if paid else ''}; "
                               "pass --budgets within it.")
-        X = self._with_probe(self.features_.transform(prompts), probe_col)
-        u = prompt_uniforms(prompts)
-        self.action_costs_ = C.mean(axis=0)
-        self.n_train_ = n
-        self.train_lengths_ = np.sort(np.array([len(p) for p in prompts], dtype=np.int64))
-        requested = budget_grid(b_lo, b_hi, N_CALIBRATION)
-        if cfg.calibrate_to == "oracle":  # B where the budget binds, less where extra samples buy nothing
-            targets = np.array([allocate(U, C, float(b), rounding="mix").mean_cost for b in requested])
-        else:
-            targets = requested.copy()
-        folds = crossfit_folds(n, cfg.calibration_folds, cfg.seed)
-        rows = np.arange(n)
 
-        names = LEARNERS if cfg.learner == "auto" else (cfg.learner,)
-        from tqdm.auto import tqdm
+    def _hyper(self) -> dict[str, Any]:
+        cfg = self.config
+        return {"n_rounds": cfg.n_rounds, "num_leaves": cfg.num_leaves, "learning_rate": cfg.learning_rate,
+                "min_data_in_leaf": cfg.min_data_in_leaf, "seed": cfg.seed}
 
-        bar = tqdm(total=len(names) * len(folds), desc="fit: members", unit="model", disable=not progress)
-        self.learners_: dict[str, _Fitted] = {}
-        held_out: dict[str, Callable[[float], np.ndarray]] = {}  # budget → out-of-fold actions
-        hyper = {"n_rounds": cfg.n_rounds, "num_leaves": cfg.num_leaves, "learning_rate": cfg.learning_rate,
-                 "min_data_in_leaf": cfg.min_data_in_leaf, "seed": cfg.seed}
-        for name in names:
-            if name == "classifier":
-                clfs = [_tick(bar, OracleClassifier(n_budget_grid=cfg.n_budget_grid, **hyper).fit(
-                    X[tr], U[tr], C[tr], cfg.budget_range)) for tr, _ in folds]
-                grid = clfs[0].budget_grid_
-                grid_act = np.empty((grid.size, n), dtype=np.intp)
-                for m, (_, ho) in zip(clfs, folds, strict=True):
-                    grid_act[:, ho] = m.grid_actions(X[ho])
-                cal = calibrate_mixed_grid(requested, targets, grid, C[rows[None, :], grid_act], u, n_validation=n)
-                models: list[Any] = clfs
+    def _fit_classifier(self, job: _CrossFit, bar: Any) -> tuple[_Fitted, Callable[[float], np.ndarray]]:
+        """The classifier's members, its mixed-grid calibration and its out-of-fold actions per budget."""
+        cfg = self.config
+        clfs = [_tick(bar, OracleClassifier(n_budget_grid=cfg.n_budget_grid, **self._hyper()).fit(
+            job.X[tr], job.U[tr], job.C[tr], cfg.budget_range)) for tr, _ in job.folds]
+        grid = clfs[0].budget_grid_
+        n = job.rows.size
+        grid_act = np.empty((grid.size, n), dtype=np.intp)
+        for m, (_, ho) in zip(clfs, job.folds, strict=True):
+            grid_act[:, ho] = m.grid_actions(job.X[ho])
+        cal = calibrate_mixed_grid(job.requested, job.targets, grid, job.C[job.rows[None, :], grid_act], job.u,
+                                   n_validation=n)
 
-                def oof(b: float, cal: Calibration = cal, act: np.ndarray = grid_act, grid: np.ndarray = grid):
-                    return act[mixed_grid_index(grid_position(cal(b), grid), u, grid.size), rows]
-            else:
-                ks = np.asarray(cfg.actions)
-                models = [_tick(bar, UtilityRegressor(**hyper).fit(X[tr], U[tr], ks)) for tr, _ in folds]
-                Uh = np.empty_like(U)
-                for m, (_, ho) in zip(models, folds, strict=True):
-                    Uh[ho] = m.predict_utilities(X[ho])
+        def oof(b: float) -> np.ndarray:
+            return grid_act[mixed_grid_index(grid_position(cal(b), grid), job.u, grid.size), job.rows]
 
-                def cost_at(lam: float, Uh: np.ndarray = Uh) -> float:
-                    return float(C[rows, price(Uh, lam, self.action_costs_, u)].mean())
+        return _Fitted(clfs, cal), oof
 
-                cal = calibrate_by_bisection(requested, targets, cost_at, _max_useful_price(Uh, self.action_costs_),
-                                             n_validation=n)
+    def _fit_utility(self, job: _CrossFit, bar: Any) -> tuple[_Fitted, Callable[[float], np.ndarray]]:
+        """The utility learner's members, its bisection calibration of λ and its out-of-fold actions."""
+        ks = np.asarray(self.config.actions)
+        models = [_tick(bar, UtilityRegressor(**self._hyper()).fit(job.X[tr], job.U[tr], ks)) for tr, _ in job.folds]
+        Uh = np.empty_like(job.U)
+        for m, (_, ho) in zip(models, job.folds, strict=True):
+            Uh[ho] = m.predict_utilities(job.X[ho])
+        costs = self.action_costs_
 
-                def oof(b: float, cal: Calibration = cal, Uh: np.ndarray = Uh):
-                    return price(Uh, cal(b), self.action_costs_, u)
-            self.learners_[name] = _Fitted(models, cal)
-            held_out[name] = oof
-        bar.close()
-        self.default_learner_, self.selection_ = _select(held_out, U, C, cfg)
-        return self
+        def cost_at(lam: float) -> float:
+            return float(job.C[job.rows, price(Uh, lam, costs, job.u)].mean())
+
+        cal = calibrate_by_bisection(job.requested, job.targets, cost_at, _max_useful_price(Uh, costs),
+                                     n_validation=job.rows.size)
+
+        def oof(b: float) -> np.ndarray:
+            return price(Uh, cal(b), costs, job.u)
+
+        return _Fitted(models, cal), oof
 
     # ------------------------------------------------------------------------------------------ serving
     def _check_fitted(self) -> None:
