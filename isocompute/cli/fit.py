@@ -126,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
         learner=args.learner, cost_unit=args.cost_unit, calibration_folds=args.calibration_folds,
         n_components=args.svd_components, n_rounds=args.n_rounds, calibrate_to=args.calibrate_to, seed=args.seed,
         feature_extras=parse_features(args.features), extra_components=args.extra_components,
-        feature_cost=args.feature_cost,
+        feature_cost=args.feature_cost, fallback=() if args.no_fallback else ("uniform",),
+        fallback_level=args.fallback_level, fallback_margin=args.fallback_margin,
     )
     if args.probe_cost is not None and args.probe_model is None:
         raise InputError("--probe-cost declares the cost of the probe feature; add --probe-model DIR to use one.")
@@ -207,6 +208,35 @@ def _print_fit(args: argparse.Namespace, policy: Any, n_prompts: int, probe_note
         console.print(f"  {name}: knob {cal.knob}; out-of-fold cost within "
                       f"{100 * cal.max_relative_error(within_reach=True):.1f}% of the target up to {cal.realised.max():.4g} "
                       f"(targets to {cal.targets.max():.4g}; {cal.n_validation} prompts)")
+    _print_chain(console, policy)
+
+
+def _print_chain(console: Any, policy: Any) -> None:
+    """Which rule serves where (the never-worse chain of the default learner), with the evidence."""
+    from rich.table import Table
+
+    from isocompute.policy.evaluate import default_budgets
+
+    chain = policy.fallback_[policy.default_learner_]
+    if not policy.config.fallback:
+        console.print("never-worse chain: off (--no-fallback); the learned rule serves every budget")
+        return
+    spans = ", ".join(f"{rule} on [{lo:.4g}, {hi:.4g}]" for rule, lo, hi in chain.ranges())
+    console.print(f"never-worse chain ({' → '.join(('learned', *policy.config.fallback))}): {spans} — the learned "
+                  f"rule serves where the one-sided {100 * chain.level:g}% lower bound of its out-of-fold gain "
+                  f"exceeds {100 * chain.margin:+g}% ({len(chain.budgets)} grid budgets)")
+    t = Table(title="rule per budget (paired bootstrap over the training prompts, each scored out of fold)")
+    for col in ("budget", "serves", "gain vs next rule", "95% CI", "n"):
+        t.add_column(col, justify="right")
+    for b in default_budgets(*policy.config.budget_range):
+        c = chain.at(b)
+        test = c.tests[-1] if c.tests else None
+        if test is None or test.gain is None or test.ci95 is None:
+            t.add_row(f"{b:.4g}", c.rule, "—", "—", str(test.n) if test else "—")
+            continue
+        t.add_row(f"{b:.4g}", c.rule, f"{100 * test.gain:+.2f}%",
+                  f"[{100 * test.ci95[0]:+.2f}, {100 * test.ci95[1]:+.2f}]", str(test.n))
+    console.print(t)
 
 
 def register(subparsers: Any) -> None:
@@ -249,4 +279,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--feature-cost", type=float,
                    help="declare the extra features' cost per request (in --cost-unit) instead of the encoder's "
                         "FLOPs; 0 isolates what they know from what they cost")
+    p.add_argument("--no-fallback", action="store_true",
+                   help="serve the learned rule at every budget, even where it does not beat uniform out of fold")
+    p.add_argument("--fallback-level", type=float, default=0.95,
+                   help="one-sided confidence level of the never-worse test (learned vs uniform, per budget)")
+    p.add_argument("--fallback-margin", type=float, default=0.0,
+                   help="relative gain over uniform the learned rule's lower confidence bound must exceed")
     p.set_defaults(func=run)

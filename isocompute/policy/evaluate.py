@@ -57,11 +57,15 @@ from typing import Any
 import numpy as np
 
 from isocompute.errors import InputError
+from isocompute.policy.fallback import LEARNED, UNIFORM, uniform_actions, uniform_mix
 from isocompute.policy.policy import LEARNERS, Policy, PolicyConfig
 from isocompute.solver.allocate import allocate, feasible_range
 
 BASE_METHODS = ("oracle", "learned", "uniform", "heuristic", "random")
-METHODS = (*BASE_METHODS, "oracle_lp", "learned_batch", *(f"learned_{name}" for name in LEARNERS))
+METHODS = (*BASE_METHODS, "oracle_lp", "learned_batch", *(f"learned_{name}" for name in LEARNERS),
+           "learned_no_fallback")
+__all__ = ["BASE_METHODS", "METHODS", "Evaluation", "check_targets", "cross_validate", "default_budgets", "holdout",
+           "cost_to_reach", "length_rule", "same_accuracy", "summarise", "uniform_mix"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -72,7 +76,11 @@ class Evaluation:
     lacks); ``oracle_actions``/``learned_actions``: (S, B, N) action indices, ``learner_actions``: (S, L, B, N)
     per learner in :data:`LEARNERS` order (−1 where the policy lacks it); ``gap``: (S, B, N)
     U[i, o_i] − min_a U[i, a]; ``fold``: (S, N) held-out fold of each prompt; ``default_learner``:
-    per (seed, fold) the learner ``learned`` used.
+    per (seed, fold) the learner ``learned`` used; ``rules``: per (seed, fold, budget) the rule of the
+    never-worse chain that ``learned`` served (``learned_no_fallback`` is the learner everywhere);
+    ``cost_alt``: (S, M, B, N) the same costs in ``alt_unit`` (FLOPs; None without a FLOP model);
+    ``reference``: the uniform rule at the largest action on all N prompts — ``accuracy``, ``cost``,
+    ``cost_alt`` and ``k`` — the accuracy "same accuracy for less" is measured against.
     """
 
     mode: str
@@ -89,6 +97,10 @@ class Evaluation:
     fold: np.ndarray
     default_learner: list[list[str]]
     selection: list[list[dict[str, Any]]]
+    rules: list[list[list[str]]] | None = None
+    cost_alt: np.ndarray | None = None
+    alt_unit: str | None = None
+    reference: dict[str, Any] | None = None
 
 
 def default_budgets(lo: float, hi: float) -> list[float]:
@@ -98,14 +110,6 @@ def default_budgets(lo: float, hi: float) -> list[float]:
         grid |= {float(2.0**j) for j in range(int(np.floor(np.log2(lo))), int(np.ceil(np.log2(hi))) + 1)
                  if lo <= 2.0**j <= hi}
     return sorted(grid)
-
-
-def uniform_mix(mean_costs: np.ndarray, budget: float) -> tuple[int, int, float]:
-    """(j, j + 1, q): the adjacent actions and the share q of the dearer one whose mean cost is budget."""
-    j = int(np.clip(np.searchsorted(mean_costs, budget, side="right") - 1, 0, mean_costs.size - 2))
-    span = mean_costs[j + 1] - mean_costs[j]
-    q = float(np.clip((budget - mean_costs[j]) / span, 0.0, 1.0)) if span > 0 else 0.0
-    return j, j + 1, q
 
 
 def length_rule(train_lengths: np.ndarray, lengths: np.ndarray, share: float) -> np.ndarray:
@@ -125,71 +129,112 @@ def length_rule(train_lengths: np.ndarray, lengths: np.ndarray, share: float) ->
     return np.where(lengths > thr, 1.0, np.where(lengths == thr, r, 0.0))
 
 
+def _one_hot(a: np.ndarray, A: int) -> np.ndarray:
+    P = np.zeros((a.size, A))
+    P[np.arange(a.size), a] = 1.0
+    return P
+
+
+def _two_point(lo: int, hi: int, p_up: np.ndarray | float, n: int, A: int) -> np.ndarray:
+    """(n, A): action ``hi`` with probability p_up per prompt, else ``lo``."""
+    P = np.zeros((n, A))
+    P[:, lo] += 1 - np.broadcast_to(p_up, (n,))
+    P[:, hi] += np.broadcast_to(p_up, (n,))
+    return P
+
+
+def _method_probs(policy: Policy, X: np.ndarray, u: np.ndarray, route: np.ndarray, U: np.ndarray, C: np.ndarray,
+                  b: float, train_lengths: np.ndarray, lengths: np.ndarray,
+                  default: str) -> tuple[dict[str, tuple[np.ndarray, bool]], np.ndarray, np.ndarray, str]:
+    """Every method's action probabilities per held-out prompt at budget b, and whether it pays the
+    probe and extra features: {method: ((n, A), pays)}, plus the oracle's and the served actions and
+    the rule the never-worse chain served."""
+    n, A = U.shape
+    f_lo, f_hi = feasible_range(C)
+    # With per-prompt (FLOP) costs the held-out part's feasible range can be narrower than the
+    # trained range; the oracle then takes the cheapest (or dearest) action everywhere.
+    b_oracle = float(np.clip(b, f_lo, f_hi))
+    o = allocate(U, C, b_oracle, rounding="deterministic").actions
+    out: dict[str, tuple[np.ndarray, bool]] = {
+        "oracle": (_one_hot(o, A), False),
+        "oracle_lp": (allocate(U, C, b_oracle, rounding="mix").action_probs(), False)}
+    served = o  # replaced below: the default learner is always among the policy's learners
+    rule = LEARNED
+    for name in policy.learners_:
+        a, _ = policy.decide_features(X, u, route, b, name)
+        out[f"learned_{name}"] = (_one_hot(a, A), True)
+        if name != default:
+            continue
+        out["learned_no_fallback"] = (_one_hot(a, A), True)
+        rule = policy.rule_at(b, name).rule
+        if rule == UNIFORM:
+            served = uniform_actions(u, policy.sample_action_costs, b)
+            batch = uniform_actions(u, policy.sample_action_costs, b, match="batch")
+        else:
+            served = a
+            batch, _ = policy.decide_features(X, u, route, b, name, match="batch")
+        out["learned"] = (_one_hot(served, A), rule != UNIFORM)
+        out["learned_batch"] = (_one_hot(batch, A), rule != UNIFORM)
+    lo, hi, q = uniform_mix(C.mean(axis=0), b)
+    out["uniform"] = (_two_point(lo, hi, q, n, A), False)
+    # The heuristic decides from training data only: its two actions and share come from the policy's
+    # per-action training costs (without the probe and extra features it does not use), its threshold
+    # from the training lengths.
+    hlo, hhi, hq = uniform_mix(policy.sample_action_costs, b)
+    out["heuristic"] = (_two_point(hlo, hhi, length_rule(train_lengths, lengths, hq), n, A), False)
+    out["random"] = (np.broadcast_to(np.bincount(o, minlength=A) / n, (n, A)), False)
+    return out, o, served, rule
+
+
 def _score(policy: Policy, prompts: Sequence[str], U: np.ndarray, C: np.ndarray, budgets: np.ndarray,
-           train_lengths: np.ndarray, default: str, probe: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """Scores of every method on one held-out part: dict of arrays (M, B, n) / (B, n).
+           train_lengths: np.ndarray, default: str, probe: np.ndarray | None = None,
+           C_alt: np.ndarray | None = None, paid_alt: float = 0.0) -> dict[str, Any]:
+    """Scores of every method on one held-out part: dict of arrays (M, B, n) / (B, n), and the rule
+    served per budget.
 
     ``C`` is the samples' cost; the learned methods also pay the policy's probe and extra features
-    (``CL = C + c_p + c_f``), the baselines do not.
+    (``C + c_p + c_f``) where the learned rule serves, the baselines do not. ``C_alt``: the same costs
+    in a second unit (FLOPs), with ``paid_alt`` the per-request payment in that unit.
     """
     n, A = U.shape
     rows = np.arange(n)
     X = policy.features(prompts, probe)
-    CL = C + policy.paid_per_request
     u, route = policy.prompt_keys(prompts)
     lengths = np.array([len(p) for p in prompts])
     util = np.full((len(METHODS), budgets.size, n), np.nan)
     cost = np.full_like(util, np.nan)
+    cost_alt = np.full_like(util, np.nan)
     o_act = np.empty((budgets.size, n), dtype=np.intp)
     l_act = np.empty((budgets.size, n), dtype=np.intp)
     per_learner = np.full((len(LEARNERS), budgets.size, n), -1, dtype=np.intp)
     gap = np.empty((budgets.size, n))
-    mean_costs = C.mean(axis=0)
+    rules = []
     M = {m: j for j, m in enumerate(METHODS)}
-    f_lo, f_hi = feasible_range(C)
     for bi, b in enumerate(budgets):
         b = policy.check_budget(b)
-        # With per-prompt (FLOP) costs the held-out part's feasible range can be narrower than the
-        # trained range; the oracle then takes the cheapest (or dearest) action everywhere.
-        b_oracle = float(np.clip(b, f_lo, f_hi))
-        det = allocate(U, C, b_oracle, rounding="deterministic")
-        lp = allocate(U, C, b_oracle, rounding="mix").action_probs()
-        o = det.actions
-        o_act[bi], gap[bi] = o, U[rows, o] - U.min(axis=1)
-        util[M["oracle"], bi], cost[M["oracle"], bi] = U[rows, o], C[rows, o]
-        util[M["oracle_lp"], bi], cost[M["oracle_lp"], bi] = (lp * U).sum(1), (lp * C).sum(1)
+        probs, o, served, rule = _method_probs(policy, X, u, route, U, C, b, train_lengths, lengths, default)
+        for m, (P, pays) in probs.items():
+            util[M[m], bi] = (P * U).sum(axis=1)
+            cost[M[m], bi] = (P * C).sum(axis=1) + (policy.paid_per_request if pays else 0.0)
+            if C_alt is not None:
+                cost_alt[M[m], bi] = (P * C_alt).sum(axis=1) + (paid_alt if pays else 0.0)
         for name in policy.learners_:
-            a, _ = policy.decide_features(X, u, route, b, name)
-            util[M[f"learned_{name}"], bi], cost[M[f"learned_{name}"], bi] = U[rows, a], CL[rows, a]
-            per_learner[LEARNERS.index(name), bi] = a
-            if name == default:
-                l_act[bi] = a
-                util[M["learned"], bi], cost[M["learned"], bi] = U[rows, a], CL[rows, a]
-                ab, _ = policy.decide_features(X, u, route, b, name, match="batch")
-                util[M["learned_batch"], bi], cost[M["learned_batch"], bi] = U[rows, ab], CL[rows, ab]
-        lo, hi, q = uniform_mix(mean_costs, b)
-        util[M["uniform"], bi] = (1 - q) * U[:, lo] + q * U[:, hi]
-        cost[M["uniform"], bi] = (1 - q) * C[:, lo] + q * C[:, hi]
-        # The heuristic decides from training data only: its two actions and share come from the
-        # policy's per-action training costs (without the probe and extra features it does not use), its
-        # threshold from the training lengths.
-        hlo, hhi, hq = uniform_mix(policy.action_costs_ - policy.paid_per_request, b)
-        p_up = length_rule(train_lengths, lengths, hq)
-        util[M["heuristic"], bi] = (1 - p_up) * U[:, hlo] + p_up * U[:, hhi]
-        cost[M["heuristic"], bi] = (1 - p_up) * C[:, hlo] + p_up * C[:, hhi]
-        h = np.bincount(o, minlength=A) / n
-        util[M["random"], bi], cost[M["random"], bi] = U @ h, C @ h
-    return {"utility": util, "cost": cost, "oracle_actions": o_act, "learned_actions": l_act,
-            "learner_actions": per_learner, "gap": gap}
+            per_learner[LEARNERS.index(name), bi] = probs[f"learned_{name}"][0].argmax(axis=1)
+        o_act[bi], l_act[bi], gap[bi] = o, served, U[rows, o] - U.min(axis=1)
+        rules.append(rule)
+    return {"utility": util, "cost": cost, "cost_alt": cost_alt, "oracle_actions": o_act, "learned_actions": l_act,
+            "learner_actions": per_learner, "gap": gap, "rules": rules}
 
 
 def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config: PolicyConfig,
                    budgets: Sequence[float], *, folds: int = 5, seeds: Sequence[int] = (0, 1, 2),
                    probe: np.ndarray | None = None, sample_flops: np.ndarray | None = None,
+                   C_alt: np.ndarray | None = None, paid_alt: float = 0.0, alt_unit: str = "flops",
                    progress: bool = False) -> Evaluation:
     """k-fold CV over prompts for each seed, refitting ``config`` (both learners) on each training part;
     ``probe``: the probe's value per prompt when ``config`` has a probe (split with the prompts);
-    ``sample_flops``: one sample's FLOPs per prompt, to price extra features in samples (split likewise)."""
+    ``sample_flops``: one sample's FLOPs per prompt, to price extra features in samples (split likewise);
+    ``C_alt``: the cost table in ``alt_unit`` too (FLOPs), ``paid_alt`` the per-request payment in it."""
     from tqdm.auto import tqdm
 
     prompts = list(prompts)
@@ -221,14 +266,17 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
     per_learner = np.full((S, len(LEARNERS), budgets_arr.size, N), -1, dtype=np.intp)
     gap = np.empty((S, budgets_arr.size, N))
     fold_of = np.empty((S, N), dtype=np.intp)
+    cost_alt = np.full_like(util, np.nan)
     defaults: list[list[str]] = []
     selections: list[list[dict[str, Any]]] = []
+    rules: list[list[list[str]]] = []
     bar = tqdm(total=S * folds, desc="report: fitting folds", unit="fold", disable=not progress)
     for si, seed in enumerate(seeds):
         perm = np.random.default_rng(seed).permutation(N)
         parts = np.array_split(perm, folds)
         defaults.append([])
         selections.append([])
+        rules.append([])
         for f, test in enumerate(parts):
             test = np.sort(test)
             train = np.sort(np.concatenate(parts[:f] + parts[f + 1:]))
@@ -237,8 +285,11 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
                 sample_flops=None if sf is None else sf[train])
             default = config.learner if config.learner in LEARNERS else pol.default_learner_
             sc = _score(pol, [prompts[i] for i in test], U[test], C[test], budgets_arr,
-                        pol.train_lengths_, default, None if pv is None else pv[test])
+                        pol.train_lengths_, default, None if pv is None else pv[test],
+                        None if C_alt is None else C_alt[test], paid_alt)
             util[si][:, :, test], cost[si][:, :, test] = sc["utility"], sc["cost"]
+            cost_alt[si][:, :, test] = sc["cost_alt"]
+            rules[si].append(sc["rules"])
             o_act[si][:, test], l_act[si][:, test], gap[si][:, test] = (
                 sc["oracle_actions"], sc["learned_actions"], sc["gap"])
             per_learner[si][:, :, test] = sc["learner_actions"]
@@ -248,23 +299,36 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
             bar.update(1)
     bar.close()
     return Evaluation("cv", budgets_arr, config.actions, tuple(seeds), folds, util, cost, o_act, l_act,
-                      per_learner, gap, fold_of, defaults, selections)
+                      per_learner, gap, fold_of, defaults, selections, rules,
+                      None if C_alt is None else cost_alt, None if C_alt is None else alt_unit,
+                      _reference(U, C, C_alt, config.actions))
+
+
+def _reference(U: np.ndarray, C: np.ndarray, C_alt: np.ndarray | None, actions: Sequence[int]) -> dict[str, Any]:
+    """The uniform rule at the largest action: what "same accuracy for less" is measured against."""
+    return {"k": int(actions[-1]), "accuracy": float(U[:, -1].mean()), "cost": float(C[:, -1].mean()),
+            "cost_alt": None if C_alt is None else float(np.asarray(C_alt)[:, -1].mean())}
 
 
 def holdout(policy: Policy, prompts: Sequence[str], U: np.ndarray, C: np.ndarray,
-            budgets: Sequence[float], *, probe: np.ndarray | None = None) -> Evaluation:
-    """Score a fitted policy on prompts it never saw (one part, no refitting); ``probe`` as for decide."""
+            budgets: Sequence[float], *, probe: np.ndarray | None = None, C_alt: np.ndarray | None = None,
+            paid_alt: float = 0.0, alt_unit: str = "flops") -> Evaluation:
+    """Score a fitted policy on prompts it never saw (one part, no refitting); ``probe`` as for decide,
+    ``C_alt`` / ``paid_alt`` as for :func:`cross_validate`."""
     prompts = list(prompts)
     if len(prompts) < 2:
         raise InputError(f"a holdout table needs at least 2 prompts; it has {len(prompts)}.")
     budgets_arr = np.asarray(budgets, dtype=np.float64)
-    sc = _score(policy, prompts, U, C, budgets_arr, policy.train_lengths_, policy.default_learner_, probe)
+    sc = _score(policy, prompts, U, C, budgets_arr, policy.train_lengths_, policy.default_learner_, probe,
+                C_alt, paid_alt)
     n = len(prompts)
     return Evaluation("holdout", budgets_arr, policy.actions, (policy.config.seed,), 1,
                       sc["utility"][None], sc["cost"][None], sc["oracle_actions"][None],
                       sc["learned_actions"][None], sc["learner_actions"][None], sc["gap"][None],
                       np.zeros((1, n), dtype=np.intp),
-                      [[policy.default_learner_]], [[policy.selection_]])
+                      [[policy.default_learner_]], [[policy.selection_]], [[sc["rules"]]],
+                      None if C_alt is None else sc["cost_alt"][None], None if C_alt is None else alt_unit,
+                      _reference(U, C, C_alt, policy.actions))
 
 
 # --------------------------------------------------------------------------------------------- summary
@@ -297,12 +361,10 @@ def summarise(ev: Evaluation, *, n_boot: int = 2000, seed: int = 0) -> dict[str,
             cboot = ev.cost[:, mi[m], bi].mean(axis=0)[idx].mean(axis=1)
             methods[m] = {"accuracy": float(ev.utility[:, mi[m], bi].mean()),
                           "cost": float(ev.cost[:, mi[m], bi].mean()), "ci95": _ci(boot), "cost_ci95": _ci(cboot)}
-        uL, uU = per_prompt[mi["learned"], bi], per_prompt[mi["uniform"], bi]
-        rel = (uL.mean() - uU.mean()) / uU.mean() if uU.mean() > 0 else float("nan")
-        bL, bU = uL[idx].mean(axis=1), uU[idx].mean(axis=1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            boot_rel = np.where(bU > 0, (bL - bU) / bU, np.nan)
-        ci = _ci(boot_rel[np.isfinite(boot_rel)]) if np.isfinite(boot_rel).any() else [float("nan")] * 2
+            if ev.cost_alt is not None:
+                methods[m]["cost_alt"] = float(ev.cost_alt[:, mi[m], bi].mean())
+        uU = per_prompt[mi["uniform"], bi]
+        rel, ci = _paired_gain(per_prompt[mi["learned"], bi], uU, idx)
         match = ev.oracle_actions[:, bi] == ev.learned_actions[:, bi]  # (S, N)
         imitation = float(match.mean())
         regret = methods["oracle"]["accuracy"] - methods["learned"]["accuracy"]
@@ -334,11 +396,14 @@ def summarise(ev: Evaluation, *, n_boot: int = 2000, seed: int = 0) -> dict[str,
                                   "gain_vs_uniform": float(
                     (methods[m]["accuracy"] - methods["uniform"]["accuracy"]) / methods["uniform"]["accuracy"])
                     if methods["uniform"]["accuracy"] > 0 else None}
+        uL = per_prompt[mi["learned"], bi]
         entries.append({
             "budget": float(b),
             "methods": {m: methods[m] for m in METHODS if m in methods},
             "gain_vs_uniform": {"relative": float(rel), "absolute": float(uL.mean() - uU.mean()), "ci95": ci,
                                 "significant": bool(ci[0] > 0 or ci[1] < 0)},
+            "rules": _rule_shares(ev, bi),
+            "gain_no_fallback": _gain_entry(per_prompt[mi["learned_no_fallback"], bi], uU, idx),
             "imitation_accuracy": imitation,
             "regret": float(regret),
             "bound": float((1 - imitation) * gap_max),
@@ -358,7 +423,73 @@ def summarise(ev: Evaluation, *, n_boot: int = 2000, seed: int = 0) -> dict[str,
             "per_fold": per_fold,
         })
     return {"budgets": entries, "n_prompts": N, "bootstrap": n_boot, "bootstrap_seed": seed,
-            "learner_comparison": compare_learners(entries)}
+            "learner_comparison": compare_learners(entries),
+            "same_accuracy": same_accuracy(entries, ev.reference, ev.alt_unit) if ev.reference else None}
+
+
+def _paired_gain(a: np.ndarray, base: np.ndarray, idx: np.ndarray) -> tuple[float, list[float]]:
+    """Relative gain of per-prompt scores ``a`` over ``base`` and its paired bootstrap 95% CI (NaN if base is 0)."""
+    rel = (a.mean() - base.mean()) / base.mean() if base.mean() > 0 else float("nan")
+    ba, bb = a[idx].mean(axis=1), base[idx].mean(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        boot_rel = np.where(bb > 0, (ba - bb) / bb, np.nan)
+    ci = _ci(boot_rel[np.isfinite(boot_rel)]) if np.isfinite(boot_rel).any() else [float("nan")] * 2
+    return float(rel), ci
+
+
+def _gain_entry(a: np.ndarray, base: np.ndarray, idx: np.ndarray) -> dict[str, Any] | None:
+    if np.isnan(a).any():
+        return None
+    rel, ci = _paired_gain(a, base, idx)
+    return {"relative": rel, "ci95": ci, "significant": bool(ci[0] > 0 or ci[1] < 0)}
+
+
+def _rule_shares(ev: Evaluation, bi: int) -> dict[str, float] | None:
+    """Share of the (seed, fold) policies whose never-worse chain served each rule at budget ``bi``."""
+    if ev.rules is None:
+        return None
+    served = [fold[bi] for seed in ev.rules for fold in seed]
+    return {r: served.count(r) / len(served) for r in sorted(set(served))}
+
+
+def cost_to_reach(points: Sequence[tuple[float, float, float | None]], target: float) -> dict[str, Any] | None:
+    """The least cost at which a method's accuracy reaches ``target``, from its (cost, alt cost, accuracy)
+    points at increasing budgets: the first point at or above the target, interpolated linearly from the
+    point before it (a hashed mix of the two budgets' decisions realises every point on that segment,
+    so the interpolated cost is achievable). None when no point reaches it; ``at_lowest`` when the
+    first point already does (the true cost may be lower).
+
+    Example: points (2, ·, 0.80), (4, ·, 0.90) and target 0.85 → cost 3.
+    """
+    prev = None
+    for c, c_alt, acc in points:
+        if acc >= target - 1e-12:
+            if prev is None:
+                return {"cost": c, "cost_alt": c_alt, "at_lowest": True}
+            t = (target - prev[2]) / (acc - prev[2])
+            alt = None if c_alt is None or prev[1] is None else prev[1] + t * (c_alt - prev[1])
+            return {"cost": prev[0] + t * (c - prev[0]), "cost_alt": alt, "at_lowest": False}
+        prev = (c, c_alt, acc)
+    return None
+
+
+def same_accuracy(entries: list[dict[str, Any]], reference: dict[str, Any], alt_unit: str | None) -> dict[str, Any]:
+    """Per method: the cost to reach the accuracy of uniform at the largest action (k = 16 for actions
+    1…16), in the cost unit and in ``alt_unit``, and how many times less that is than the reference's."""
+    target = reference["accuracy"]
+    out: dict[str, Any] = {"reference": reference, "alt_unit": alt_unit, "methods": {}}
+    for m in ("oracle", "learned", "learned_no_fallback", "uniform", "heuristic", "random"):
+        if not all(m in e["methods"] for e in entries):
+            continue
+        pts = [(e["methods"][m]["cost"], e["methods"][m].get("cost_alt"), e["methods"][m]["accuracy"])
+               for e in entries]
+        hit = cost_to_reach(pts, target)
+        if hit is not None:
+            hit["times_less"] = reference["cost"] / hit["cost"] if hit["cost"] > 0 else None
+            hit["times_less_alt"] = (reference["cost_alt"] / hit["cost_alt"]
+                                     if hit["cost_alt"] and reference.get("cost_alt") else None)
+        out["methods"][m] = hit
+    return out
 
 
 def compare_learners(entries: list[dict[str, Any]]) -> dict[str, Any]:

@@ -83,6 +83,15 @@ from isocompute.policy.config import (  # noqa: F401  (re-exported: the policy's
     PolicyConfig,
     ProbeSpec,
 )
+from isocompute.policy.fallback import (
+    LEARNED,
+    UNIFORM,
+    RuleChain,
+    RuleChoice,
+    choose_rules,
+    uniform_actions,
+    uniform_utilities,
+)
 from isocompute.policy.features import PromptFeatures
 from isocompute.policy.learners import (
     MIX_SEED,
@@ -109,7 +118,12 @@ class Decision:
     is None; ``costs``: (N,) expected cost per prompt and ``expected_cost`` their mean, in ``cost_unit``,
     the probe's and the extra features' costs included; ``probe_cost`` and ``feature_cost``: those
     costs per prompt (0 without a probe / extra features);
-    ``match``: how the knob was set (``calibrated`` table or solved on the ``batch``).
+    ``match``: how the knob was set (``calibrated`` table or solved on the ``batch``); ``rule``: which
+    rule of the never-worse chain decided (``learned``, or ``uniform`` where the learned rule did not
+    beat it out of fold at this budget: then k is the budget-matched uniform mix, the knobs are None and
+    nothing is paid for the probe or the extra features, which the uniform rule does not read);
+    ``rule_evidence``: why (JSON-able: the rule, the grid budget tested, a sentence, and each test's
+    gain, 95% CI and number of prompts — :meth:`isocompute.policy.fallback.RuleChoice.evidence`).
     """
 
     k: np.ndarray
@@ -124,6 +138,8 @@ class Decision:
     match: str = "calibrated"
     probe_cost: float = 0.0
     feature_cost: float = 0.0
+    rule: str = LEARNED
+    rule_evidence: dict[str, Any] | None = None
 
 
 @dataclass
@@ -232,7 +248,20 @@ class Policy:
                 fit_one = self._fit_classifier if name == "classifier" else self._fit_utility
                 self.learners_[name], held_out[name] = fit_one(job, bar)
         self.default_learner_, self.selection_ = _select(held_out, U, C, cfg)
+        self.fallback_ = {name: self._choose_rules(job, oof) for name, oof in held_out.items()}
         return self
+
+    def _choose_rules(self, job: _CrossFit, oof: Callable[[float], np.ndarray]) -> RuleChain:
+        """The never-worse chain at every calibration budget: a learner's out-of-fold scores against the
+        rules after it (:mod:`isocompute.policy.fallback`)."""
+        cfg = self.config
+        if not cfg.fallback:
+            return RuleChain.single(LEARNED, job.requested)
+        scores = {LEARNED: np.stack([job.U[job.rows, oof(float(b))] for b in job.requested])}
+        if UNIFORM in cfg.fallback:
+            scores[UNIFORM] = uniform_utilities(job.U, self.sample_action_costs, job.requested)
+        return choose_rules(scores, job.requested, level=cfg.fallback_level, margin=cfg.fallback_margin,
+                            seed=cfg.seed)
 
     def _check_arrays(self, prompts: Sequence[str], U: Any, C: Any) -> tuple[list[str], np.ndarray, np.ndarray]:
         """Prompts as a list and U, C as float arrays of shape (prompts × actions), or InputError."""
@@ -327,6 +356,24 @@ class Policy:
     @property
     def budget_range(self) -> tuple[float, float]:
         return self.config.budget_range
+
+    @property
+    def sample_action_costs(self) -> np.ndarray:
+        """Mean training cost of each action without what every request pays first: the uniform rule's."""
+        return self.action_costs_ - self.paid_per_request
+
+    def rule_at(self, budget: float, learner: str | None = None) -> RuleChoice:
+        """Which rule of the never-worse chain serves at ``budget`` (the nearest grid budget's choice) for
+        ``learner`` (default: the default learner), and why."""
+        self._check_fitted()
+        name = learner or self.default_learner_
+        if name not in self.learners_:
+            raise InputError(f"learner {name!r} is not in this policy; it has {', '.join(self.learners_)}.")
+        return self.fallback_[name].at(self.check_budget(budget))
+
+    def needs_features(self, budget: float, learner: str | None = None) -> bool:
+        """Whether a decision at ``budget`` reads the prompt features (and the probe): not where uniform serves."""
+        return self.rule_at(budget, learner).rule != UNIFORM
 
     @property
     def probe_cost(self) -> float:
@@ -487,6 +534,15 @@ class Policy:
         name = learner or self.default_learner_
         if name not in self.learners_:
             raise InputError(f"learner {name!r} is not in this policy; it has {', '.join(self.learners_)}.")
+        choice = self.fallback_[name].at(b)
+        if choice.rule == UNIFORM:
+            u, _ = self.prompt_keys(prompts)
+            a = uniform_actions(u, self.sample_action_costs, b, match=match)
+            costs = self.sample_action_costs[a]
+            return Decision(
+                k=np.asarray(self.config.actions, dtype=np.int64)[a], action_index=a, budget=b, learner=name,
+                internal_budget=None, lam=None, costs=costs, expected_cost=float(costs.mean()) if costs.size else 0.0,
+                cost_unit=self.config.cost_unit, match=match, rule=UNIFORM, rule_evidence=choice.evidence())
         X = self.features(prompts, probe)
         u, route = self.prompt_keys(prompts)
         a, knob = self.decide_features(X, u, route, b, name, match=match)
@@ -497,7 +553,7 @@ class Policy:
             internal_budget=knob if is_budget else None, lam=None if is_budget else knob,
             costs=costs, expected_cost=float(costs.mean()) if costs.size else 0.0,
             cost_unit=self.config.cost_unit, match=match, probe_cost=self.probe_cost,
-            feature_cost=self.feature_cost_,
+            feature_cost=self.feature_cost_, rule=LEARNED, rule_evidence=choice.evidence(),
         )
 
     # -------------------------------------------------------------------------------------- persistence
@@ -523,6 +579,7 @@ class Policy:
                 "feature_cost": self.feature_cost_,
                 "feature_names": self.feature_names,
                 "heuristic": {"train_prompt_lengths": self.train_lengths_.tolist()},
+                "fallback": {name: chain.to_dict() for name, chain in self.fallback_.items()},
             }
             (d / "policy.json").write_text(json.dumps(meta, indent=2) + "\n")
             for name, f in self.learners_.items():
@@ -552,6 +609,10 @@ class Policy:
             obj.selection_ = meta["selection"]
             obj.n_train_ = meta["n_train"]
             obj.train_lengths_ = np.asarray(meta["heuristic"]["train_prompt_lengths"], dtype=np.int64)
+            grid = budget_grid(*obj.config.budget_range, N_CALIBRATION)
+            chains = meta.get("fallback") or {}  # absent before the fallback: the learned rule everywhere
+            obj.fallback_ = {name: RuleChain.from_dict(chains[name]) if name in chains else RuleChain.single(LEARNED, grid)
+                             for name in meta["learners"]}
             obj.learners_ = {}
             for name in meta["learners"]:
                 state = json.loads((d / name / "state.json").read_text())
