@@ -117,7 +117,7 @@ def parse_features(text: str | None) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from isocompute.policy.fitting import fit_policy
+    from isocompute.policy.fitting import fit_policy, training_table
     from isocompute.policy.policy import PolicyConfig
 
     budgets = parse_budgets(args.budgets) if args.budgets is not None else [1.0, 16.0]
@@ -127,12 +127,14 @@ def run(args: argparse.Namespace) -> int:
         n_components=args.svd_components, n_rounds=args.n_rounds, calibrate_to=args.calibrate_to, seed=args.seed,
         feature_extras=parse_features(args.features), extra_components=args.extra_components,
         feature_cost=args.feature_cost, fallback=() if args.no_fallback else ("uniform",),
-        fallback_level=args.fallback_level, fallback_margin=args.fallback_margin,
+        fallback_level=args.fallback_level, fallback_margin=args.fallback_margin, min_samples=args.min_samples,
+        ragged=args.ragged,
     )
     if args.probe_cost is not None and args.probe_model is None:
         raise InputError("--probe-cost declares the cost of the probe feature; add --probe-model DIR to use one.")
-    table = read_table(args.outcomes)
-    inputs = {"outcomes": table.sha256}
+    full = read_table(args.outcomes)
+    inputs = {"outcomes": full.sha256}
+    table, _, _ = training_table(full, config)  # the prompts the probe, the budget range and the fit see
     model = sample_model = None
     if config.cost_unit == "flops":
         model, extra = model_flops_for(table, args.model_config)
@@ -149,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
                              "needs the table's model: pass --model-config PATH, or declare the cost per request "
                              "with --feature-cost.") from None
         inputs.update(extra)
-    policy = fit_policy(table, config, feasible_budgets=args.budgets is None, model_flops=model,
+    policy = fit_policy(full, config, feasible_budgets=args.budgets is None, model_flops=model,
                         sample_model=sample_model, probe=probe, progress=True)
     policy.save(args.out, inputs=inputs, extra_files=extra_files)
     _print_fit(args, policy, len(table), probe_note)
@@ -193,6 +195,8 @@ def _print_fit(args: argparse.Namespace, policy: Any, n_prompts: int, probe_note
     console = Console(stderr=False)
     console.print(f"policy → {args.out}  ({n_prompts} prompts, actions k = {list(config.actions)}, "
                   f"budgets [{config.budget_range[0]:g}, {config.budget_range[1]:g}] {config.cost_unit})")
+    if policy.training_data_["summary"]:
+        console.print(f"ragged table: {policy.training_data_['summary']}")
     if probe_note:
         console.print(probe_note)
     if config.feature_extras:
@@ -279,6 +283,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--feature-cost", type=float,
                    help="declare the extra features' cost per request (in --cost-unit) instead of the encoder's "
                         "FLOPs; 0 isolates what they know from what they cost")
+    p.add_argument("--min-samples", type=int, default=0,
+                   help="drop prompts with fewer samples than this (and say how many), e.g. the largest action")
+    p.add_argument("--ragged", default="error", choices=("error", "infeasible"),
+                   help="prompts with fewer samples than the largest action: refuse the table, or keep them "
+                        "and mark the actions above their sample count infeasible for them only")
     p.add_argument("--no-fallback", action="store_true",
                    help="serve the learned rule at every budget, even where it does not beat uniform out of fold")
     p.add_argument("--fallback-level", type=float, default=0.95,

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from isocompute.policy.report import write_report
     from isocompute.solver.allocate import feasible_range
     from isocompute.solver.costs import cost_table
-    from isocompute.solver.estimators import utilities
+    from isocompute.solver.ragged import prepare
 
     policy = Policy.load(args.policy)
     cfg = policy.config
@@ -72,9 +72,11 @@ def run(args: argparse.Namespace) -> int:
     if cfg.cost_unit == "flops":
         model, extra = model_flops_for(table, args.model_config)
         inputs.update(extra)
+    prep = prepare(table, cfg.actions, cfg.strategy, min_samples=cfg.min_samples, ragged=cfg.ragged)
+    table = prep.table  # the prompts the policy's config keeps (ragged tables: solver.ragged)
     C = cost_table(table.prompt_tokens, table.mean_completion_tokens, cfg.actions, unit=cfg.cost_unit, model=model)
     alt = _alt_costs(args, table, policy, model, inputs)
-    U = utilities(table, cfg.actions, cfg.strategy)
+    U = prep.utilities
     probe, probe_info = None, None
     if cfg.probe is not None:
         probe, probe_info = _probe_values(args, cfg.probe, table.prompts, U)
@@ -112,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
                    "fallback": {"ranges": [list(r) for r in policy.fallback_[policy.default_learner_].ranges()],
                                 "at_budgets": [policy.rule_at(b).evidence() for b in budgets]}},
         "probe": probe_info,
+        "ragged": {"dropped": len(prep.dropped), "min_samples": prep.min_samples, "ragged_prompts": prep.n_ragged,
+                   "summary": prep.summary()},
         "features": None if not cfg.feature_extras else {
             "extras": list(cfg.feature_extras), "extra_components": cfg.extra_components,
             "fitted_policy_cost": policy.feature_cost_, "declared": cfg.feature_cost,

@@ -15,6 +15,7 @@ import numpy as np
 
 from isocompute.errors import InputError
 from isocompute.solver.estimators import STRATEGIES
+from isocompute.solver.ragged import RAGGED_MODES
 
 LEARNERS = ("classifier", "utility")
 COST_UNITS = ("samples", "flops")
@@ -93,7 +94,9 @@ class PolicyConfig:
     (:mod:`isocompute.policy.fallback`; ``("uniform",)``, or ``()`` to serve the learned rule at every
     budget), fallback_level / fallback_margin: the learned rule serves at a budget only where the
     one-sided lower confidence bound (at this level; paired bootstrap over the training prompts, out of
-    fold) of its relative gain over the next rule exceeds the margin; the rest are LightGBM
+    fold) of its relative gain over the next rule exceeds the margin; min_samples / ragged: which
+    prompts of a ragged table are kept (:mod:`isocompute.solver.ragged`: drop those with fewer samples,
+    and ``error`` or mark actions above a prompt's samples ``infeasible`` for it); the rest are LightGBM
     hyper-parameters and the seed.
     """
 
@@ -118,6 +121,8 @@ class PolicyConfig:
     fallback: tuple[str, ...] = ("uniform",)
     fallback_level: float = 0.95
     fallback_margin: float = 0.0
+    min_samples: int = 0
+    ragged: str = "error"
 
     def __post_init__(self) -> None:
         acts = tuple(self.actions)
@@ -149,6 +154,10 @@ class PolicyConfig:
             raise InputError(f"probe must be a ProbeSpec or None; you passed {self.probe!r}.")
         self._check_extras()
         self._check_fallback()
+        if self.ragged not in RAGGED_MODES:
+            raise InputError(f"ragged must be one of {', '.join(RAGGED_MODES)}; you passed {self.ragged!r}.")
+        if isinstance(self.min_samples, bool) or not isinstance(self.min_samples, int | np.integer) or self.min_samples < 0:
+            raise InputError(f"min_samples must be an integer ≥ 0 (e.g. 16); you passed {self.min_samples!r}.")
 
     def _check_fallback(self) -> None:
         chain = (self.fallback,) if isinstance(self.fallback, str) else tuple(self.fallback)

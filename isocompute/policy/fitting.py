@@ -11,6 +11,9 @@ Default budget range: with mean action costs c̄_1 < … < c̄_A on the table an
 *inwards* to 4 significant digits of the upper end, so a report's rounded budget grid stays inside.
 Example: actions 1…16 in samples, a probe of 0.4321 samples → [1.433, 16.43].
 
+A ragged table (prompts with fewer samples than the largest action) is first cut to the prompts the
+config keeps (:func:`training_table`, :mod:`isocompute.solver.ragged`).
+
 Ignores: computing the probe's values (a model call: :mod:`isocompute.engines.probe_cache`; the
 caller passes them) and reading files (the CLI reads the table and the model config).
 """
@@ -29,6 +32,7 @@ from isocompute.policy.config import PolicyConfig
 from isocompute.policy.policy import Policy
 from isocompute.solver.allocate import feasible_range
 from isocompute.solver.costs import cost_table
+from isocompute.solver.ragged import drop_short
 
 
 def sample_flops_for(table: Any, model: Any) -> np.ndarray:
@@ -66,6 +70,14 @@ def default_budget_range(table: Any, config: PolicyConfig, *, model_flops: Any =
     return round(lo, 12), round(hi, 12)
 
 
+def training_table(table: Any, config: PolicyConfig) -> tuple[Any, list[str], int]:
+    """(the prompts the config keeps, the ids it drops, the threshold): prompts with fewer samples than
+    ``config.min_samples`` (or than the smallest action, with ``ragged="infeasible"``) are dropped, and
+    a ragged rest without ``ragged="infeasible"`` is an InputError naming both ways to keep it."""
+    sub, _, dropped, floor = drop_short(table, config.actions, min_samples=config.min_samples, ragged=config.ragged)
+    return sub, dropped, floor
+
+
 def fit_policy(table: Any, config: PolicyConfig, *, feasible_budgets: bool = False, model_flops: Any = None,
                sample_model: Any = None, probe: np.ndarray | None = None, progress: bool = False) -> Policy:
     """Fit ``config`` on an outcome table and return the fitted :class:`Policy`.
@@ -74,8 +86,11 @@ def fit_policy(table: Any, config: PolicyConfig, *, feasible_budgets: bool = Fal
     of ``config.budget_range``. ``model_flops``: the FLOP shape that prices the ``flops`` cost unit.
     ``sample_model``: the table's model, which prices extra features in samples (default
     ``model_flops``; not needed when the config declares ``feature_cost``). ``probe``: the probe's value
-    per prompt, exactly when the config has a probe.
+    per prompt the config keeps (:func:`training_table`; every prompt of a table that is not ragged),
+    exactly when the config has a probe. What was dropped is in the policy's ``training_data_``.
     """
+    full = table
+    table, dropped, floor = training_table(table, config)
     sample_flops = None
     if config.feature_extras and config.cost_unit == "samples" and config.feature_cost is None:
         model = sample_model if sample_model is not None else model_flops
@@ -87,5 +102,13 @@ def fit_policy(table: Any, config: PolicyConfig, *, feasible_budgets: bool = Fal
     if feasible_budgets:
         config = dataclasses.replace(config, budget_range=default_budget_range(
             table, config, model_flops=model_flops, sample_flops=sample_flops))
-    return Policy(config).fit(table, model_flops=model_flops, probe=probe, sample_flops=sample_flops,
-                              progress=progress)
+    policy = Policy(config).fit(table, model_flops=model_flops, probe=probe, sample_flops=sample_flops,
+                                progress=progress)
+    policy.training_data_.update(prompts_in_table=len(full), dropped=len(dropped), dropped_ids=dropped[:20],
+                                 min_samples=floor)
+    if dropped:
+        ragged = policy.training_data_["summary"]
+        policy.training_data_["summary"] = "; ".join(
+            x for x in (f"dropped {len(dropped)} of {len(full)} prompts with fewer than {floor} samples "
+                        f"(e.g. {dropped[0]!r})", ragged) if x)
+    return policy

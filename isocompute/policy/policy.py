@@ -196,12 +196,27 @@ class Policy:
 
         ``model_flops`` (the served model's FLOP shape, ``isocompute.flops.load_model_flops``): prices the
         flops cost unit and, with extra features in the samples unit, one sample's FLOPs per training prompt
-        (the k = 1 column of the flops cost table), unless ``sample_flops`` gives those directly."""
+        (the k = 1 column of the flops cost table), unless ``sample_flops`` gives those directly.
+
+        A ragged table (prompts with fewer samples than the largest action) is kept as the config says
+        (``min_samples``, ``ragged``: :func:`isocompute.solver.ragged.prepare`); what was dropped or marked
+        is in :attr:`training_data_`. ``costs``, ``probe`` and ``sample_flops`` are per prompt of ``table``.
+        """
         from isocompute.solver.costs import cost_table
-        from isocompute.solver.estimators import utilities
+        from isocompute.solver.ragged import prepare
 
         cfg = self.config
-        U = utilities(table, cfg.actions, cfg.strategy)
+        prep = prepare(table, cfg.actions, cfg.strategy, min_samples=cfg.min_samples, ragged=cfg.ragged)
+        full, table = len(table), prep.table
+
+        def rows(x: Any) -> Any:
+            """A per-prompt array of the input table, cut to the kept prompts (a wrong shape is left for
+            fit_arrays to report)."""
+            if x is None or not prep.dropped or np.shape(x)[:1] != (full,):
+                return x
+            return np.asarray(x)[prep.kept]
+
+        costs, probe, sample_flops = rows(costs), rows(probe), rows(sample_flops)
         if costs is None:
             costs = cost_table(table.prompt_tokens, table.mean_completion_tokens, cfg.actions,
                                unit=cfg.cost_unit, model=model_flops)
@@ -209,7 +224,12 @@ class Policy:
                 and cfg.feature_cost is None and model_flops is not None):
             sample_flops = cost_table(table.prompt_tokens, table.mean_completion_tokens, (1,), unit="flops",
                                       model=model_flops)[:, 0]
-        return self.fit_arrays(table.prompts, U, costs, probe=probe, sample_flops=sample_flops, progress=progress)
+        self.fit_arrays(table.prompts, prep.utilities, costs, probe=probe, sample_flops=sample_flops,
+                        progress=progress)
+        self.training_data_ = {"prompts_in_table": full, "dropped": len(prep.dropped),
+                               "dropped_ids": prep.dropped[:20], "min_samples": prep.min_samples,
+                               "ragged_prompts": prep.n_ragged, "summary": prep.summary()}
+        return self
 
     def fit_arrays(self, prompts: Sequence[str], U: np.ndarray, C: np.ndarray, *, probe: np.ndarray | None = None,
                    sample_flops: np.ndarray | None = None, progress: bool = False) -> Policy:
@@ -580,6 +600,7 @@ class Policy:
                 "feature_names": self.feature_names,
                 "heuristic": {"train_prompt_lengths": self.train_lengths_.tolist()},
                 "fallback": {name: chain.to_dict() for name, chain in self.fallback_.items()},
+                "training_data": getattr(self, "training_data_", None),
             }
             (d / "policy.json").write_text(json.dumps(meta, indent=2) + "\n")
             for name, f in self.learners_.items():
