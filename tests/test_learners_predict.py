@@ -69,10 +69,19 @@ def test_classifier_probabilities_equal_booster_predict(data):
 
 
 def test_probe_rows_span_the_training_range_and_reach_many_leaves(data, utility):
-    X, _, _ = data
+    import lightgbm as lgb
+
+    X, U, _ = data
     P = probe_rows(utility.booster_)
     assert P.shape == (booster_predict.PROBE_ROWS, 7) and np.isnan(P[-1]).all()
     assert (P[:-1, :6].min(axis=0) < X.min(axis=0)).all() and (P[:-1, :6].max(axis=0) > X.max(axis=0)).all()
+    # a feature constant in training has no recorded range; the others keep theirs, column by column
+    Xc = X.copy()
+    Xc[:, 1] = 5.0
+    b = lgb.train({"verbose": -1, "num_threads": 1, "min_data_in_leaf": 5}, lgb.Dataset(Xc, U[:, 0]), 3)
+    Pc = probe_rows(b)[:-1]
+    assert (Pc[:, 1] >= -0.05).all() and (Pc[:, 1] <= 1.05).all()
+    assert Pc[:, 2].min() < X[:, 2].min() and Pc[:, 2].max() > X[:, 2].max()
     leaves = utility.booster_.predict(P, pred_leaf=True)  # (rows, trees): the leaf each row ends in
     assert all(len(np.unique(leaves[:, t])) >= 4 for t in range(leaves.shape[1]))
 

@@ -69,14 +69,17 @@ def _public_predict(booster: Any, X: np.ndarray) -> np.ndarray:
 
 
 def probe_rows(booster: Any, n: int = PROBE_ROWS, seed: int = PROBE_SEED) -> np.ndarray:
-    """(n, d) rows uniform over each feature's training range (LightGBM records it in the model as
-    ``feature_infos``), plus one row of missing values: the check should reach many leaves."""
+    """(n, d) rows uniform over each feature's training range widened by 5% on each side (LightGBM records
+    the range in the model as ``feature_infos``; [0, 1] for a feature that was constant), the last row all
+    missing values: the check should reach many leaves."""
     infos = booster.dump_model(num_iteration=1)["feature_infos"]  # one iteration: the header is what counts
-    d = booster.num_feature()
-    lo, hi = np.zeros(d), np.ones(d)
-    for j, info in enumerate(infos.values()):
+    names = booster.feature_name()
+    lo, hi = np.zeros(len(names)), np.ones(len(names))
+    for j, name in enumerate(names):
+        info = infos.get(name)  # absent for a feature that was constant in training
         if isinstance(info, dict) and "min_value" in info:
             lo[j], hi[j] = info["min_value"], info["max_value"]
+    d = len(names)
     width = np.maximum(hi - lo, 1e-12)
     rows = lo - 0.05 * width + 1.1 * width * np.random.default_rng(seed).random((n - 1, d))
     return np.vstack([rows, np.full((1, d), np.nan)])
