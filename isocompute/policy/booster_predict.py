@@ -16,9 +16,9 @@ or the internals are missing.
 
 Ignores: raw scores, SHAP contributions, leaf indices, sparse input, more than one thread.
 
->>> import lightgbm as lgb, numpy as np                                     # doctest: +SKIP
+>>> import lightgbm as lgb
 >>> X = np.random.default_rng(0).normal(size=(200, 3))
->>> booster = lgb.train({"verbose": -1}, lgb.Dataset(X, X[:, 0] > 0), 5)
+>>> booster = lgb.train({"verbose": -1, "num_threads": 1}, lgb.Dataset(X, X[:, 0] > 0), 5)
 >>> p = BoosterPredictor(booster)
 >>> p.fast, np.array_equal(p(X[:4]), booster.predict(X[:4]))
 (True, True)
