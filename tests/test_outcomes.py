@@ -170,6 +170,9 @@ S = {"answer": "1", "correct": True}
         ([rec("a", [{"answer": ["1"], "correct": True}])], r"samples\[0\].answer must be a string or null"),
         ([rec("a", [{**S, "score": "high"}])], r"samples\[0\].score must be a number"),
         ([rec("a"), rec("b", [S, {**S, "score": float("inf")}])], r"line 2: samples\[1\].score must be a finite"),
+        # json.dumps writes NaN and json.loads reads it back: the reader must not take it for "no score"
+        ([rec("a"), rec("b", [{**S, "score": 0.5}, {**S, "score": float("nan")}])], r"line 2: samples\[1\].score must be a finite"),
+        ([rec("a", [S, {**S, "score": float("nan")}])], r"line 1: samples\[1\].score must be a finite"),
         ([rec("a", [{**S, "completion_tokens": -3}])], r"samples\[0\].completion_tokens must be an integer >= 0"),
         ([rec("a", [{**S, "completion_tokens": 3.5}])], r"samples\[0\].completion_tokens must be an integer"),
         ([rec("a", prompt_tokens=-1)], r"prompt_tokens must be an integer >= 0"),

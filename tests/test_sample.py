@@ -187,3 +187,23 @@ def test_run_sample_returns_result(tiny_dir, tmp_path):
     assert (res.total, res.skipped, res.written, res.samples) == (3, 0, 3, 6)
     assert res.completion_tokens == sum(s["completion_tokens"] for r in read_lines(cfg.out) for s in r["samples"])
     assert res.completion_tokens_per_s > 0 and 0.0 <= res.accuracy <= 1.0
+
+
+def test_broken_math_verify_stops_the_job_before_sampling(tiny_dir, tmp_path, monkeypatch, capsys):
+    """A GSM8K run needs math-verify: without it the job exits 2 at start-up, before any generation,
+    rather than grading every answer wrong (or losing the first batch)."""
+    from isocompute.tasks import grading
+
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text(json.dumps({"question": "What is 9 + 9?", "answer": "9 + 9 = 18\n#### 18"}) + "\n")
+    grading._math_verify.cache_clear()
+    monkeypatch.setitem(sys.modules, "math_verify", None)  # `import math_verify` now raises ImportError
+    out = tmp_path / "o.jsonl"
+    args = ["sample", "--task", "gsm8k", "--data", str(data), "--engine", "transformers", "--model", str(tiny_dir),
+            "--n", "1", "--max-tokens", "4", "--threads", "1", "--no-progress", "--out", str(out)]
+    try:
+        assert main(args) == 2
+    finally:
+        grading._math_verify.cache_clear()
+    assert "math-verify is not installed or does not import" in capsys.readouterr().err
+    assert not out.exists()

@@ -189,10 +189,10 @@ def _with_probe(args: argparse.Namespace, config: Any, table: Any, model: Any,
 
 
 def _print_fit(args: argparse.Namespace, policy: Any, n_prompts: int, probe_note: str) -> None:
-    from rich.console import Console
+    from isocompute.cli.console import console as make_console
 
     config = policy.config
-    console = Console(stderr=False)
+    console = make_console()
     console.print(f"policy → {args.out}  ({n_prompts} prompts, actions k = {list(config.actions)}, "
                   f"budgets [{config.budget_range[0]:g}, {config.budget_range[1]:g}] {config.cost_unit})")
     if policy.training_data_["summary"]:

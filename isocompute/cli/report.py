@@ -127,9 +127,11 @@ def run(args: argparse.Namespace) -> int:
               "holdout": bool(args.holdout), "bootstrap": args.bootstrap, "bootstrap_seed": args.seed}
     write_report(args.out, report, inputs=inputs, params=params)
 
-    from rich.console import Console
     from rich.table import Table
 
+    from isocompute.cli.console import console
+
+    con = console()
     t = Table(title=f"held-out accuracy ({ev.mode}, {len(table)} prompts) → {args.out}")
     for col in ("budget", "oracle", "learned", "uniform", "heuristic", "random", "cost", "gain vs uniform [CI]",
                 "served learned", "imitation", "ceiling"):
@@ -143,18 +145,18 @@ def run(args: argparse.Namespace) -> int:
                   f"{100 * g['relative']:+.1f}% [{100 * g['ci95'][0]:+.1f}, {100 * g['ci95'][1]:+.1f}]{sig}",
                   f"{100 * (e['rules'] or {}).get('learned', 0.0):.0f}%",
                   f"{e['imitation_accuracy']:.3f}", f"{e['imitation_ceiling']:.3f}")
-    Console().print(t)
-    Console().print("learned = the policy as served: at each budget its never-worse chain serves the learned rule "
+    con.print(t)
+    con.print("learned = the policy as served: at each budget its never-worse chain serves the learned rule "
                     "only where it beat uniform out of fold, else uniform ('served learned': share of the refitted "
                     "policies that served the learned rule).")
-    Console().print(report["learner_comparison"]["why"])
-    _print_same_accuracy(report["same_accuracy"], cfg.cost_unit)
+    con.print(report["learner_comparison"]["why"])
+    _print_same_accuracy(con, report["same_accuracy"], cfg.cost_unit)
     if probe_info is not None:
-        Console().print(f"probe {probe_info['name']} ({probe_info['source']}): the learned policy pays "
+        con.print(f"probe {probe_info['name']} ({probe_info['source']}): the learned policy pays "
                         f"{probe_info['cost']:.4g} {cfg.cost_unit} per request for it in every column above; "
                         f"Spearman ρ with 1-sample accuracy {probe_info['spearman_vs_accuracy_k1']:+.3f}")
     if cfg.feature_extras:
-        Console().print(f"extra features {', '.join(cfg.feature_extras)}: the learned policy pays "
+        con.print(f"extra features {', '.join(cfg.feature_extras)}: the learned policy pays "
                         f"{policy.feature_cost_:.4g} {cfg.cost_unit} per request for them in every column above "
                         f"(declared by the fitted policy; every refit pays the same)")
     return 0
@@ -184,9 +186,8 @@ def _alt_costs(args: argparse.Namespace, table: Any, policy: Any, model: Any, in
                                 model=model), "paid_alt": float(paid), "alt_unit": "flops"}
 
 
-def _print_same_accuracy(same: dict[str, Any] | None, unit: str) -> None:
+def _print_same_accuracy(con: Any, same: dict[str, Any] | None, unit: str) -> None:
     """"Same accuracy for N× less": each method's cost to reach uniform's accuracy at the largest k."""
-    from rich.console import Console
     from rich.table import Table
 
     if not same:
@@ -207,7 +208,7 @@ def _print_same_accuracy(same: dict[str, Any] | None, unit: str) -> None:
             row += [f"{le}{hit['cost_alt']:.4g}" if hit["cost_alt"] is not None else "—",
                     f"{hit['times_less_alt']:.2f}×" if hit["times_less_alt"] else "—"]
         t.add_row(*row)
-    Console().print(t)
+    con.print(t)
 
 
 def _probe_values(args: argparse.Namespace, spec: Any, prompts: list[str], U: Any) -> tuple[Any, dict[str, Any]]:

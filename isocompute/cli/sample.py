@@ -190,10 +190,12 @@ async def _model_dir_and_name(cfg: SampleConfig, engine: Any) -> tuple[str | Non
 async def run_sample_async(cfg: SampleConfig, engine: Any | None = None) -> SampleResult:
     """The job (see the module docstring). ``engine`` overrides the one ``cfg`` describes (tests, bench)."""
     from isocompute.solver.outcomes import OutcomeWriter
-    from isocompute.tasks.grading import Grader
+    from isocompute.tasks.grading import NUMERIC_TASKS, Grader, require_math_verify
     from isocompute.tasks.registry import load_task
 
     problems = load_task(cfg.task, cfg.data, cfg.limit, cfg.data_seed)
+    if any(p.task not in NUMERIC_TASKS for p in problems):
+        require_math_verify()  # a broken install stops the job here, not after the first batch is generated
     own_engine = engine is None
     engine = engine if engine is not None else _build_engine(cfg)
     grader = Grader(workers=cfg.grade_workers)

@@ -343,7 +343,11 @@ def _build(items: Iterable[tuple[Any, Callable[[], str]]], source: str, sha256: 
 
     scores_flat = np.asarray(score_all, dtype=np.float64)  # None -> NaN
     tokens_flat = np.asarray(tok_all, dtype=np.float64)
-    for bad, what in ((np.isinf(scores_flat), ".score must be a finite number"),
+    not_finite = np.isinf(scores_flat)
+    if np.isnan(scores_flat).sum() != score_all.count(None):
+        # json.loads reads `NaN`; it must not pass for an absent score (None), which is NaN here too.
+        not_finite |= np.fromiter((s is not None and s != s for s in score_all), bool, len(score_all))
+    for bad, what in ((not_finite, ".score must be a finite number"),
                       (tokens_flat < 0, ".completion_tokens must be an integer >= 0")):
         if bad.any():
             where, j = locate(int(np.argmax(bad)))

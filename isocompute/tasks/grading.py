@@ -51,11 +51,13 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
-from isocompute.errors import InputError
+from isocompute.errors import DependencyError, InputError
 from isocompute.tasks.base import Problem
 from isocompute.tasks.extract import extract_answer, normalize_answer
 
-__all__ = ["GradeResult", "Grader", "answer_correct", "grade", "math_equal", "numbers_equal"]
+__all__ = [
+    "GradeResult", "Grader", "answer_correct", "grade", "math_equal", "numbers_equal", "require_math_verify",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -92,16 +94,42 @@ class _MathVerifyNoise(logging.Filter):
 
 @lru_cache(maxsize=1)
 def _math_verify() -> tuple[Any, Any]:
-    # Imported lazily: math-verify pulls in sympy (~1 s), which `import isocompute.tasks` should not pay.
+    """math-verify's ``(parse, verify)``, after checking once that it really grades.
+
+    Imported lazily: math-verify pulls in sympy (~1 s), which ``import isocompute.tasks`` should not pay.
+    The known-answer check matters because math-verify's ``parse`` turns any exception — a missing
+    LaTeX parser (antlr4) among them — into "no answer" logged at DEBUG, so a broken install would grade
+    every math answer wrong without a word. A failure raises :class:`DependencyError`; lru_cache does
+    not cache it, so every later call raises it again rather than grading.
+    """
+    fix = "reinstall it with `pip install 'math-verify[antlr4_13_2]'`"
     try:
         from math_verify import parse, verify
-    except ImportError as e:  # pragma: no cover - it is a declared dependency
-        raise InputError(
-            "math-verify is not installed; install it with `pip install 'math-verify[antlr4_13_2]'`."
-        ) from e
+    except ImportError as e:
+        raise DependencyError(f"math-verify is not installed or does not import ({e}); {fix}.") from e
     for name in ("math_verify.parser", "math_verify.grader"):
         logging.getLogger(name).addFilter(_MathVerifyNoise())
+    try:
+        # \frac{2}{4} and \frac{1}{2} differ as strings, so only a working LaTeX parser calls them equal.
+        half, two_quarters = (parse(t, parsing_timeout=None) for t in ("$\\frac{1}{2}$", "$\\frac{2}{4}$"))
+        works = bool(verify(half, two_quarters, timeout_seconds=None))
+    except Exception as e:  # whatever broke inside math-verify, the message names it
+        raise DependencyError(f"math-verify cannot parse LaTeX ({type(e).__name__}: {e}); {fix}.") from e
+    if not works:
+        raise DependencyError(
+            "math-verify cannot parse LaTeX: it grades \\frac{1}{2} and \\frac{2}{4} as different (its own "
+            f"error is logged by the `math_verify` logger at DEBUG); {fix}."
+        )
     return parse, verify
+
+
+def require_math_verify() -> None:
+    """Raise :class:`DependencyError` unless math-verify imports and grades ``1/2 = 2/4``; cached.
+
+    Call it before work whose grading will need math-verify, so a broken install stops the job at
+    start-up, not after hours of sampling.
+    """
+    _math_verify()
 
 
 @lru_cache(maxsize=4096)
@@ -165,6 +193,8 @@ def _soft_timeout(seconds: float | None) -> Iterator[None]:
 
 
 def _math_equal_status(gold: str, pred: str, timeout: float | None) -> int:
+    # Outside the try: a broken math-verify is the job's error, not one wrong answer.
+    require_math_verify()
     try:
         with _soft_timeout(timeout):
             return _RIGHT if math_equal(gold, pred) else _WRONG
@@ -294,6 +324,9 @@ class Grader:
 
     def _ensure_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
+            # Checked here, in the parent, so the error reaches the caller with its message; a worker
+            # whose initializer raises only leaves a BrokenProcessPool behind.
+            require_math_verify()
             ctx = multiprocessing.get_context(self.start_method)
             if self.start_method == "forkserver":
                 # Workers fork from a server that has math-verify imported, so a rebuild after a kill
@@ -304,14 +337,20 @@ class Grader:
             # Start every worker now, so process start-up does not eat into the first chunk's deadline.
             ready = [pool.submit(_worker_ready) for _ in range(self.workers)]
             _, late = wait(ready, timeout=self.startup_timeout)
+            self._pool = pool
             if late:
-                self._pool = pool
                 self._kill()
                 raise InputError(
                     f"grading workers did not start within {self.startup_timeout:.0f} s; the machine may be "
                     "overloaded — raise startup_timeout or lower workers."
                 )
-            self._pool = pool
+            if any(f.exception() is not None for f in ready):
+                self._kill()
+                raise DependencyError(
+                    "grading workers failed in their initializer (math-verify's import and warm-up; the "
+                    "traceback is printed above) although math-verify works in this process; check the "
+                    "environment a fresh Python process inherits (PYTHONPATH, the virtualenv)."
+                )
         return self._pool
 
     def _kill(self) -> None:
