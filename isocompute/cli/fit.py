@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         feature_extras=parse_features(args.features), extra_components=args.extra_components,
         feature_cost=args.feature_cost, fallback=() if args.no_fallback else ("uniform",),
         fallback_level=args.fallback_level, fallback_margin=args.fallback_margin, min_samples=args.min_samples,
-        ragged=args.ragged,
+        ragged=args.ragged, shrinkage=args.shrinkage,
     )
     if args.probe_cost is not None and args.probe_model is None:
         raise InputError("--probe-cost declares the cost of the probe feature; add --probe-model DIR to use one.")
@@ -288,6 +288,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--ragged", default="error", choices=("error", "infeasible"),
                    help="prompts with fewer samples than the largest action: refuse the table, or keep them "
                         "and mark the actions above their sample count infeasible for them only")
+    p.add_argument("--shrinkage", default="none", choices=("none", "eb"),
+                   help="train the learners on utilities shrunk toward the task's mean (empirical Bayes), so "
+                        "the oracle labels they imitate are less noisy; calibration and evaluation use the raw ones")
     p.add_argument("--no-fallback", action="store_true",
                    help="serve the learned rule at every budget, even where it does not beat uniform out of fold")
     p.add_argument("--fallback-level", type=float, default=0.95,

@@ -93,8 +93,15 @@ def run(args: argparse.Namespace) -> int:
         seeds: tuple[int, ...] = (cfg.seed,)
     else:
         seeds = parse_seeds(args.seeds)
+        shrink = {}
+        if cfg.shrinkage == "eb":
+            from isocompute.policy.policy import task_groups
+            from isocompute.policy.shrinkage import sampling_variance
+
+            shrink = {"label_var": sampling_variance(table, cfg.actions, cfg.strategy, seed=cfg.seed),
+                      "groups": task_groups(table)}
         ev = cross_validate(table.prompts, U, C, cv_cfg, budgets, folds=args.folds, seeds=seeds, probe=probe,
-                            progress=True, **alt)
+                            progress=True, **alt, **shrink)
     summary = summarise(ev, n_boot=args.bootstrap, seed=args.seed)
     from isocompute.policy.label_noise import oracle_label_agreement
 

@@ -96,8 +96,9 @@ class PolicyConfig:
     one-sided lower confidence bound (at this level; paired bootstrap over the training prompts, out of
     fold) of its relative gain over the next rule exceeds the margin; min_samples / ragged: which
     prompts of a ragged table are kept (:mod:`isocompute.solver.ragged`: drop those with fewer samples,
-    and ``error`` or mark actions above a prompt's samples ``infeasible`` for it); the rest are LightGBM
-    hyper-parameters and the seed.
+    and ``error`` or mark actions above a prompt's samples ``infeasible`` for it); shrinkage: ``eb``
+    trains the learners on utilities shrunk toward the task's mean (:mod:`isocompute.policy.shrinkage`),
+    ``none`` on the raw ones; the rest are LightGBM hyper-parameters and the seed.
     """
 
     actions: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -123,6 +124,7 @@ class PolicyConfig:
     fallback_margin: float = 0.0
     min_samples: int = 0
     ragged: str = "error"
+    shrinkage: str = "none"
 
     def __post_init__(self) -> None:
         acts = tuple(self.actions)
@@ -154,6 +156,9 @@ class PolicyConfig:
             raise InputError(f"probe must be a ProbeSpec or None; you passed {self.probe!r}.")
         self._check_extras()
         self._check_fallback()
+        if self.shrinkage not in ("none", "eb"):
+            raise InputError(f"shrinkage must be none or eb (empirical Bayes toward the task's mean); you passed "
+                             f"{self.shrinkage!r}.")
         if self.ragged not in RAGGED_MODES:
             raise InputError(f"ragged must be one of {', '.join(RAGGED_MODES)}; you passed {self.ragged!r}.")
         if isinstance(self.min_samples, bool) or not isinstance(self.min_samples, int | np.integer) or self.min_samples < 0:

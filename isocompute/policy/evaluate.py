@@ -59,6 +59,7 @@ import numpy as np
 from isocompute.errors import InputError
 from isocompute.policy.fallback import LEARNED, UNIFORM, uniform_actions, uniform_mix
 from isocompute.policy.policy import LEARNERS, Policy, PolicyConfig
+from isocompute.policy.shrinkage import shrink_utilities
 from isocompute.solver.allocate import allocate, feasible_range
 
 BASE_METHODS = ("oracle", "learned", "uniform", "heuristic", "random")
@@ -230,11 +231,15 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
                    budgets: Sequence[float], *, folds: int = 5, seeds: Sequence[int] = (0, 1, 2),
                    probe: np.ndarray | None = None, sample_flops: np.ndarray | None = None,
                    C_alt: np.ndarray | None = None, paid_alt: float = 0.0, alt_unit: str = "flops",
+                   label_var: np.ndarray | None = None, groups: Sequence[str] | None = None,
                    progress: bool = False) -> Evaluation:
     """k-fold CV over prompts for each seed, refitting ``config`` (both learners) on each training part;
     ``probe``: the probe's value per prompt when ``config`` has a probe (split with the prompts);
     ``sample_flops``: one sample's FLOPs per prompt, to price extra features in samples (split likewise);
-    ``C_alt``: the cost table in ``alt_unit`` too (FLOPs), ``paid_alt`` the per-request payment in it."""
+    ``C_alt``: the cost table in ``alt_unit`` too (FLOPs), ``paid_alt`` the per-request payment in it;
+    ``label_var``: each utility's sampling variance, needed when the config shrinks the learners' labels
+    (``shrinkage="eb"``: each training part is shrunk toward its own ``groups``' means, so nothing of the
+    held-out part leaks into the labels)."""
     from tqdm.auto import tqdm
 
     prompts = list(prompts)
@@ -280,9 +285,16 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
         for f, test in enumerate(parts):
             test = np.sort(test)
             train = np.sort(np.concatenate(parts[:f] + parts[f + 1:]))
+            labels = None
+            if config.shrinkage == "eb":
+                if label_var is None:
+                    raise InputError("a configuration with shrinkage='eb' needs label_var= (the utilities' sampling "
+                                     "variance, policy.shrinkage.sampling_variance) for cross-validation.")
+                labels = shrink_utilities(U[train], label_var[train],
+                                          None if groups is None else [groups[i] for i in train])
             pol = Policy(dataclasses.replace(refit, seed=config.seed + 1000 * seed + f)).fit_arrays(
                 [prompts[i] for i in train], U[train], C[train], probe=None if pv is None else pv[train],
-                sample_flops=None if sf is None else sf[train])
+                sample_flops=None if sf is None else sf[train], labels=labels)
             default = config.learner if config.learner in LEARNERS else pol.default_learner_
             sc = _score(pol, [prompts[i] for i in test], U[test], C[test], budgets_arr,
                         pol.train_lengths_, default, None if pv is None else pv[test],

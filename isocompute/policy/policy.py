@@ -152,7 +152,8 @@ class _Fitted:
 
 @dataclass(frozen=True, eq=False)
 class _CrossFit:
-    """What every learner's cross-fit shares: features X, U and C (paid costs included), the mixing
+    """What every learner's cross-fit shares: features X, U and C (paid costs included), the learners'
+    training labels (U itself, or its shrunk version: :mod:`isocompute.policy.shrinkage`), the mixing
     uniforms u, the calibration folds, and the calibration grid's requested budgets and spend targets."""
 
     X: np.ndarray
@@ -162,6 +163,7 @@ class _CrossFit:
     folds: list[tuple[np.ndarray, np.ndarray]]
     requested: np.ndarray
     targets: np.ndarray
+    labels: np.ndarray
 
     @property
     def rows(self) -> np.ndarray:
@@ -224,24 +226,36 @@ class Policy:
                 and cfg.feature_cost is None and model_flops is not None):
             sample_flops = cost_table(table.prompt_tokens, table.mean_completion_tokens, (1,), unit="flops",
                                       model=model_flops)[:, 0]
+        labels = None
+        if cfg.shrinkage == "eb":
+            from isocompute.policy.shrinkage import sampling_variance, shrink_utilities
+
+            var = sampling_variance(table, cfg.actions, cfg.strategy, seed=cfg.seed)
+            labels = shrink_utilities(prep.utilities, var, task_groups(table))
         self.fit_arrays(table.prompts, prep.utilities, costs, probe=probe, sample_flops=sample_flops,
-                        progress=progress)
+                        labels=labels, progress=progress)
         self.training_data_ = {"prompts_in_table": full, "dropped": len(prep.dropped),
                                "dropped_ids": prep.dropped[:20], "min_samples": prep.min_samples,
                                "ragged_prompts": prep.n_ragged, "summary": prep.summary()}
         return self
 
     def fit_arrays(self, prompts: Sequence[str], U: np.ndarray, C: np.ndarray, *, probe: np.ndarray | None = None,
-                   sample_flops: np.ndarray | None = None, progress: bool = False) -> Policy:
+                   sample_flops: np.ndarray | None = None, labels: np.ndarray | None = None,
+                   progress: bool = False) -> Policy:
         """Fit from prompts and their utility and cost tables (N × A each); ``progress`` shows a bar.
 
         ``C`` is what the samples cost; the probe's declared cost and the extra features' cost
         (``feature_cost_``) are added to every entry here. ``sample_flops``: one sample's FLOPs per
         training prompt, needed only to price extra features in samples (unless the config declares
-        ``feature_cost``).
+        ``feature_cost``). ``labels``: the utilities the learners imitate (N × A, default ``U``; e.g.
+        shrunk ones, :mod:`isocompute.policy.shrinkage`) — calibration, the learner choice and the
+        never-worse chain always score ``U``.
         """
         cfg = self.config
         prompts, U, C = self._check_arrays(prompts, U, C)
+        labels = U if labels is None else np.asarray(labels, dtype=np.float64)
+        if labels.shape != U.shape:
+            raise InputError(f"labels must have the utilities' shape {U.shape}; got {labels.shape}.")
         n = len(prompts)
         probe_col = self._probe_column(n, probe)
         self._fit_features(prompts, sample_flops)
@@ -257,7 +271,7 @@ class Policy:
         else:
             targets = requested.copy()
         job = _CrossFit(X, U, C, prompt_uniforms(prompts), crossfit_folds(n, cfg.calibration_folds, cfg.seed),
-                        requested, targets)
+                        requested, targets, labels)
         names = LEARNERS if cfg.learner == "auto" else (cfg.learner,)
         from tqdm.auto import tqdm
 
@@ -330,7 +344,7 @@ class Policy:
         """The classifier's members, its mixed-grid calibration and its out-of-fold actions per budget."""
         cfg = self.config
         clfs = [_tick(bar, OracleClassifier(n_budget_grid=cfg.n_budget_grid, **self._hyper()).fit(
-            job.X[tr], job.U[tr], job.C[tr], cfg.budget_range)) for tr, _ in job.folds]
+            job.X[tr], job.labels[tr], job.C[tr], cfg.budget_range)) for tr, _ in job.folds]
         grid = clfs[0].budget_grid_
         n = job.rows.size
         grid_act = np.empty((grid.size, n), dtype=np.intp)
@@ -347,7 +361,8 @@ class Policy:
     def _fit_utility(self, job: _CrossFit, bar: Any) -> tuple[_Fitted, Callable[[float], np.ndarray]]:
         """The utility learner's members, its bisection calibration of λ and its out-of-fold actions."""
         ks = np.asarray(self.config.actions)
-        models = [_tick(bar, UtilityRegressor(**self._hyper()).fit(job.X[tr], job.U[tr], ks)) for tr, _ in job.folds]
+        models = [_tick(bar, UtilityRegressor(**self._hyper()).fit(job.X[tr], job.labels[tr], ks))
+                  for tr, _ in job.folds]
         Uh = np.empty_like(job.U)
         for m, (_, ho) in zip(models, job.folds, strict=True):
             Uh[ho] = m.predict_utilities(job.X[ho])
@@ -649,6 +664,11 @@ class Policy:
                                 "re-create it with `isocompute fit`.") from e
         obj.manifest_ = manifest
         return obj
+
+
+def task_groups(table: Any) -> list[str]:
+    """Each prompt's task (its meta's ``task``, else one group): what shrinkage shrinks toward."""
+    return [str(m.get("task", "")) for m in table.metas]
 
 
 def _max_useful_price(U_hat: np.ndarray, action_costs: np.ndarray) -> float:
