@@ -146,8 +146,9 @@ class Classes:
     ``correct[r]``: per-sample verdicts against the record's gold, ``None`` when no gold was given or
     the gold's key could not be read (those records are listed in ``gold_unreadable``);
     ``distinct[r]``: distinct normalised answer strings of record r (``distinct[r] - n_classes[r]`` is
-    how many strings merged away); ``timed_out``: parses and comparisons that ran out of time;
-    ``complete``: False when a deadline stopped the merging early (some equal answers may be split).
+    how many strings merged away); ``timed_out``: parses and comparisons that ran out of time (or were
+    skipped at the deadline); ``complete``: False when a timeout or the deadline cut the merging short
+    (some equal answers may then be split, never wrongly joined).
     """
 
     classes: list[list[int | None]]
@@ -236,6 +237,7 @@ def classify(
 
     cluster, more_timeouts, complete = _merge(groups, kind, grader, timeout, deadline)
     timed_out += more_timeouts
+    complete = complete and timed_out == 0  # a parse or comparison cut short may have split a class
 
     classes: list[list[int | None]] = []
     correct: list[list[bool] | None] = []
@@ -346,8 +348,8 @@ class Votes:
     ``classes[j]``: class of answer j (None when it has none); for class c: ``representatives[c]`` its
     first raw answer, ``first_index[c]`` the sample that gave it, ``counts[c]`` its votes. ``winner`` is
     the class with most votes, ties going to the class that appeared first (None without any answer);
-    ``complete`` is False when the time limit stopped the merging (classes may then be split, never
-    wrongly joined); ``seconds`` the time spent.
+    ``complete`` is False when the time limit (or a per-item timeout) cut the merging short (classes
+    may then be split, never wrongly joined); ``seconds`` the time spent.
     """
 
     classes: list[int | None]

@@ -139,7 +139,7 @@ def _iter_array(p: Path, text: str, start: int) -> Iterator[tuple[str, Any]]:
             break
         else:
             where = f"{p}, line {line + text.count(chr(10), counted, i)}"
-            raise malformed(where, "expected ',' or ']' after a record of the JSON array",
-                            "fix the array's punctuation")
+            raise malformed(where, f"expected ',' or ']' after the record of line {line}",
+                            "fix the JSON array's punctuation")
     if not found:
         raise InputError(f"{p}: the JSON array is empty; there is nothing to import.")
