@@ -139,10 +139,11 @@ def test_vote_counts_classes_and_breaks_ties_by_first_appearance():
 
 
 def test_vote_within_a_spent_time_limit_splits_but_never_joins():
-    answers = [f"\\frac{{{i}}}{{{i + 1}}}" for i in range(30)] + ["0.5", "\\frac12"]
+    answers = [f"\\frac{{{i}}}{{{2 * i}}}" for i in range(1000, 1030)]  # all 1/2, none parsed before
     v = vote_classes(answers, "math", timeout_s=1e-6)
     assert not v.complete and v.seconds < 5
     assert len(set(v.classes)) == len(answers), "nothing merged once the time is up"
+    assert vote_classes(answers, "math", timeout_s=30.0).counts == [30], "with time, they are one answer"
     with pytest.raises(InputError, match="timeout_s must be > 0"):
         vote_classes(["1"], "math", timeout_s=0)
 
@@ -205,8 +206,9 @@ def test_merging_changes_the_vote_where_strings_split_it():
 
 # ------------------------------------------------------------------------------ the shortcut on real data
 def test_values_differ_never_contradicts_math_verify_on_a_real_dump(grader):
-    """Pairs of constants far apart are ruled unequal without math-verify; on every such pair of the Qwen3
-    dump (answers of one problem and its gold), math-verify agrees."""
+    """Values that cannot match (constants far apart, sets or tuples of them) are ruled unequal without
+    math-verify; on every such pair of the Qwen3 dump (answers of one problem and its gold), math-verify
+    agrees. (All three dumps: 5,459 such pairs, 428 of them sets or tuples, none verified equal.)"""
     path = REAL / "boinf" / "analysis_math500_Qwen3-14B.jsonl"
     if not path.is_file():
         pytest.skip(f"{path} is absent (shared data not mounted)")
@@ -228,3 +230,6 @@ def test_math_key_of_constants_and_expressions():
     assert value == pytest.approx(2 * 2 ** 0.5) and key.startswith("Mul")
     assert math_key("x^2+1")[1] is None and math_key("") is None
     assert not values_differ(0.5, 0.50000001) and values_differ(1, 2) and not values_differ(None, 2)
+    assert math_key("3,5,7")[1] == (3, 5, 7) and math_key("(1, x)")[1] is None
+    assert values_differ((3, 5, 7), 357) and not values_differ((5,), 5.0) and values_differ((5,), 6)
+    assert not values_differ((1, 2), (2, 1)) and values_differ((1, 2), (1, 3)) and not values_differ((1, 2), (1, 2, 3))

@@ -147,6 +147,22 @@ def test_generic_mapping_extracts_from_completions_and_counts_tokens(tmp_path, t
     assert res.accuracy == pytest.approx(3 / 5)
 
 
+def test_mot_completions_are_counted_with_a_tokenizer(tmp_path, tiny_dir):
+    """Fewer results than completions: nulls fill the last samples, token counts follow the completions."""
+    src = tmp_path / "pot.json"
+    src.write_text(json.dumps([{"question": "What is 6*3?", "answer": 18,
+                                "generated": ["ans = 6*3", "ans = 6+3", "ans = 6*"], "results": "[18.0, 9.0]"}]))
+    res, table = imp(tmp_path, "mot", src, tokenizer=tiny_dir)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    s = table.records[0]["samples"]
+    assert [x["answer"] for x in s] == ["18.0", "9.0", None] and [x["correct"] for x in s] == [True, False, False]
+    assert [x["completion_tokens"] for x in s] == [len(tok(g, add_special_tokens=False)["input_ids"])
+                                                   for g in ("ans = 6*3", "ans = 6+3", "ans = 6*")]
+    assert table.records[0]["meta"]["unaligned"] == 1 and table.has_token_counts
+
+
 def test_generic_jsonl_with_a_mapping_file_answers_and_scores(tmp_path):
     src = tmp_path / "d.jsonl"
     src.write_text("\n".join(json.dumps(r) for r in [

@@ -26,7 +26,7 @@ Worked example (``math``): answers ``["(3,\\pi/2)", "", "(3,\\frac{\\pi}{2})", "
 first and third, null for the second → classes ``[0, None, 0, 1]``; with gold ``\\left( 3, \\frac{\\pi}{2}
 \\right)`` the correct flags are ``[True, False, True, False]``.
 
-Cost: math-verify parses each distinct string once; only distinct keys of one record are compared,
+Cost: math-verify parses each distinct string once (and remembers it for the process's later calls); only distinct keys of one record are compared,
 round by round (round r compares class r's representative with the keys still unassigned), and each
 pair's verdict is cached, so the three MATH-500 dumps (120,000 samples, ~2,000 distinct strings) need
 a few thousand math-verify calls. Given a :class:`~isocompute.tasks.grading.Grader`, parses and
@@ -164,18 +164,35 @@ _Key = tuple[str | None, complex | None]  # canonical key (None: unreadable) and
 _Group = tuple[str, str | None, complex | None]  # a record's distinct answer: first string, key, value
 
 
+# math-verify's work is a pure function of the strings, so it is remembered across calls in this process
+# (an import grades in batches; the gateway sees the same answers again). Timeouts are not remembered.
+_CACHE_LIMIT = 200_000
+_MATH_KEYS: dict[str, _Key] = {}
+_VERIFIED: dict[tuple[str, str], bool] = {}
+
+
+def _remember(cache: dict, items: Any) -> None:
+    if len(cache) > _CACHE_LIMIT:
+        cache.clear()
+    cache.update(items)
+
+
 def _keys(
     strings: list[str], kind: str, grader: Grader | None, timeout: float | None, deadline: float | None
 ) -> tuple[list[_Key], int]:
     """Canonical key (and value) of each distinct string, and how many parses timed out."""
     if kind != "math":
         return [(canonical_key(s, kind), None) for s in strings], 0
+    todo = [s for s in strings if s not in _MATH_KEYS]
     if grader is None:
-        result = map_in_process("math_key", strings, timeout=timeout, deadline=deadline)
+        result = map_in_process("math_key", todo, timeout=timeout, deadline=deadline)
     else:
-        result = grader.map("math_key", strings, timeout=_within(timeout, deadline))
-    keys: list[_Key] = [(None, None) if v is None else (f"math:{v[0]}", v[1]) for v in result.values]
-    return keys, len(result.timed_out) + len(result.crashed)
+        result = grader.map("math_key", todo, timeout=_within(timeout, deadline))
+    failed = set(result.timed_out) | set(result.crashed)
+    fresh = {s: ((None, None) if v is None else (f"math:{v[0]}", v[1]))
+             for s, v in zip(todo, result.values, strict=True)}
+    _remember(_MATH_KEYS, ((s, k) for i, (s, k) in enumerate(fresh.items()) if i not in failed))
+    return [fresh[s] if s in fresh else _MATH_KEYS[s] for s in strings], len(failed)
 
 
 def classify(
@@ -305,13 +322,17 @@ def _verdicts(
     """Does each pair merge (first element first)? And how many comparisons timed out (False)."""
     if kind == "number":
         return [_numbers_close(a, b) for a, b in pairs], 0
-    if not pairs:
-        return [], 0
+    todo = [p for p in pairs if p not in _VERIFIED]
+    if not todo:
+        return [_VERIFIED[p] for p in pairs], 0
     if grader is None:
-        result = map_in_process("verify", pairs, timeout=timeout, deadline=deadline)
+        result = map_in_process("verify", todo, timeout=timeout, deadline=deadline)
     else:
-        result = grader.map("verify", pairs, timeout=_within(timeout, deadline))
-    return [bool(v) for v in result.values], len(result.timed_out) + len(result.crashed)
+        result = grader.map("verify", todo, timeout=_within(timeout, deadline))
+    failed = set(result.timed_out) | set(result.crashed)
+    fresh = {p: bool(v) for p, v in zip(todo, result.values, strict=True)}
+    _remember(_VERIFIED, ((p, v) for i, (p, v) in enumerate(fresh.items()) if i not in failed))
+    return [fresh[p] if p in fresh else _VERIFIED[p] for p in pairs], len(failed)
 
 
 def _within(timeout: float | None, deadline: float | None) -> float | None:
