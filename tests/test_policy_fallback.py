@@ -60,7 +60,7 @@ def test_choose_rules_worked_example():
     t = c.tests[0]
     assert c.rule == LEARNED and t.accepted and t.n == 400
     assert t.ci95[0] == pytest.approx(0.42, abs=0.02) and t.ci95[1] == pytest.approx(0.58, abs=0.02)
-    assert t.ci95[0] < t.lower < t.gain  # the one-sided 95% bound lies inside the two-sided interval
+    assert t.lower < t.ci95[0] < t.gain  # the default one-sided 99% bound lies below the two-sided 95% interval
     assert "learned beats uniform: +50.0%" in c.why
 
 

@@ -293,7 +293,7 @@ def register(subparsers: Any) -> None:
                         "the oracle labels they imitate are less noisy; calibration and evaluation use the raw ones")
     p.add_argument("--no-fallback", action="store_true",
                    help="serve the learned rule at every budget, even where it does not beat uniform out of fold")
-    p.add_argument("--fallback-level", type=float, default=0.95,
+    p.add_argument("--fallback-level", type=float, default=0.99,
                    help="one-sided confidence level of the never-worse test (learned vs uniform, per budget)")
     p.add_argument("--fallback-margin", type=float, default=0.0,
                    help="relative gain over uniform the learned rule's lower confidence bound must exceed")

@@ -120,7 +120,7 @@ class PolicyConfig:
     extra_components: int = 8
     feature_cost: float | None = None
     fallback: tuple[str, ...] = ("uniform",)
-    fallback_level: float = 0.95
+    fallback_level: float = 0.99
     fallback_margin: float = 0.0
     min_samples: int = 0
     ragged: str = "error"
@@ -172,7 +172,7 @@ class PolicyConfig:
                              f"be empty to serve the learned rule everywhere; you passed {list(chain)}.")
         object.__setattr__(self, "fallback", chain)
         if not 0.5 <= self.fallback_level < 1:
-            raise InputError(f"fallback_level is the CI level of the never-worse test, in [0.5, 1), e.g. 0.95; you "
+            raise InputError(f"fallback_level is the CI level of the never-worse test, in [0.5, 1), e.g. 0.99; you "
                              f"passed {self.fallback_level!r}.")
         if not (np.isfinite(self.fallback_margin) and -1 < self.fallback_margin < 1):
             raise InputError(f"fallback_margin is a relative gain in (-1, 1), e.g. 0 or 0.01; you passed "

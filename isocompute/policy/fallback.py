@@ -12,9 +12,18 @@ its end, the simplest rule, towards its head: a rule r replaces the current choi
 
     gain = (mean_i S_r[b, i] − mean_i S_c[b, i]) / mean_i S_c[b, i]
 
-has its one-sided lower confidence bound above the margin: ``level`` 0.95 → the 5th percentile of the
-paired bootstrap over prompts (prompts resampled with replacement, the same draws for both rules; the
-question "does r beat c?" is one-sided). The recorded ``ci95`` is the two-sided 95% interval. A rule that does not
+has its one-sided lower confidence bound above the margin: ``level`` 0.99 (the default) → the 1st
+percentile of the paired bootstrap over prompts (prompts resampled with replacement, the same draws for
+both rules; the question "does r beat c?" is one-sided). The recorded ``ci95`` is the two-sided 95%
+interval.
+
+Why 99% and not 95%: the test is run on the training prompts, and a rule admitted on training
+evidence that only just clears the bar is, on average, worse on the prompts that were not seen — on
+a finite table the held-out gain is anti-correlated with the training gain (train 4/5 of a fixed total,
+test the other 1/5). Measured on Date Understanding (Llama-2-13B, 369 prompts, 5-fold CV × 3 seeds)
+at budget 8: the learned rule alone +0.61%; served with the 95% test (3 of 15 refits admitted it, all
+three lost on their held-out fold) −0.22% [−0.49, +0.05]; with 97.5% −0.09%; with 99% 0.00% (uniform).
+The demo table's gain at budget 4 (+12.8%) passes either. A rule that does not
 beat the one after it does not serve: the learned rule must beat the fixed plan, the fixed plan must
 beat uniform. Every test is kept as evidence (gain, CI, n, accepted), in the policy artifact and on
 each decision.
@@ -201,7 +210,7 @@ def _bootstrap_weights(n: int, n_boot: int, seed: int) -> np.ndarray:
     return counts / n
 
 
-def choose_rules(scores: Mapping[str, np.ndarray], budgets: Sequence[float], *, level: float = 0.95,
+def choose_rules(scores: Mapping[str, np.ndarray], budgets: Sequence[float], *, level: float = 0.99,
                  margin: float = 0.0, n_boot: int = 1000, seed: int = 0) -> RuleChain:
     """The rule chain's choice at each budget (module docstring).
 
@@ -213,7 +222,7 @@ def choose_rules(scores: Mapping[str, np.ndarray], budgets: Sequence[float], *, 
     if len(names) < 1:
         raise InputError("choose_rules needs at least one rule.")
     if not 0 < level < 1:
-        raise InputError(f"the fallback's CI level must be in (0, 1), e.g. 0.95; you passed {level}.")
+        raise InputError(f"the fallback's CI level must be in (0, 1), e.g. 0.99; you passed {level}.")
     arrays = [np.asarray(scores[r], dtype=np.float64) for r in names]
     B = len(budgets)
     n = arrays[0].shape[1] if arrays[0].ndim == 2 else 0
