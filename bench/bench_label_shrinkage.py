@@ -64,7 +64,8 @@ def main() -> None:
             def g(x: np.ndarray, uni: np.ndarray = uni) -> str:
                 return f"{100 * (x.mean() / uni.mean() - 1):+.2f}%"
 
-            print(f"| {path.stem} | {b:g} | {uni.mean():.4f} | {g(alone['raw'])} | {g(alone['eb'])} | "
+            name = path.parent.name if path.name == "outcomes.jsonl" else path.stem
+            print(f"| {name} | {b:g} | {uni.mean():.4f} | {g(alone['raw'])} | {g(alone['eb'])} | "
                   f"{d.mean():+.4f} [{lo:+.4f}, {hi:+.4f}] | {alone['eb'].mean() / alone['raw'].mean():.4f} | "
                   f"{g(served['raw'])} | {g(served['eb'])} |", flush=True)
         print(f"<!-- {path.stem}: {time.process_time() - t0:.0f} s CPU -->", flush=True)

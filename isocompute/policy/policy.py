@@ -14,6 +14,14 @@ With ``learner="auto"`` both learners are fitted and the one with the higher mea
 over the budget range becomes the default (ties go to the classifier, the seed's learner); the reason
 is recorded in :attr:`Policy.selection_`.
 
+Never worse than uniform (:mod:`isocompute.policy.fallback`): after the learners, ``fit`` scores each
+one's out-of-fold decisions against the budget-matched uniform rule at every calibration budget and
+keeps the learned rule only where a paired bootstrap over the training prompts supports its gain
+(``fallback_level``, ``fallback_margin``); elsewhere ``decide`` serves uniform — the two actions
+adjacent to the budget, mixed per prompt by a hash of its text — and says so on the decision
+(``Decision.rule``, ``Decision.rule_evidence``). ``rule_at(budget)`` and ``needs_features(budget)`` tell a
+caller beforehand (where uniform serves, no features or probe are needed and none are paid).
+
 ``Policy.decide(prompts, budget)`` is pure and fast: features, knob from the calibration table, one
 LightGBM call per member present in the batch (single-threaded, no pandas). Decisions depend only on
 the prompt text and the budget, so a repeated prompt gets the same k. A budget outside the trained
@@ -41,15 +49,7 @@ every action's cost in fit, calibration and decide. Example: minilm on the demo 
 = 3.2 samples of the tiny model, so actions 1…16 serve mean budgets in [4.2, 19.2]; on a 1.5B model with
 300-token answers it is ~0.0002 samples.
 
-Artifact (``save``/``load``; manifest kind ``policy``, schema 1): ``policy.json`` (config — with the
-probe spec or null —, actions, action costs (probe and extra features included), the extra
-features' cost per request ``feature_cost``, budget range, default learner and why,
-feature names, the training prompt lengths the heuristic baseline uses), ``features.json`` +
-``features_svd.npz``, and per learner ``<learner>/model_<j>.txt`` (LightGBM text, one per member) +
-``<learner>/state.json`` (hyper-parameters, calibration table), plus any ``extra_files`` the caller
-adds (``isocompute fit`` caches the training prompts' probe values there). No pickle. ``load``
-refuses another kind, schema or a checksum mismatch; artifacts written before the probe or the extra
-features existed load with ``probe=None``, ``feature_extras=()`` and ``feature_cost_ = 0``.
+Artifact (``save``/``load``; manifest kind ``policy``, schema 1): :mod:`isocompute.policy.persistence`.
 
 Ignores: per-request caps (``max_samples`` is the gateway's), and how probe values are computed (the
 engines' job; the spec only records name, tokens, prompt format, model and cost).
@@ -57,23 +57,15 @@ engines' job; the spec only records name, tokens, prompt format, model and cost)
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from isocompute.artifacts import artifact_writer, load_manifest
-from isocompute.errors import ArtifactError, BudgetError, InputError
-from isocompute.policy.calibration import (
-    Calibration,
-    calibrate_by_bisection,
-    calibrate_mixed_grid,
-    grid_position,
-    mixed_grid_index,
-)
+from isocompute.errors import BudgetError, InputError
+from isocompute.policy.calibration import calibrate_by_bisection, calibrate_mixed_grid
 from isocompute.policy.config import (  # noqa: F401  (re-exported: the policy's public names)
     COST_UNITS,
     EXTRA_PACKAGES,
@@ -82,6 +74,15 @@ from isocompute.policy.config import (  # noqa: F401  (re-exported: the policy's
     PROBES,
     PolicyConfig,
     ProbeSpec,
+)
+from isocompute.policy.crossfit import (
+    N_CALIBRATION,
+    CrossFit,
+    FittedLearner,
+    crossfit_folds,
+    fit_learner,
+    max_useful_price,
+    select_learner,
 )
 from isocompute.policy.fallback import (
     LEARNED,
@@ -97,16 +98,12 @@ from isocompute.policy.learners import (
     MIX_SEED,
     ROUTE_SEED,
     OracleClassifier,
-    UtilityRegressor,
     budget_grid,
     price,
     prompt_uniforms,
 )
+from isocompute.policy.persistence import KIND, SCHEMA_VERSION, load_policy, save_policy  # noqa: F401
 from isocompute.solver.allocate import allocate, feasible_range
-
-KIND = "policy"
-SCHEMA_VERSION = 1
-N_CALIBRATION = 65  # entries of the calibration table over the budget range
 
 
 @dataclass(frozen=True, eq=False)
@@ -140,46 +137,6 @@ class Decision:
     feature_cost: float = 0.0
     rule: str = LEARNED
     rule_evidence: dict[str, Any] | None = None
-
-
-@dataclass
-class _Fitted:
-    """One learner: its cross-fitted members (member j never saw calibration fold j) and its table."""
-
-    models: list[OracleClassifier] | list[UtilityRegressor]
-    calibration: Calibration
-
-
-@dataclass(frozen=True, eq=False)
-class _CrossFit:
-    """What every learner's cross-fit shares: features X, U and C (paid costs included), the learners'
-    training labels (U itself, or its shrunk version: :mod:`isocompute.policy.shrinkage`), the mixing
-    uniforms u, the calibration folds, and the calibration grid's requested budgets and spend targets."""
-
-    X: np.ndarray
-    U: np.ndarray
-    C: np.ndarray
-    u: np.ndarray
-    folds: list[tuple[np.ndarray, np.ndarray]]
-    requested: np.ndarray
-    targets: np.ndarray
-    labels: np.ndarray
-
-    @property
-    def rows(self) -> np.ndarray:
-        return np.arange(self.U.shape[0])
-
-
-def _tick(bar: Any, model: Any) -> Any:
-    bar.update(1)
-    return model
-
-
-def crossfit_folds(n: int, k: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Seeded k-fold split of ``range(n)``: a list of (train, held-out) sorted index arrays."""
-    perm = np.random.default_rng(seed).permutation(n)
-    parts = np.array_split(perm, k)
-    return [(np.sort(np.concatenate(parts[:j] + parts[j + 1:])), np.sort(parts[j])) for j in range(k)]
 
 
 class Policy:
@@ -270,22 +227,21 @@ class Policy:
             targets = np.array([allocate(U, C, float(b), rounding="mix").mean_cost for b in requested])
         else:
             targets = requested.copy()
-        job = _CrossFit(X, U, C, prompt_uniforms(prompts), crossfit_folds(n, cfg.calibration_folds, cfg.seed),
+        job = CrossFit(X, U, C, prompt_uniforms(prompts), crossfit_folds(n, cfg.calibration_folds, cfg.seed),
                         requested, targets, labels)
         names = LEARNERS if cfg.learner == "auto" else (cfg.learner,)
         from tqdm.auto import tqdm
 
-        self.learners_: dict[str, _Fitted] = {}
+        self.learners_: dict[str, FittedLearner] = {}
         held_out: dict[str, Callable[[float], np.ndarray]] = {}  # budget → out-of-fold actions
         with tqdm(total=len(names) * len(job.folds), desc="fit: members", unit="model", disable=not progress) as bar:
             for name in names:
-                fit_one = self._fit_classifier if name == "classifier" else self._fit_utility
-                self.learners_[name], held_out[name] = fit_one(job, bar)
-        self.default_learner_, self.selection_ = _select(held_out, U, C, cfg)
+                self.learners_[name], held_out[name] = fit_learner(name, job, cfg, self.action_costs_, bar.update)
+        self.default_learner_, self.selection_ = select_learner(held_out, U, C, cfg)
         self.fallback_ = {name: self._choose_rules(job, oof) for name, oof in held_out.items()}
         return self
 
-    def _choose_rules(self, job: _CrossFit, oof: Callable[[float], np.ndarray]) -> RuleChain:
+    def _choose_rules(self, job: CrossFit, oof: Callable[[float], np.ndarray]) -> RuleChain:
         """The never-worse chain at every calibration budget: a learner's out-of-fold scores against the
         rules after it (:mod:`isocompute.policy.fallback`)."""
         cfg = self.config
@@ -334,50 +290,6 @@ class Policy:
                               f"{list(self.config.actions)} can spend on this table, [{lo:.6g}, {hi:.6g}] mean "
                               f"{self.config.cost_unit} per prompt{f' (each action includes {paid})' if paid else ''}; "
                               "pass --budgets within it.")
-
-    def _hyper(self) -> dict[str, Any]:
-        cfg = self.config
-        return {"n_rounds": cfg.n_rounds, "num_leaves": cfg.num_leaves, "learning_rate": cfg.learning_rate,
-                "min_data_in_leaf": cfg.min_data_in_leaf, "seed": cfg.seed}
-
-    def _fit_classifier(self, job: _CrossFit, bar: Any) -> tuple[_Fitted, Callable[[float], np.ndarray]]:
-        """The classifier's members, its mixed-grid calibration and its out-of-fold actions per budget."""
-        cfg = self.config
-        clfs = [_tick(bar, OracleClassifier(n_budget_grid=cfg.n_budget_grid, **self._hyper()).fit(
-            job.X[tr], job.labels[tr], job.C[tr], cfg.budget_range)) for tr, _ in job.folds]
-        grid = clfs[0].budget_grid_
-        n = job.rows.size
-        grid_act = np.empty((grid.size, n), dtype=np.intp)
-        for m, (_, ho) in zip(clfs, job.folds, strict=True):
-            grid_act[:, ho] = m.grid_actions(job.X[ho])
-        cal = calibrate_mixed_grid(job.requested, job.targets, grid, job.C[job.rows[None, :], grid_act], job.u,
-                                   n_validation=n)
-
-        def oof(b: float) -> np.ndarray:
-            return grid_act[mixed_grid_index(grid_position(cal(b), grid), job.u, grid.size), job.rows]
-
-        return _Fitted(clfs, cal), oof
-
-    def _fit_utility(self, job: _CrossFit, bar: Any) -> tuple[_Fitted, Callable[[float], np.ndarray]]:
-        """The utility learner's members, its bisection calibration of λ and its out-of-fold actions."""
-        ks = np.asarray(self.config.actions)
-        models = [_tick(bar, UtilityRegressor(**self._hyper()).fit(job.X[tr], job.labels[tr], ks))
-                  for tr, _ in job.folds]
-        Uh = np.empty_like(job.U)
-        for m, (_, ho) in zip(models, job.folds, strict=True):
-            Uh[ho] = m.predict_utilities(job.X[ho])
-        costs = self.action_costs_
-
-        def cost_at(lam: float) -> float:
-            return float(job.C[job.rows, price(Uh, lam, costs, job.u)].mean())
-
-        cal = calibrate_by_bisection(job.requested, job.targets, cost_at, _max_useful_price(Uh, costs),
-                                     n_validation=job.rows.size)
-
-        def oof(b: float) -> np.ndarray:
-            return price(Uh, cal(b), costs, job.u)
-
-        return _Fitted(models, cal), oof
 
     # ------------------------------------------------------------------------------------------ serving
     def _check_fitted(self) -> None:
@@ -543,7 +455,7 @@ class Policy:
             def cost_at(lam: float) -> float:
                 return float(costs[price(Uh, lam, costs, u)].mean())
 
-            cal = calibrate_by_bisection(b, b, cost_at, _max_useful_price(Uh, costs), n_validation=n)
+            cal = calibrate_by_bisection(b, b, cost_at, max_useful_price(Uh, costs), n_validation=n)
         else:
             grid = f.models[0].budget_grid_
             grid_act = np.empty((grid.size, n), dtype=np.intp)
@@ -594,110 +506,17 @@ class Policy:
     # -------------------------------------------------------------------------------------- persistence
     def save(self, out_dir: str | Path, *, inputs: dict[str, str] | None = None,
              extra_files: Mapping[str, bytes] | None = None) -> Path:
-        """Write the artifact directory atomically (see the module docstring for its files);
+        """Write the artifact directory atomically (:mod:`isocompute.policy.persistence`);
         ``extra_files`` (name → bytes) are added to it and checksummed like the rest."""
         self._check_fitted()
-        with artifact_writer(out_dir, kind=KIND, schema_version=SCHEMA_VERSION, inputs=inputs,
-                             params=self.config.to_dict()) as d:
-            self.features_.save(d)
-            meta = {
-                "config": self.config.to_dict(),
-                "actions": list(self.config.actions),
-                "action_costs": self.action_costs_.tolist(),
-                "cost_unit": self.config.cost_unit,
-                "budget_range": list(self.config.budget_range),
-                "default_learner": self.default_learner_,
-                "selection": self.selection_,
-                "learners": sorted(self.learners_),
-                "n_train": self.n_train_,
-                "probe": None if self.config.probe is None else asdict(self.config.probe),
-                "feature_cost": self.feature_cost_,
-                "feature_names": self.feature_names,
-                "heuristic": {"train_prompt_lengths": self.train_lengths_.tolist()},
-                "fallback": {name: chain.to_dict() for name, chain in self.fallback_.items()},
-                "training_data": getattr(self, "training_data_", None),
-            }
-            (d / "policy.json").write_text(json.dumps(meta, indent=2) + "\n")
-            for name, f in self.learners_.items():
-                (d / name).mkdir()
-                for j, model in enumerate(f.models):
-                    (d / name / f"model_{j}.txt").write_text(model.booster_.model_to_string())
-                state = {"models": [m.state() for m in f.models], "calibration": f.calibration.to_dict()}
-                (d / name / "state.json").write_text(json.dumps(state, indent=2) + "\n")
-            for fname, data in (extra_files or {}).items():
-                if Path(fname).name != fname or (d / fname).exists():
-                    raise InputError(f"extra file {fname!r} must be a new plain file name in the artifact.")
-                (d / fname).write_bytes(data)
-        return Path(out_dir)
+        return save_policy(self, out_dir, inputs=inputs, extra_files=extra_files)
 
     @classmethod
     def load(cls, artifact_dir: str | Path) -> Policy:
         """Read a policy artifact; raises :class:`ArtifactError` on a kind/schema/checksum mismatch."""
-        d = Path(artifact_dir)
-        manifest = load_manifest(d, kind=KIND, schema_version=SCHEMA_VERSION)
-        try:
-            meta = json.loads((d / "policy.json").read_text())
-            obj = cls(PolicyConfig.from_dict(meta["config"]))
-            obj.features_ = PromptFeatures.load(d)
-            obj.action_costs_ = np.asarray(meta["action_costs"], dtype=np.float64)
-            obj.feature_cost_ = float(meta.get("feature_cost", 0.0))  # absent before the extra features
-            obj.default_learner_ = meta["default_learner"]
-            obj.selection_ = meta["selection"]
-            obj.n_train_ = meta["n_train"]
-            obj.train_lengths_ = np.asarray(meta["heuristic"]["train_prompt_lengths"], dtype=np.int64)
-            grid = budget_grid(*obj.config.budget_range, N_CALIBRATION)
-            chains = meta.get("fallback") or {}  # absent before the fallback: the learned rule everywhere
-            obj.fallback_ = {name: RuleChain.from_dict(chains[name]) if name in chains else RuleChain.single(LEARNED, grid)
-                             for name in meta["learners"]}
-            obj.learners_ = {}
-            for name in meta["learners"]:
-                state = json.loads((d / name / "state.json").read_text())
-                model_cls = OracleClassifier if name == "classifier" else UtilityRegressor
-                models = [model_cls.from_state(st, (d / name / f"model_{j}.txt").read_text())
-                          for j, st in enumerate(state["models"])]
-                if len(models) != obj.config.calibration_folds:
-                    raise ValueError(f"{name} has {len(models)} members, the config says "
-                                     f"{obj.config.calibration_folds}")
-                obj.learners_[name] = _Fitted(models, Calibration.from_dict(state["calibration"]))
-        except (OSError, KeyError, TypeError, ValueError, InputError) as e:
-            raise ArtifactError(f"{d}: the policy artifact is incomplete or malformed ({type(e).__name__}: {e}); "
-                                "re-create it with `isocompute fit`.") from e
-        obj.manifest_ = manifest
-        return obj
+        return load_policy(cls, artifact_dir)
 
 
 def task_groups(table: Any) -> list[str]:
     """Each prompt's task (its meta's ``task``, else one group): what shrinkage shrinks toward."""
     return [str(m.get("task", "")) for m in table.metas]
-
-
-def _max_useful_price(U_hat: np.ndarray, action_costs: np.ndarray) -> float:
-    """A price at which every prompt takes its cheapest action: above every pairwise utility slope."""
-    du = float(U_hat.max() - U_hat.min()) if U_hat.size else 0.0
-    dc = float(np.diff(action_costs).min()) if action_costs.size > 1 else 1.0
-    return (du + 1.0) / max(dc, 1e-300)
-
-
-def _select(held_out: dict[str, Callable[[float], np.ndarray]], U: np.ndarray, C: np.ndarray,
-            cfg: PolicyConfig) -> tuple[str, dict[str, Any]]:
-    """The default learner: higher mean out-of-fold accuracy at calibrated budgets (ties → classifier)."""
-    budgets = budget_grid(*cfg.budget_range, 9)
-    rows = np.arange(U.shape[0])
-    scores: dict[str, dict[str, float]] = {}
-    for name, oof in held_out.items():
-        acc, err = [], []
-        for b in budgets:
-            a = oof(float(b))
-            acc.append(float(U[rows, a].mean()))
-            err.append(abs(float(C[rows, a].mean()) - b) / b if b > 0 else 0.0)
-        scores[name] = {"heldout_accuracy": float(np.mean(acc)), "heldout_cost_error": float(np.mean(err))}
-    names = list(held_out)
-    if len(names) == 1:
-        return names[0], {"rule": f"learner {names[0]!r} was requested", "scores": scores}
-    c, u = scores["classifier"]["heldout_accuracy"], scores["utility"]["heldout_accuracy"]
-    best = "utility" if u > c + 1e-12 else "classifier"
-    why = (f"{best}: mean out-of-fold accuracy {max(c, u):.4f} vs {min(c, u):.4f} over {budgets.size} budgets in "
-           f"[{budgets[0]:g}, {budgets[-1]:g}] ({cfg.calibration_folds}-fold cross-fit on {U.shape[0]} prompts)"
-           + (" (tie: the classifier, the seed's learner, wins)" if abs(u - c) <= 1e-12 else ""))
-    return best, {"rule": "higher mean out-of-fold accuracy at calibrated budgets; ties → classifier",
-                  "why": why, "scores": scores}
