@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 from scipy.special import betainc
-from scipy.stats import binom, nbinom
+from scipy.special import binom as choose
 
 
 def leader_max_prob(leader: np.ndarray, others: np.ndarray, alpha: float | None = None) -> np.ndarray:
@@ -61,13 +61,13 @@ def leader_max_prob(leader: np.ndarray, others: np.ndarray, alpha: float | None 
             new = np.zeros_like(q)
             for i in range(int(a_j.max())):
                 d = np.arange(i, depth)
-                w = binom.pmf(i, d, 1.0 / (t + 1))
+                w = choose(d, i) * (1.0 / (t + 1)) ** i * (t / (t + 1)) ** (d - i)  # Binomial(d, 1/(t+1)) pmf
                 new[:, i:] += np.where((i < a_j)[:, None], w[None, :] * q[:, : depth - i], 0.0)
             q = new
         term = np.zeros(n_rows)
         p_nb = 1.0 / (1.0 + s)
         for d in range(depth):  # a fixed summation order keeps rows independent of the batch
-            f = nbinom.pmf(d, a1, p_nb) * q[:, d]
+            f = choose(d + a1 - 1, d) * p_nb**a1 * (1.0 - p_nb) ** d * q[:, d]  # NB(d; a₁, p_nb) pmf
             if alpha is not None:
                 f = f * betainc(alpha, a1 + d, 1.0 / (2.0 + s))
             term += f

@@ -237,47 +237,44 @@ def _exact(cls: _Classes, plans: Sequence[Plan], chunk: int) -> tuple[np.ndarray
     wave_of = np.zeros((P, k + 1))  # wave index at each boundary
     ties = np.array([lam.count(lam[0]) if lam else 1 for lam in lat.items], dtype=np.float64)
     sizes_idx = [np.flatnonzero(lat.size == s) for s in range(k + 1)]
-    nu = np.arange(k + 1)
-    # per partition size s: A_s[λ, ν, plan] = the plan's stop count for votes λ and ν nulls (K = s + ν)
-    A_s = [np.zeros((idx.size, k + 1, P)) for idx in sizes_idx]
+    # per partition size s: A_s[λ, ν, plan] = the plan's stop count for votes λ and ν ≤ k − s nulls
+    A_s = [np.zeros((idx.size, k + 1 - s, P)) for s, idx in enumerate(sizes_idx)]
     for j, plan in enumerate(plans):
         for wave, K in enumerate(plan.boundaries, start=1):
             wave_of[j, K] = wave
-        counts = stop_counts(plan, lat)
+        counts = stop_counts(plan, k)
         for s in range(k + 1):
-            for v in range(k + 1 - s):
-                A_s[s][:, v, j] = counts[s + v, sizes_idx[s], v]
-    A_s = [a.reshape(a.shape[0], -1) for a in A_s]
+            A_s[s][:, :, j] = counts[sizes_idx[s], : k + 1 - s]
     N, C = cls.sizes.shape[0], cls.weights.shape[2]
+    Q = 2 + C  # contracted quantities: M0, MU / ties, MW per channel
     res_u, res_s, res_w = np.zeros((N, P)), np.zeros((N, P)), np.zeros((N, P))
     res_c = np.zeros((N, P, C))
-    Ks = np.arange(k + 1)
+    by_nulls = np.argsort(cls.nulls, kind="stable")  # chunks of similar null counts skip more columns
     for lo in range(0, N, chunk):
-        hi = min(lo + chunk, N)
-        G = int((cls.sizes[lo:hi] > 0).sum(axis=1).max(initial=1))
-        sums = class_sums(cls.sizes[lo:hi, :G], cls.values[lo:hi, :G], cls.weights[lo:hi, :G], lat)
-        f_null = falling(cls.nulls[lo:hi], k)  # (n, ν)
-        inv_n = 1.0 / falling(cls.n[lo:hi], k)  # (n, K); plans never exceed a prompt's n
-        z0, zu, znu = (np.zeros((hi - lo, k + 1, P)) for _ in range(3))
-        zw = np.zeros((C, hi - lo, k + 1, P))
+        rows = by_nulls[lo:lo + chunk]
+        n = rows.size
+        G = int((cls.sizes[rows] > 0).sum(axis=1).max(initial=1))
+        sums = class_sums(cls.sizes[rows, :G], cls.values[rows, :G], cls.weights[rows, :G], lat)
+        f_null = falling(cls.nulls[rows], k).T  # (ν, n)
+        inv_n = 1.0 / falling(cls.n[rows], k).T  # (K, n); plans never exceed a prompt's n
+        v_max = int(cls.nulls[rows].max())
+        z = np.zeros((k + 1, P, Q, n))  # by K = |λ| + ν
+        znu = np.zeros((k + 1, P, n))
         for s in range(k + 1):
             idx = sizes_idx[s]
-            if not idx.size or not A_s[s].any():
+            nv = min(k - s, v_max) + 1
+            At = A_s[s][:, :nv].reshape(idx.size, nv * P).T  # ((ν, plan), λ)
+            if not At.any():
                 continue
-            shp = (hi - lo, k + 1, P)
-            y0 = (sums.m0[:, idx] @ A_s[s]).reshape(shp) * f_null[:, :, None]
-            yu = ((sums.mu[:, idx] / ties[idx]) @ A_s[s]).reshape(shp) * f_null[:, :, None]
-            ok = nu[nu + s <= k]
-            z0[:, ok + s] += y0[:, ok]
-            zu[:, ok + s] += yu[:, ok]
-            znu[:, ok + s] += y0[:, ok] * ok[None, :, None]
-            for c in range(C):
-                yw = (sums.mw[:, idx, c] @ A_s[s]).reshape(shp) * f_null[:, :, None]
-                zw[c][:, ok + s] += yw[:, ok]
-        prob = z0 * inv_n[:, :, None]  # P(stop at K)
-        res_u[lo:hi] = (zu * inv_n[:, :, None]).sum(axis=1)
-        res_s[lo:hi] = (prob * Ks[None, :, None]).sum(axis=1)
-        res_w[lo:hi] = (prob * wave_of.T[None]).sum(axis=1)
-        res_c[lo:hi] = np.moveaxis((zw * inv_n[None, :, :, None]).sum(axis=2), 0, -1) + \
-            (znu * inv_n[:, :, None]).sum(axis=1)[:, :, None] * cls.null_w[lo:hi, None, :]
+            M = np.concatenate([sums.m0[idx], sums.mu[idx] / ties[idx, None], *sums.mw[:, idx]], axis=1)
+            y = (At @ M).reshape(nv, P, Q, n) * f_null[:nv, None, None, :]
+            z[s:s + nv] += y
+            znu[s:s + nv] += y[:, :, 0] * np.arange(nv)[:, None, None]
+        tot = (z * inv_n[:, None, None, :]).sum(axis=0)  # (P, Q, n)
+        prob = z[:, :, 0] * inv_n[:, None, :]  # (K, P, n): P(stop at K samples)
+        res_u[rows] = tot[:, 1].T
+        res_s[rows] = (prob * np.arange(k + 1)[:, None, None]).sum(axis=0).T
+        res_w[rows] = (prob * wave_of.T[:, :, None]).sum(axis=0).T
+        nulls_drawn = (znu * inv_n[:, None, :]).sum(axis=0).T  # (n, P) expected nulls drawn
+        res_c[rows] = tot[:, 2:].transpose(2, 0, 1) + nulls_drawn[:, :, None] * cls.null_w[rows][:, None, :]
     return res_u, res_s, res_w, res_c

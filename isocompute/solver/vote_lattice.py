@@ -132,17 +132,24 @@ def partitions(k: int) -> Partitions:
     )
 
 
-def stop_counts(plan: Plan, lattice: Partitions) -> np.ndarray:
-    """(k+1, P, k+1) array S[K, λ, ν]: sequences per labelled representative of type (λ, ν) that stop at
-    the boundary of K samples (zero off the plan's boundaries). ``lattice.k`` must be ≥ the plan's
-    largest boundary."""
-    if plan.max_samples > lattice.k:
-        raise ValueError(f"lattice of size {lattice.k} is too small for {plan.name}")
-    if plan.rule.uses_run:
-        return _stop_counts_run(plan, lattice)
+@functools.lru_cache(maxsize=256)
+def stop_counts(plan: Plan, k: int) -> np.ndarray:
+    """(P, k+1) array S[λ, ν] over the lattice :func:`partitions(k) <partitions>`: how many sequences per
+    labelled representative of type (λ, ν) stop with those votes and nulls, at K = |λ| + ν samples (zero
+    unless K is one of the plan's boundaries); k ≥ the plan's samples. Cached (read-only, ~0.1 MB at
+    k = 16): cross-validation asks for the same plans again."""
+    if plan.max_samples > k:
+        raise ValueError(f"lattice of size {k} is too small for {plan.name}")
+    lattice = partitions(k)
+    out = _stop_counts_run(plan, lattice) if plan.rule.uses_run else _stop_counts(plan, lattice)
+    out.setflags(write=False)
+    return out
+
+
+def _stop_counts(plan: Plan, lattice: Partitions) -> np.ndarray:
     k, P = lattice.k, len(lattice)
     stop_here = _rule_stops(plan, lattice)  # (P,) bool: a rule reads the counts (and the run) only
-    out = np.zeros((k + 1, P, k + 1))
+    out = np.zeros((P, k + 1))
     alive = np.zeros((P, k + 1))
     alive[0, 0] = 1.0
     bounds = set(plan.boundaries)
@@ -157,7 +164,7 @@ def stop_counts(plan: Plan, lattice: Partitions) -> np.ndarray:
         alive = nxt
         if t in bounds:
             stopping = alive * stop_here[:, None] if t < last else alive
-            out[t] = stopping
+            out += stopping  # states at time t are those with |λ| + ν = t: supports never overlap
             alive = alive - stopping
     return out
 
@@ -173,7 +180,7 @@ def _stop_counts_run(plan: Plan, lattice: Partitions) -> np.ndarray:
     mult = np.zeros((P, k + 1))
     for p in range(1, k + 1):
         mult[lattice.dec_dst[p], p] = lattice.dec_mult[p]
-    out = np.zeros((k + 1, P, k + 1))
+    out = np.zeros((P, k + 1))
     bounds = set(plan.boundaries)
     last = plan.max_samples
 
@@ -201,7 +208,7 @@ def _stop_counts_run(plan: Plan, lattice: Partitions) -> np.ndarray:
                 stopping = a * np.where(stop_here[:, None, None, :], 1.0, 0.0)
             else:
                 stopping = a
-            out[t] = total(stopping)
+            out += total(stopping)
             a = a - stopping
     return out
 

@@ -37,7 +37,7 @@ from isocompute.solver.vote_lattice import Partitions
 
 @dataclass(frozen=True, eq=False)
 class ClassSums:
-    """M0 (N, P), MU (N, P), MW (N, P, C): see the module docstring."""
+    """M0 (P, N), MU (P, N), MW (C, P, N) — partition-major, so lattice edges gather whole rows."""
 
     m0: np.ndarray
     mu: np.ndarray
@@ -65,50 +65,50 @@ def class_sums(sizes: np.ndarray, values: np.ndarray, weights: np.ndarray, latti
     order = np.argsort(-n_big, kind="stable")  # the g-th big class applies to a prefix of the prompts
     inv = np.empty_like(order)
     inv[order] = np.arange(N)
-    # each prompt's big classes first, in any order
-    rank = np.argsort(~big, axis=1, kind="stable")
+    rank = np.argsort(~big, axis=1, kind="stable")  # each prompt's big classes first
     s_m = np.take_along_axis(sizes, rank, 1)[order]
     s_v = np.take_along_axis(values, rank, 1)[order]
     s_w = np.take_along_axis(weights, rank[:, :, None], 1)[order]
     n_big = n_big[order]
 
-    m0 = np.zeros((N, P))
-    m0[:, 0] = 1.0
-    mu = np.zeros((N, P))
-    mw = np.zeros((N, P, C))
+    m0 = np.zeros((P, N))
+    m0[0] = 1.0
+    mu = np.zeros((P, N))
+    mw = np.zeros((C, P, N))
     for g in range(int(n_big.max(initial=0))):
         L = int((n_big > g).sum())
-        c = falling(s_m[:L, g], k)  # (L, k+1)
+        c = falling(s_m[:L, g], k).T  # (k+1, L)
         v = s_v[:L, g]
-        w = s_w[:L, g]  # (L, C)
-        o0, ou, ow = m0[:L].copy(), mu[:L].copy(), mw[:L].copy()
-        n0, nu, nw = m0[:L], mu[:L], mw[:L]
+        w = s_w[:L, g].T[:, None, :]  # (C, 1, L)
+        o0, ou, ow = m0[:, :L].copy(), mu[:, :L].copy(), mw[:, :, :L].copy()
         for p in range(1, min(k, int(s_m[:L, g].max())) + 1):
             dst, src = lattice.rm_dst[p], lattice.rm_src[p]
             if not dst.size:
                 continue
-            cp = c[:, p][:, None]
-            base = cp * o0[:, src]
-            n0[:, dst] += base
-            keep = lattice.rm_keeps_top[p]
-            nu[:, dst] += cp * np.where(keep, ou[:, src], 0.0) + np.where(lattice.rm_is_top[p], base * v[:, None], 0.0)
-            nw[:, dst] += cp[:, :, None] * ow[:, src] + p * base[:, :, None] * w[:, None, :]
+            cp = c[p]
+            base = o0[src] * cp
+            m0[dst, :L] += base
+            keep, top = lattice.rm_keeps_top[p], lattice.rm_is_top[p]
+            mu[dst[keep], :L] += ou[src[keep]] * cp
+            mu[dst[top], :L] += base[top] * v
+            mw[:, dst, :L] += ow[:, src] * cp + p * base[None] * w
 
     r = single.sum(axis=1)[order]
     if r.any():
         sv = np.where(single, values, 0.0).sum(axis=1)[order]
-        sw = np.where(single[:, :, None], weights, 0.0).sum(axis=1)[order]
+        sw = np.where(single[:, :, None], weights, 0.0).sum(axis=1)[order].T[:, None, :]  # (C, 1, N)
         o0, ou, ow = m0.copy(), mu.copy(), mw.copy()
         top_one = lattice.top == 1
         for j in range(1, min(k, int(r.max())) + 1):
             dst = np.flatnonzero(lattice.strip[j] >= 0)
             src = lattice.strip[j][dst]
-            cj = _binom(r, j)[:, None]
-            cj1 = _binom(r - 1, j - 1)[:, None]
-            m0[:, dst] += cj * o0[:, src]
-            mu[:, dst] += cj * ou[:, src] + np.where(top_one[dst], cj1 * sv[:, None] * o0[:, src], 0.0)
-            mw[:, dst] += cj[:, :, None] * ow[:, src] + (cj1 * o0[:, src])[:, :, None] * sw[:, None, :]
-    return ClassSums(m0=m0[inv], mu=mu[inv], mw=mw[inv])
+            cj, cj1 = _binom(r, j), _binom(r - 1, j - 1)
+            m0[dst] += o0[src] * cj
+            mu[dst] += ou[src] * cj
+            ones = top_one[dst]
+            mu[dst[ones]] += o0[src[ones]] * (cj1 * sv)
+            mw[:, dst] += ow[:, src] * cj + o0[src][None] * (cj1 * sw)
+    return ClassSums(m0=m0[:, inv], mu=mu[:, inv], mw=mw[:, :, inv])
 
 
 def _binom(n: np.ndarray, j: int) -> np.ndarray:
