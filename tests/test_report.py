@@ -187,7 +187,7 @@ def test_cli_fit_then_cv_report(fitted):
 
 
 @pytest.mark.slow
-def test_cli_holdout_report(fitted):
+def test_cli_holdout_report(fitted, capsys):
     d, _, other = fitted
     out = d / "hold"
     assert main(["report", "--policy", str(d / "pol"), str(other), "--out", str(out), "--holdout",
@@ -195,6 +195,14 @@ def test_cli_holdout_report(fitted):
     rep = json.loads((out / "report.json").read_text())
     assert rep["mode"] == "holdout" and rep["folds"] == 1
     assert all(len(e["per_fold"]) == 1 for e in rep["budgets"])
+    # stdout is not a terminal here (as in a CI log): the ten-column table prints every number in full
+    printed = capsys.readouterr().out
+    assert "…" not in printed
+    for e in rep["budgets"]:
+        row = next(line for line in printed.splitlines()
+                   if line.startswith("│") and line.split("│")[1].strip() == f"{e['budget']:.3g}")
+        assert all(f"{e['methods'][m]['accuracy']:.4f}" in row for m in ("oracle", "learned", "uniform"))
+        assert f"{e['imitation_ceiling']:.3f}" in row
 
 
 def _schema_2(d):

@@ -319,9 +319,9 @@ def run(args: argparse.Namespace) -> int:
     policy = Policy(config).fit(table, model_flops=model, probe=probe, sample_flops=sample_flops, progress=True)
     policy.save(args.out, inputs=inputs, extra_files=extra_files)
 
-    from rich.console import Console
+    from isocompute.cli.console import console as make_console
 
-    console = Console(stderr=False)
+    console = make_console()
     console.print(f"policy → {args.out}  ({len(table)} prompts, actions k = {list(config.actions)}, "
                   f"budgets [{config.budget_range[0]:g}, {config.budget_range[1]:g}] {config.cost_unit})")
     if probe_note:

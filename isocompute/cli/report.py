@@ -120,9 +120,11 @@ def run(args: argparse.Namespace) -> int:
               "holdout": bool(args.holdout), "bootstrap": args.bootstrap, "bootstrap_seed": args.seed}
     write_report(args.out, report, inputs=inputs, params=params)
 
-    from rich.console import Console
     from rich.table import Table
 
+    from isocompute.cli.console import console
+
+    con = console()
     t = Table(title=f"held-out accuracy ({ev.mode}, {len(table)} prompts) → {args.out}")
     for col in ("budget", "oracle", "learned", "uniform", "heuristic", "random", "cost", "gain vs uniform [CI]",
                 "imitation", "ceiling"):
@@ -135,14 +137,14 @@ def run(args: argparse.Namespace) -> int:
                   f"{m['learned']['cost']:.4g}",
                   f"{100 * g['relative']:+.1f}% [{100 * g['ci95'][0]:+.1f}, {100 * g['ci95'][1]:+.1f}]{sig}",
                   f"{e['imitation_accuracy']:.3f}", f"{e['imitation_ceiling']:.3f}")
-    Console().print(t)
-    Console().print(report["learner_comparison"]["why"])
+    con.print(t)
+    con.print(report["learner_comparison"]["why"])
     if probe_info is not None:
-        Console().print(f"probe {probe_info['name']} ({probe_info['source']}): the learned policy pays "
+        con.print(f"probe {probe_info['name']} ({probe_info['source']}): the learned policy pays "
                         f"{probe_info['cost']:.4g} {cfg.cost_unit} per request for it in every column above; "
                         f"Spearman ρ with 1-sample accuracy {probe_info['spearman_vs_accuracy_k1']:+.3f}")
     if cfg.feature_extras:
-        Console().print(f"extra features {', '.join(cfg.feature_extras)}: the learned policy pays "
+        con.print(f"extra features {', '.join(cfg.feature_extras)}: the learned policy pays "
                         f"{policy.feature_cost_:.4g} {cfg.cost_unit} per request for them in every column above "
                         f"(declared by the fitted policy; every refit pays the same)")
     return 0

@@ -210,10 +210,11 @@ def _plot(path: Path, front: dict[str, Any], cfg: SolveConfig) -> None:
 
 
 def _print_table(summary: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from isocompute.cli.console import console as make_console
+
+    console = make_console()
     t = Table(title=f"oracle solution → {summary['out']}", show_header=False)
     t.add_column(style="bold")
     t.add_column(justify="right")

@@ -5,14 +5,20 @@ their text and token counts. Prompts are plain strings (already chat-templated w
 that shares the prompt prefix across the ``n`` samples reports ``prompt_tokens`` once per prompt.
 Engines are async so the gateway can serve many requests on one event loop; CPU-bound engines run their
 work in a thread.
+
+``probe_entropy(prompts, max_tokens)`` is the policy's probe feature, one greedy answer per prompt and its
+mean token entropy (:mod:`isocompute.engines.probe`); each back-end computes it its own way.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from isocompute.errors import InputError
+
+if TYPE_CHECKING:
+    from isocompute.engines.probe import ProbeResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,4 +66,13 @@ class Engine(Protocol):
 
     async def aclose(self) -> None:
         """Release connections, threads or model memory."""
+        ...
+
+    async def probe_entropy(self, prompts: list[str], max_tokens: int) -> ProbeResult:
+        """Mean per-token entropy of one greedy answer of at most ``max_tokens`` tokens per prompt, with
+        the calls' token counts (:mod:`isocompute.engines.probe` defines it; call it through
+        :func:`isocompute.engines.probe.probe_entropy`, which checks the arguments).
+
+        Raises :class:`isocompute.errors.EngineUnavailable` when the back-end cannot serve it.
+        """
         ...

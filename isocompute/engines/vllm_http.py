@@ -49,6 +49,7 @@ from typing import Any
 import httpx
 
 from isocompute.engines.base import Completion, check_generate_args
+from isocompute.engines.probe import TOP_LOGPROBS, ProbeResult, completion_logprobs_entropy
 from isocompute.errors import EngineUnavailable, InputError
 
 __all__ = ["Upstream", "VLLMHTTPEngine", "split_evenly", "START_HINT"]
@@ -394,6 +395,16 @@ class VLLMHTTPEngine:
             Completion(c.get("text") or "", prompt_tokens, k, c.get("finish_reason") or "stop")
             for c, k in zip(choices, counts, strict=True)
         ]
+
+    async def probe_entropy(self, prompts: list[str], max_tokens: int) -> ProbeResult:
+        """Mean top-20 entropy of one greedy answer per prompt, from ``/v1/completions`` with
+        ``"logprobs": 20`` (:mod:`isocompute.engines.probe`), through the balancer like any request."""
+        bodies = [{"prompt": p, "n": 1, "max_tokens": max_tokens, "temperature": 0.0, "logprobs": TOP_LOGPROBS}
+                  for p in prompts]
+        answers = await asyncio.gather(*(self.request(b) for b in bodies))
+        parsed = [completion_logprobs_entropy(a) for a in answers]  # (entropy, generated, prompt tokens)
+        return ProbeResult.of([h for h, _, _ in parsed], [p for _, _, p in parsed], [m for _, m, _ in parsed],
+                              f"top{TOP_LOGPROBS}")
 
 
 def _base_url(url: str) -> str:
