@@ -25,6 +25,12 @@ def test_hand_worked_hull():
     assert exact.mix == 0.0 and exact.describe(["a", "b", "c", "d"]) == "b"
 
 
+def test_budget_above_every_plan_does_not_bind():
+    U, C = np.array([[0.5, 0.7, 0.6]]), np.array([[1.0, 2.0, 3.0]])
+    choice = choose_fixed_plan(U, C, 10.0)
+    assert (choice.lo, choice.mix) == (1, 0.0) and choice.train_cost == 2.0 and choice.train_utility == 0.7
+
+
 def brute_best(U, C, budget):
     """Best mean utility at mean cost <= budget: a single plan that fits, or two mixed to cost the budget."""
     u, c = U.mean(0), C.mean(0)
@@ -76,8 +82,8 @@ def test_fold_assignment_is_balanced_and_seeded():
 
 
 @pytest.mark.parametrize(("call", "error", "match"), [
-    (lambda: choose_fixed_plan(np.ones((3, 2)), np.array([[1.0, 2]] * 3), 5.0), BudgetError,
-     r"outside the plans' mean costs \[1, 2\]"),
+    (lambda: choose_fixed_plan(np.ones((3, 2)), np.array([[1.0, 2]] * 3), 0.5), BudgetError,
+     "below the cheapest plan's mean cost 1"),
     (lambda: choose_fixed_plan(np.ones((3, 2)), np.ones((3, 3)), 1.0), InputError, "one shape"),
     (lambda: choose_fixed_plan(np.ones((3, 2)), np.full((3, 2), np.nan), 1.0), InputError, "'samples' cost unit"),
     (lambda: cross_validate_fixed_plan(np.ones((3, 2)), np.ones((3, 2)), 1.0, folds=4), InputError,

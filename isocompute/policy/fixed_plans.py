@@ -10,7 +10,8 @@ concave hull of those points at the budget B:
     play plan lo with probability 1 − p and plan hi with probability p,
     p = (B − c̄_lo) / (c̄_hi − c̄_lo),   c̄_lo ≤ B ≤ c̄_hi adjacent hull vertices,
 
-so the expected mean cost on the training prompts is exactly B — a one-"prompt" instance of the
+so the expected mean cost on the training prompts is exactly B (less where a cheaper plan is better, or
+B is above every plan's cost: the budget does not bind) — a one-"prompt" instance of the
 Lagrangian solver (:func:`isocompute.solver.allocate.allocate` on the row of means). Held out
 (:func:`cross_validate_fixed_plan`): the prompts are split into k folds; the choice made on k − 1 folds
 scores each prompt of the remaining fold with (1 − p)·U[i, lo] + p·U[i, hi] and costs it likewise, so
@@ -64,12 +65,11 @@ def choose_fixed_plan(U: np.ndarray, C: np.ndarray, budget: float) -> FixedPlanC
     U, C = _check(U, C)
     u_bar, c_bar = U.mean(axis=0), C.mean(axis=0)
     order = np.argsort(c_bar, kind="stable")
-    try:
-        res = allocate(u_bar[order][None], c_bar[order][None], budget)
-    except BudgetError:
-        raise BudgetError(f"budget {budget:.6g} is outside the plans' mean costs [{c_bar.min():.6g}, "
-                          f"{c_bar.max():.6g}] on these prompts; add cheaper or dearer plans, or pick a "
-                          "budget in that range.") from None
+    if not budget >= c_bar.min():
+        raise BudgetError(f"budget {budget:.6g} is below the cheapest plan's mean cost {c_bar.min():.6g} on "
+                          "these prompts; add cheaper plans (e.g. none@1) or raise the budget.")
+    # above the dearest plan the budget does not bind: the best plan that fits spends less
+    res = allocate(u_bar[order][None], c_bar[order][None], min(float(budget), float(c_bar.max())))
     lo, hi = int(order[res.actions[0]]), int(order[res.actions_hi[0]])
     mix = res.mix_prob if lo != hi else 0.0
     return FixedPlanChoice(lo=lo, hi=hi, mix=float(mix), budget=float(budget), train_cost=float(res.mean_cost),
