@@ -18,7 +18,7 @@ from isocompute.flops import ModelFlops, prefill_flops, request_flops
 from isocompute.solver.allocate import allocate
 from isocompute.solver.estimators import majority_at_k
 from isocompute.solver.outcomes import PAD_CODE, from_records
-from isocompute.solver.plan_estimates import estimate_plans, estimate_table
+from isocompute.solver.plan_estimates import by_cost, estimate_plans, estimate_table
 from isocompute.solver.plans import default_plans, parse_plan, plan_family
 
 MIXED = ["none@3", "lead:m=2@1x5", "lead:m=1@1x3", "window:w=2@1x5", "window:w=2@2x2,1", "window:w=3@3,1,1",
@@ -189,11 +189,13 @@ def test_lp_optimum_on_plan_columns():
     codes, correct = random_codes(rng, 40, 16)
     est = estimate_plans(codes, correct, default_plans())
     U, C = est.utility, est.samples
-    order = np.argsort(C, axis=1, kind="stable")
-    Us, Cs = np.take_along_axis(U, order, 1), np.take_along_axis(C, order, 1)
+    sorted_ = by_cost(U, C)
     n, a = U.shape
     for budget in np.linspace(C.min(axis=1).mean(), C.max(axis=1).mean(), 6):
-        res = allocate(Us, Cs, budget)
+        res = allocate(sorted_.utility, sorted_.cost, budget)
+        chosen = sorted_.plans_of(res.actions)
+        assert U[np.arange(n), chosen].mean() == pytest.approx(
+            sorted_.utility[np.arange(n), res.actions].mean(), abs=1e-15)
         lp = linprog(-U.ravel(), A_ub=C.ravel()[None] / 16, b_ub=[n * budget / 16], A_eq=np.kron(np.eye(n), np.ones(a)),
                      b_eq=np.ones(n), bounds=(0, 1), method="highs")
         assert lp.status == 0
@@ -252,6 +254,18 @@ def test_invariants_and_inputs_untouched():
     # a prompt whose every sample agrees stops at the rule's first chance
     una = estimate_plans(np.zeros((1, 10), int), np.ones((1, 10), bool), ["lead:m=2@1x10", "window:w=3@3x3"])
     np.testing.assert_allclose(una.samples[0], [2, 3]) and np.testing.assert_allclose(una.utility[0], [1, 1])
+
+
+def test_subset_is_the_estimate_of_the_rows():
+    rng = np.random.default_rng(9)
+    codes, correct = random_codes(rng, 30, 12)
+    est = estimate_plans(codes, correct, ["lead:m=2@1x8", "none@2"], channels={"t": np.ones(codes.shape)})
+    rows = [3, 0, 17]
+    part = est.subset(rows)
+    again = estimate_plans(codes[rows], correct[rows], ["lead:m=2@1x8", "none@2"], channels={"t": np.ones((3, 12))})
+    np.testing.assert_allclose(part.utility, again.utility, atol=1e-15)
+    np.testing.assert_allclose(part.channels["t"], again.channels["t"], atol=1e-13)
+    assert part.names == est.names and est.subset(np.arange(30) < 5).utility.shape == (5, 2)
 
 
 def test_unknown_tokens_stay_unknown_per_prompt():

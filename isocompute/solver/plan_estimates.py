@@ -30,7 +30,9 @@ E[samples] = (2·2 + 4·3)/6 = 8/3, E[waves] = 8/3. With ``none@2`` instead U = 
 (of the three pairs, only {a, a} avoids a tie).
 
 Cost (:meth:`PlanEstimates.cost`): samples, completion tokens, or FLOPs — each wave is one request with
-n = wave size; the prompt is prefilled once per plan with prefix caching, once per wave without.
+n = wave size; the prompt is prefilled once per plan with prefix caching, once per wave without. The
+solver prices plans unchanged as columns of U and C; :func:`by_cost` sorts each prompt's columns by its
+own expected cost, as :func:`~isocompute.solver.allocate.allocate` requires, and maps choices back.
 Ignored: verifier scores (plans vote), and any dependence between a sample's content and its position.
 """
 
@@ -106,6 +108,40 @@ class PlanEstimates:
                              "estimate_table(table, plans, model=load_model_flops(...)) and pass the same model.")
         prefill = np.asarray(prefill_flops(model, self.prompt_tokens))[:, None]
         return prefill * (1.0 if prefix_caching else self.waves) + self.channels[DECODE]
+
+
+    def subset(self, indices: Sequence[int] | np.ndarray) -> PlanEstimates:
+        """The rows ``indices`` (ints or a boolean mask), e.g. one cross-validation fold."""
+        idx = np.asarray(indices)
+        idx = np.flatnonzero(idx) if idx.dtype == bool else idx.astype(np.int64)
+        rows = {k: getattr(self, k)[idx] for k in ("utility", "samples", "waves", "utility_se", "samples_se", "waves_se")}
+        return PlanEstimates(
+            plans=self.plans, channels={k: v[idx] for k, v in self.channels.items()},
+            channels_se={k: v[idx] for k, v in self.channels_se.items()}, method=self.method,
+            n_orders=self.n_orders, seed=self.seed,
+            prompt_tokens=None if self.prompt_tokens is None else self.prompt_tokens[idx], **rows,
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class CostOrder:
+    """Plan columns sorted by each prompt's expected cost, as :func:`isocompute.solver.allocate.allocate`
+    wants them: ``utility``/``cost`` (N, P) sorted per row, ``order[i, a]`` the plan of column a."""
+
+    utility: np.ndarray
+    cost: np.ndarray
+    order: np.ndarray
+
+    def plans_of(self, actions: np.ndarray) -> np.ndarray:
+        """(N,) plan index of each prompt's sorted column ``actions[i]`` (e.g. ``Allocation.actions``)."""
+        return self.order[np.arange(self.order.shape[0]), actions]
+
+
+def by_cost(utility: np.ndarray, cost: np.ndarray) -> CostOrder:
+    """Sort each prompt's plan columns by cost (stable): which plan is cheaper differs per prompt."""
+    order = np.argsort(cost, axis=1, kind="stable")
+    return CostOrder(utility=np.take_along_axis(utility, order, 1), cost=np.take_along_axis(cost, order, 1),
+                     order=order)
 
 
 def estimate_plans(answer_codes: np.ndarray, correct: np.ndarray, plans: Sequence[Plan | str], *,
