@@ -63,7 +63,7 @@ class ImportConfig:
     tokenizer: Path | None = None
     grade_workers: int = 2
     timeout: float = 5.0
-    batch: int = 100
+    batch: int = 250
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -370,7 +370,7 @@ def register(subparsers: Any) -> None:
                    "completion) tokens; needed for solve --cost-unit flops")
     p.add_argument("--grade-workers", type=int, default=2, help="grading processes (math-verify)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds one math-verify parse or comparison may take")
-    p.add_argument("--batch", type=int, default=100, help="prompts graded (and written) per step")
+    p.add_argument("--batch", type=int, default=250, help="prompts graded (and written) per step: larger is faster (fewer merge rounds), smaller resumes finer")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
     p.set_defaults(func=run)
 
