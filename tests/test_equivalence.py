@@ -44,6 +44,7 @@ SAME = [
     ("date", "5/1/2021", "05/01/2021"),
     ("date", "May 1, 2021", "05/01/2021"),
     ("date", "2021-05-01", "5/1/2021"),
+    ("date", "04/22/2021\n'''\n# part 2", "4/22/2021"),  # a dump's result with text after its line
     ("choice", "(b)", "B"),
     ("choice", "B. the second", "B"),
     ("exact", " Tuesday ", "Tuesday"),

@@ -8,7 +8,7 @@ answer (the Phi-4 MATH-500 dump splits 52 + 23 votes between them), ``\\frac12``
 |---|---|---|
 | ``math`` | math-verify's parse, printed (``srepr``), see :func:`isocompute.tasks.grading.math_key` | ``verify(a, b)`` |
 | ``number`` | the exact value (``"18.0"`` → 18, ``"3/4"`` → 3/4) | ``|a − b| ≤ 1e-9·max(|a|, |b|) + 1e-9`` |
-| ``date`` | ``MM/DD/YYYY`` (``5/1/2021``, ``2021-05-01``, ``May 1, 2021``) | — |
+| ``date`` | ``MM/DD/YYYY`` of the first line (``5/1/2021``, ``2021-05-01``, ``May 1, 2021``) | — |
 | ``choice`` | the letter (``(b)``, ``B.``, ``B) text`` → ``B``) | — |
 | ``exact`` | the normalised string | — |
 
@@ -83,6 +83,7 @@ _CHOICE = re.compile(r"\(?([A-Za-z])(?:\)|\.|:|$)(?:\s.*)?", re.DOTALL)
 
 
 def _date_key(s: str) -> str | None:
+    s = s.split("\n", 1)[0].strip().rstrip(".")  # a dump may keep text after the date's line
     if m := _NUMERIC_DATE.fullmatch(s):
         month, day, year = m.groups()
     elif m := _ISO_DATE.fullmatch(s):
