@@ -6,7 +6,7 @@ answer (the Phi-4 MATH-500 dump splits 52 + 23 votes between them), ``\\frac12``
 
 | kind | an answer's canonical key | keys that still merge |
 |---|---|---|
-| ``math`` | math-verify's parse, printed (``srepr``), see :func:`isocompute.tasks.grading.math_key` | ``verify(a, b)`` |
+| ``math`` | math-verify's parse, printed (``srepr``), see :func:`isocompute.tasks.math_forms.math_key` | ``verify(a, b)`` |
 | ``number`` | the exact value (``"18.0"`` → 18, ``"3/4"`` → 3/4) | ``|a − b| ≤ 1e-9·max(|a|, |b|) + 1e-9`` |
 | ``date`` | ``MM/DD/YYYY`` of the first line (``5/1/2021``, ``2021-05-01``, ``May 1, 2021``) | — |
 | ``choice`` | the letter (``(b)``, ``B.``, ``B) text`` → ``B``) | — |
@@ -51,7 +51,8 @@ from typing import Any
 
 from isocompute.errors import InputError
 from isocompute.tasks.extract import normalize_answer
-from isocompute.tasks.grading import Grader, map_in_process, values_differ
+from isocompute.tasks.grading import Grader, map_in_process
+from isocompute.tasks.math_forms import values_differ
 
 __all__ = [
     "KINDS", "TASK_KINDS", "Classes", "Votes", "answer_classes", "canonical_key", "classify", "kind_of",
