@@ -55,7 +55,6 @@ from isocompute.errors import InputError
 
 UNIFORM = "uniform"
 LEARNED = "learned"
-RULES = (LEARNED, UNIFORM)  # rules this version can serve, most ambitious first
 
 
 def uniform_mix(mean_costs: np.ndarray, budget: float) -> tuple[int, int, float]:
