@@ -2,8 +2,10 @@
 
 A policy holds a chain of candidate rules, most ambitious first, ending in the budget-matched
 **uniform** rule (every prompt the same k, mixing the two actions adjacent to the budget so the mean
-cost is exactly the budget). Today the chain is ``learned → uniform``; a fixed plan (an adaptive
-stopping rule the same for every prompt) slots in between as ``learned → fixed plan → uniform``.
+cost is exactly the budget). With plans the chain is ``learned → fixed_plan → uniform``: the fixed
+plan is the best budget-matched mix of two plans played for every prompt (an adaptive stopping rule
+the same for everyone, :mod:`isocompute.policy.fixed_rule`); with one-wave actions it is
+``learned → uniform``.
 
 Each rule is scored on the training prompts out of fold (the learned rule by the cross-fitted member
 that never saw the prompt — the process that serves new prompts), giving per budget b and prompt i the
@@ -55,6 +57,7 @@ from isocompute.errors import InputError
 
 UNIFORM = "uniform"
 LEARNED = "learned"
+FIXED_PLAN = "fixed_plan"
 
 
 def uniform_mix(mean_costs: np.ndarray, budget: float) -> tuple[int, int, float]:
@@ -81,7 +84,13 @@ def uniform_utilities(U: np.ndarray, mean_costs: np.ndarray, budgets: Sequence[f
 def uniform_actions(u: np.ndarray, mean_costs: np.ndarray, budget: float, *, match: str = "calibrated") -> np.ndarray:
     """Action index per prompt under the uniform rule (module docstring): hashed mixing of the two
     actions adjacent to the budget, exact in expectation (``calibrated``) or on the batch (``batch``)."""
-    lo, hi, q = uniform_mix(mean_costs, budget)
+    return mix_actions(u, *uniform_mix(mean_costs, budget), match=match)
+
+
+def mix_actions(u: np.ndarray, lo: int, hi: int, q: float, *, match: str = "calibrated") -> np.ndarray:
+    """Action ``hi`` for a share q of the prompts, ``lo`` for the rest, by each prompt's hash uniform u:
+    ``hi`` iff u < q (``calibrated``: exact in expectation over prompts), or for the round(q·N) prompts
+    of smallest u (``batch``: exact on the batch up to one prompt)."""
     u = np.asarray(u, dtype=np.float64)
     if match == "batch":
         up = np.zeros(u.size, dtype=bool)
