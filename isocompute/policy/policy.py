@@ -104,8 +104,8 @@ from isocompute.policy.fallback import (
     uniform_actions,
     uniform_utilities,
 )
-from isocompute.policy.fixed_rule import fixed_actions, fixed_plan_at, fixed_plan_scores
 from isocompute.policy.features import PromptFeatures
+from isocompute.policy.fixed_rule import fixed_actions, fixed_plan_at, fixed_plan_scores
 from isocompute.policy.learners import (
     MIX_SEED,
     ROUTE_SEED,
@@ -131,7 +131,7 @@ class Policy:
     # ------------------------------------------------------------------------------------------ fitting
     def fit(self, table: Any, *, costs: np.ndarray | None = None, model_flops: Any = None,
             probe: np.ndarray | None = None, sample_flops: np.ndarray | None = None,
-            progress: bool = False) -> Policy:
+            progress: bool = False, arrays: Any = None) -> Policy:
         """Fit on an :class:`~isocompute.solver.outcomes.OutcomeTable`; ``costs`` overrides the cost table;
         ``probe``: the probe's value per prompt (required exactly when the config has a probe).
 
@@ -139,7 +139,8 @@ class Policy:
         flops cost unit and, with extra features in the samples unit, one sample's FLOPs per training prompt
         (the k = 1 column of the flops cost table), unless ``sample_flops`` gives those directly.
 
-        With a plan menu every plan is estimated on every prompt (:func:`~isocompute.policy.plan_arrays.table_arrays`).
+        With a plan menu every plan is estimated on every prompt (:func:`~isocompute.policy.plan_arrays.table_arrays`;
+        ``arrays``: its result for this table and config, when the caller already has it).
         A ragged table (prompts with fewer samples than the largest action or plan) is kept as the config
         says (``min_samples``, ``ragged``: :mod:`isocompute.solver.ragged`); what was dropped or marked
         is in :attr:`training_data_`. ``costs``, ``probe`` and ``sample_flops`` are per prompt of ``table``.
@@ -148,7 +149,8 @@ class Policy:
         from isocompute.solver.costs import cost_table
 
         cfg = self.config
-        prep = table_arrays(table, cfg, model=model_flops if cfg.cost_unit == "flops" else None)
+        prep = arrays if arrays is not None else table_arrays(table, cfg, model=model_flops if cfg.cost_unit == "flops"
+                                                              else None)
         full, table = len(table), prep.table
 
         def rows(x: Any) -> Any:
