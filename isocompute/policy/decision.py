@@ -39,8 +39,9 @@ class Decision:
     * ``expected_samples``: the samples the plan is expected to draw on this prompt — the utility
       learner's cost-head prediction where it decided (:mod:`isocompute.policy.cost_head`), else the
       plan's mean over the training prompts (exact expectations over sample orders; k for ``none@k``);
-    * ``expected_waves``: the plan's mean number of waves (upstream requests) over the training
-      prompts (1 for ``none@k``);
+    * ``expected_waves``: the waves (upstream requests) the plan is expected to run on this prompt: the
+      plan's mean over the training prompts, scaled by the cost head's samples where it predicted them
+      (1 for ``none@k``; equal to ``expected_samples`` for one sample per wave);
     * ``costs``: the expected cost in ``cost_unit``, on the same footing as ``expected_samples`` (the
       probe's and the extra features' costs included where the learned rule serves), ``expected_cost``
       their mean.
@@ -90,9 +91,13 @@ def make_decision(policy: Any, a: np.ndarray, budget: float, learner: str, *, ru
     menu = policy.plans
     learned = rule == LEARNED
     costs = (policy.action_costs_ if learned else policy.sample_action_costs)[a]
-    samples = policy.plan_samples_[a]
+    samples, waves = policy.plan_samples_[a], policy.plan_waves_[a]
     if predicted is not None:
-        costs, samples = predicted
+        costs, s_hat = predicted
+        # waves scale with samples as on the training prompts (equal for one sample per wave)
+        n_waves = np.array([menu[j].n_waves for j in a], dtype=np.float64)
+        waves = np.clip(waves * s_hat / np.maximum(samples, 1e-300), 1.0, np.minimum(n_waves, s_hat))
+        samples = s_hat
     return Decision(
         k=np.array([menu[j].max_samples for j in a], dtype=np.int64), action_index=a, budget=budget,
         learner=learner, internal_budget=knob if knob_name == "internal_budget" else None,
@@ -100,7 +105,7 @@ def make_decision(policy: Any, a: np.ndarray, budget: float, learner: str, *, ru
         expected_cost=float(costs.mean()) if costs.size else 0.0, cost_unit=policy.config.cost_unit, match=match,
         probe_cost=policy.probe_cost if learned else 0.0, feature_cost=policy.feature_cost_ if learned else 0.0,
         rule=rule, rule_evidence=evidence, plans=tuple(menu[j] for j in a),
-        expected_samples=samples, expected_waves=policy.plan_waves_[a])
+        expected_samples=samples, expected_waves=waves)
 
 
 def predicted_costs(policy: Any, X: np.ndarray, route: np.ndarray, a: np.ndarray,

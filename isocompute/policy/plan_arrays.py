@@ -10,12 +10,14 @@ arrays are what ``fit``, ``report`` and ``solve`` work on; an adaptive plan's co
 Ragged tables, as :mod:`isocompute.solver.ragged` does for k samples: prompts with fewer samples than
 ``min_samples`` are dropped; with ``ragged="infeasible"`` a plan that can draw more samples than prompt
 i has is infeasible for i only — the estimators run per group of equal n on the plans that fit, and an
-infeasible plan p gets the utility of the prompt's largest feasible plan f at a higher cost,
+infeasible plan p gets the utility of the prompt's largest feasible one-wave plan f = ``none@k`` at the
+cost of drawing all its samples,
 
-    U[i, p] = U[i, f],   C[i, p] = C[i, f] · max_samples(p) / max_samples(f),
+    U[i, p] = U[i, f],   C[i, p] = C[i, f] · max_samples(p) / k,   samples = max_samples(p),
 
-so it is dominated and no budget picks it for that prompt. Example: a prompt with 5 samples and the
-menu none@1, none@4, lead:m=2@1x8 → lead:m=2@1x8 gets none@4's utility at twice its cost.
+so it is dominated and no budget picks it for that prompt (as an infeasible k is in
+:mod:`isocompute.solver.ragged`: in samples it costs its k). Example: a prompt with 5 samples and the
+menu none@1, none@4, lead:m=2@1x8 → lead:m=2@1x8 gets none@4's utility at cost 8.
 
 :func:`allocate_plans` is the Lagrangian oracle over plan columns: each prompt's columns sorted by its
 own cost (:func:`~isocompute.solver.plan_estimates.by_cost`, as :func:`~isocompute.solver.allocate.allocate`
@@ -105,12 +107,14 @@ def plan_arrays(table: OutcomeTable, plans: Sequence[Plan], *, cost_unit: str = 
             out[k][np.ix_(rows, feas)] = v
         infeasible = np.flatnonzero(maxs > nn)
         if infeasible.size:
-            f = int(np.argmax(np.where(maxs <= nn, maxs, -1)))  # the largest feasible plan (first of ties)
+            one_wave = np.array([p.n_waves == 1 and p.rule.kind == "none" for p in plans])
+            ok = (maxs <= nn) & (one_wave if (one_wave & (maxs <= nn)).any() else True)
+            f = int(np.argmax(np.where(ok, maxs, -1)))  # the largest feasible none@k (first of ties)
             scale = maxs[infeasible] / maxs[f]
             out["utility"][np.ix_(rows, infeasible)] = out["utility"][rows, f][:, None]
-            for k in ("cost", "samples"):
-                out[k][np.ix_(rows, infeasible)] = out[k][rows, f][:, None] * scale[None, :]
-            out["waves"][np.ix_(rows, infeasible)] = out["waves"][rows, f][:, None]
+            out["cost"][np.ix_(rows, infeasible)] = out["cost"][rows, f][:, None] * scale[None, :]
+            out["samples"][np.ix_(rows, infeasible)] = maxs[infeasible][None, :].astype(np.float64)
+            out["waves"][np.ix_(rows, infeasible)] = np.array([plans[j].n_waves for j in infeasible], float)[None, :]
     return PlanArrays(plans, out["utility"], out["cost"], out["samples"], out["waves"], feasible, sub, kept,
                       dropped, floor, cost_unit)
 

@@ -18,8 +18,8 @@ Every menu but ``none`` also holds the *uniform ladder* ``none@k`` for k ∈ act
 missing): the never-worse chain's last rule serves those. Duplicates are dropped, first one kept.
 
 Worked example: ``--plans lead --actions 1,2,4,8`` → the ladder none@1, none@2, none@4, none@8 and
-lead m ∈ 1…5 with k_max ∈ {2, …, 8} (``lead:m=1@1x2``, …, ``lead:m=5@1x8``), 34 plans after the
-duplicates the cap creates.
+lead m ∈ 1…5 with k_max ∈ {2, …, 8} (the grid's 10 … 16 capped to 8 are duplicates of k_max = 8):
+``lead:m=1@1x2``, …, ``lead:m=5@1x8``, 4 + 5 × 7 = 39 plans.
 
 :func:`plan_descriptors` gives the utility learner one row of numbers per plan (its stand-in for k).
 Ignores: estimating the plans on a table (:mod:`isocompute.policy.plan_arrays`).
