@@ -257,3 +257,27 @@ class PolicyConfig:
         d["feature_extras"] = tuple(d.get("feature_extras") or ())
         d["probe"] = ProbeSpec(**d["probe"]) if d.get("probe") else None
         return cls(**d)
+
+
+def probe_column(spec: ProbeSpec | None, n: int, probe: Any) -> np.ndarray | None:
+    """The probe values for n prompts as an (n,) float column (None without a probe spec), or
+    InputError saying what to pass."""
+    if spec is None:
+        if probe is not None:
+            raise InputError("this policy has no probe feature, but probe values were passed; drop probe= "
+                             "or refit with a probe (isocompute fit --probe-model DIR).")
+        return None
+    if probe is None:
+        raise InputError(f"this policy uses the probe feature {spec.name!r} ({spec.max_tokens} greedy tokens "
+                         f"of {spec.model or 'its model'}); pass probe= one value per prompt, from "
+                         f"isocompute.engines.probe.probe_entropy(engine, prompts, {spec.max_tokens}).")
+    try:
+        col = np.asarray(probe, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InputError("probe values must be numbers, one per prompt.") from None
+    if col.shape != (n,):
+        raise InputError(f"probe values must be one number per prompt, shape ({n},); got shape {col.shape}.")
+    if not np.isfinite(col).all():
+        raise InputError(f"probe values must be finite; {int((~np.isfinite(col)).sum())} are not. Recompute "
+                         "them with isocompute.engines.probe.probe_entropy.")
+    return col

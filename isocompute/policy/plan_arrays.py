@@ -175,3 +175,20 @@ def allocate_plans(U: np.ndarray, C: np.ndarray, budget: float, *, rounding: str
     order = by_cost(np.asarray(U, dtype=np.float64), np.asarray(C, dtype=np.float64))
     return PlanAllocation(allocate(order.utility, order.cost, budget, rounding=rounding),  # type: ignore[arg-type]
                           order.order)
+
+
+def plan_stats(plans: Sequence[Plan], shape: tuple[int, int], samples: Any, waves: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Each plan's expected samples and waves per prompt, (N, P) each: as given, or k and 1 for a menu of
+    one-wave plans (InputError when adaptive plans lack them, or a shape is wrong)."""
+    out = []
+    for name, x, one_wave in (("samples", samples, [p.max_samples for p in plans]), ("waves", waves, [1] * len(plans))):
+        if x is None:
+            if any(p.n_waves > 1 or p.rule.kind != "none" for p in plans):
+                raise InputError(f"adaptive plans need their expected {name} per prompt: pass samples= and waves= "
+                                 "(isocompute.policy.plan_arrays.plan_arrays).")
+            x = np.broadcast_to(np.asarray(one_wave, dtype=np.float64), shape)
+        x = np.asarray(x, dtype=np.float64)
+        if x.shape != shape:
+            raise InputError(f"{name} must have the utilities' shape {shape}; got {x.shape}.")
+        out.append(x)
+    return out[0], out[1]

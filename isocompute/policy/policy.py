@@ -74,7 +74,6 @@ from typing import Any
 import numpy as np
 
 from isocompute.errors import BudgetError, InputError
-from isocompute.policy.calibration import calibrate_by_bisection, calibrate_mixed_grid
 from isocompute.policy.config import (  # noqa: F401  (re-exported: the policy's public names)
     COST_UNITS,
     EXTRA_PACKAGES,
@@ -83,6 +82,7 @@ from isocompute.policy.config import (  # noqa: F401  (re-exported: the policy's
     PROBES,
     PolicyConfig,
     ProbeSpec,
+    probe_column,
 )
 from isocompute.policy.crossfit import (
     N_CALIBRATION,
@@ -90,7 +90,6 @@ from isocompute.policy.crossfit import (
     FittedLearner,
     crossfit_folds,
     fit_learner,
-    max_useful_price,
     select_learner,
 )
 from isocompute.policy.decision import Decision, make_decision, predicted_costs  # noqa: F401  (Decision: re-exported)
@@ -109,13 +108,12 @@ from isocompute.policy.fixed_rule import fixed_actions, fixed_plan_at, fixed_pla
 from isocompute.policy.learners import (
     MIX_SEED,
     ROUTE_SEED,
-    OracleClassifier,
     budget_grid,
-    price,
     prompt_uniforms,
 )
+from isocompute.policy.members import batch_knob, member_actions
 from isocompute.policy.persistence import KIND, SCHEMA_VERSION, load_policy, save_policy  # noqa: F401
-from isocompute.policy.plan_arrays import allocate_plans
+from isocompute.policy.plan_arrays import allocate_plans, plan_stats
 from isocompute.policy.plan_menu import ladder_columns, menu_of
 from isocompute.solver.allocate import feasible_range
 from isocompute.solver.plans import Plan
@@ -201,7 +199,7 @@ class Policy:
         """
         cfg = self.config
         prompts, U, C = self._check_arrays(prompts, U, C)
-        S, W = self._plan_stats(U.shape, samples, waves)
+        S, W = plan_stats(self.plans, U.shape, samples, waves)
         labels = U if labels is None else np.asarray(labels, dtype=np.float64)
         if labels.shape != U.shape:
             raise InputError(f"labels must have the utilities' shape {U.shape}; got {labels.shape}.")
@@ -263,22 +261,6 @@ class Policy:
             raise InputError(f"a policy with {cfg.calibration_folds} calibration folds needs at least "
                              f"{4 * cfg.calibration_folds} prompts; the table has {n}. Sample more prompts.")
         return prompts, U, C
-
-    def _plan_stats(self, shape: tuple[int, int], samples: Any, waves: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Each plan's expected samples and waves per prompt: as given, or k and 1 for one-wave plans."""
-        menu = self.plans
-        out = []
-        for name, x, one_wave in (("samples", samples, [p.max_samples for p in menu]), ("waves", waves, [1] * len(menu))):
-            if x is None:
-                if any(p.n_waves > 1 or p.rule.kind != "none" for p in menu):
-                    raise InputError(f"adaptive plans need their expected {name} per prompt: pass samples= and waves= "
-                                     "(isocompute.policy.plan_arrays.plan_arrays).")
-                x = np.broadcast_to(np.asarray(one_wave, dtype=np.float64), shape)
-            x = np.asarray(x, dtype=np.float64)
-            if x.shape != shape:
-                raise InputError(f"{name} must have the utilities' shape {shape}; got {x.shape}.")
-            out.append(x)
-        return out[0], out[1]
 
     def _fit_features(self, prompts: list[str], sample_flops: np.ndarray | None) -> None:
         """Fit the features first: the extra blocks' cost is what their encoder spends on these prompts."""
@@ -394,26 +376,7 @@ class Policy:
 
     def _probe_column(self, n: int, probe: Any) -> np.ndarray | None:
         """The probe values as an (n,) float column, or InputError saying what to pass."""
-        spec = self.config.probe
-        if spec is None:
-            if probe is not None:
-                raise InputError("this policy has no probe feature, but probe values were passed; drop probe= "
-                                 "or refit with a probe (isocompute fit --probe-model DIR).")
-            return None
-        if probe is None:
-            raise InputError(f"this policy uses the probe feature {spec.name!r} ({spec.max_tokens} greedy tokens "
-                             f"of {spec.model or 'its model'}); pass probe= one value per prompt, from "
-                             f"isocompute.engines.probe.probe_entropy(engine, prompts, {spec.max_tokens}).")
-        try:
-            col = np.asarray(probe, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise InputError("probe values must be numbers, one per prompt.") from None
-        if col.shape != (n,):
-            raise InputError(f"probe values must be one number per prompt, shape ({n},); got shape {col.shape}.")
-        if not np.isfinite(col).all():
-            raise InputError(f"probe values must be finite; {int((~np.isfinite(col)).sum())} are not. Recompute "
-                             "them with isocompute.engines.probe.probe_entropy.")
-        return col
+        return probe_column(self.config.probe, n, probe)
 
     @staticmethod
     def _with_probe(X: np.ndarray, col: np.ndarray | None) -> np.ndarray:
@@ -448,67 +411,14 @@ class Policy:
 
     def decide_features(self, X: np.ndarray, u: np.ndarray, route: np.ndarray, budget: float,
                         learner: str | None = None, *, match: str = "calibrated") -> tuple[np.ndarray, float]:
-        """(action index per prompt, knob) from precomputed features and :meth:`prompt_keys`.
-
-        Member j serves the prompts routed to it. During fitting member j scored exactly the calibration
-        fold it did not see, so a new prompt meets the same process the calibration measured. With
-        ``match="batch"`` the knob is instead solved on this batch (:meth:`batch_knob`).
-        """
-        name = learner or self.default_learner_
-        f = self.learners_[name]
-        if match == "batch":
-            knob = self.batch_knob(X, u, route, budget, name)
-        elif match == "calibrated":
-            knob = f.calibration(budget)
-        else:
-            raise InputError(f"match must be 'calibrated' or 'batch'; you passed {match!r}.")
-        a = np.zeros(X.shape[0], dtype=np.intp)
-        for j, model in enumerate(f.models):
-            sel = np.flatnonzero(route == j)
-            if sel.size == 0:
-                continue
-            if isinstance(model, OracleClassifier):
-                a[sel] = model.predict(X[sel], knob, u[sel])
-            else:
-                a[sel] = model.predict(X[sel], knob, self.action_costs_, u[sel])
-        return a, knob
+        """(action index per prompt, knob) from precomputed features and :meth:`prompt_keys`
+        (:func:`isocompute.policy.members.member_actions`; ``match="batch"`` solves the knob on the batch)."""
+        return member_actions(self, X, u, route, budget, learner or self.default_learner_, match=match)
 
     def batch_knob(self, X: np.ndarray, u: np.ndarray, route: np.ndarray, budget: float, learner: str) -> float:
-        """The knob at which *this batch's* mean expected cost is nearest ``budget``.
-
-        The same search the calibration runs on out-of-fold decisions (bisection on λ for the utility
-        learner, the mixed-grid step search for the classifier), run on the batch's own decisions; the
-        batch then spends the budget up to one prompt's step, ``max_a Δc_a / N``, instead of up to the
-        sampling noise of which prompts happen to arrive. Decisions then depend on the whole batch.
-        Example: 1,024 prompts at budget 4 with actions 1…16 spend within 8/1024 = 0.2% of 4.
-        """
-        f = self.learners_[learner]
-        n = X.shape[0]
-        b = np.array([float(budget)])
-        if n == 0:
-            return f.calibration(budget)
-        if f.calibration.knob == "lam":
-            Uh, Ch = np.empty((n, len(self.plans))), np.empty((n, len(self.plans)))
-            for j, model in enumerate(f.models):
-                sel = np.flatnonzero(route == j)
-                if sel.size:
-                    Uh[sel] = model.predict_utilities(X[sel])
-                    Ch[sel] = model.predict_costs(X[sel], self.action_costs_)
-            rows = np.arange(n)
-
-            def cost_at(lam: float) -> float:
-                return float(Ch[rows, price(Uh, lam, Ch, u)].mean())
-
-            cal = calibrate_by_bisection(b, b, cost_at, max_useful_price(Uh, Ch), n_validation=n)
-        else:
-            grid = f.models[0].budget_grid_
-            grid_act = np.empty((grid.size, n), dtype=np.intp)
-            for j, model in enumerate(f.models):
-                sel = np.flatnonzero(route == j)
-                if sel.size:
-                    grid_act[:, sel] = model.grid_actions(X[sel])
-            cal = calibrate_mixed_grid(b, b, grid, self.action_costs_[grid_act], u, n_validation=n)
-        return float(cal.values[0])
+        """The knob at which *this batch's* mean expected cost is nearest ``budget``
+        (:func:`isocompute.policy.members.batch_knob`)."""
+        return batch_knob(self, X, u, route, budget, learner)
 
     def decide(self, prompts: Sequence[str], budget: float, *, probe: np.ndarray | None = None,
                learner: str | None = None, match: str = "calibrated") -> Decision:
