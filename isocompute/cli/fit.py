@@ -150,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
         feature_extras=parse_features(args.features), extra_components=args.extra_components,
         feature_cost=args.feature_cost, fallback=() if args.no_fallback else None,
         plans=parse_plans(args.plans, actions, args.strategy), plan_costs=args.plan_costs,
+        fixed_plan_level=args.fixed_plan_level,
         fallback_level=args.fallback_level, fallback_margin=args.fallback_margin, min_samples=args.min_samples,
         ragged=args.ragged, shrinkage=args.shrinkage,
     )
@@ -345,6 +346,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--fallback-level", type=float, default=0.99,
                    help="one-sided confidence level of the never-worse tests (learned vs fixed plan vs uniform, per "
                         "budget)")
+    p.add_argument("--fixed-plan-level", type=float,
+                   help="one-sided confidence level of the fixed plan's test against uniform (default: "
+                        "--fallback-level)")
     p.add_argument("--fallback-margin", type=float, default=0.0,
                    help="relative gain over the next rule a rule's lower confidence bound must exceed")
     p.set_defaults(func=run)

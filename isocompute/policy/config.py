@@ -105,8 +105,9 @@ class PolicyConfig:
     ``none@k``, k ∈ actions, i.e. "k samples at once" (the policy before plans); plan_costs: how the
     utility learner prices an adaptive plan on a prompt — ``predicted`` by its cost head
     (:mod:`isocompute.policy.cost_head`) or at the plan's ``mean`` training cost; fallback ``None`` means
-    the default chain: ``("fixed_plan", "uniform")`` with plans, ``("uniform",)`` without; the rest are
-    LightGBM hyper-parameters and the seed.
+    the default chain: ``("fixed_plan", "uniform")`` with plans, ``("uniform",)`` without;
+    fixed_plan_level: the one-sided level of the test that admits the fixed plan over uniform (None:
+    ``fallback_level``); the rest are LightGBM hyper-parameters and the seed.
     """
 
     actions: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -135,6 +136,7 @@ class PolicyConfig:
     shrinkage: str = "none"
     plans: tuple[str, ...] = ()
     plan_costs: str = "predicted"
+    fixed_plan_level: float | None = None
 
     def __post_init__(self) -> None:
         acts = tuple(self.actions)
@@ -209,6 +211,9 @@ class PolicyConfig:
         if not 0.5 <= self.fallback_level < 1:
             raise InputError(f"fallback_level is the CI level of the never-worse test, in [0.5, 1), e.g. 0.99; you "
                              f"passed {self.fallback_level!r}.")
+        if self.fixed_plan_level is not None and not 0.5 <= self.fixed_plan_level < 1:
+            raise InputError(f"fixed_plan_level is the CI level of the fixed plan's test against uniform, in [0.5, 1), "
+                             f"e.g. 0.95, or None for fallback_level; you passed {self.fixed_plan_level!r}.")
         if not (np.isfinite(self.fallback_margin) and -1 < self.fallback_margin < 1):
             raise InputError(f"fallback_margin is a relative gain in (-1, 1), e.g. 0 or 0.01; you passed "
                              f"{self.fallback_margin!r}.")

@@ -8,7 +8,8 @@ samples per prompt can play all of them:
     none          today's one-wave plans ``none@k``, k ∈ actions (no stopping rule)
     default       the default menu (:func:`default_menu`): the 30 plans of
                   :func:`isocompute.solver.plans.default_plans` plus the lead rules m = 1, 2, 3 at every
-                  k_max of :data:`K_MAX` (the fixed plans bench_fixed_plans found best on the real tables)
+                  k_max of :data:`K_MAX` (the fixed plans bench_fixed_plans found best on the real tables);
+                  with a largest action above 16, its one-sample-at-a-time rules also run to that many
     lead, window, beta, dirichlet, bayes
                   one rule family over its baseline grid (:data:`FAMILY_BASELINES`)
     NAME,NAME,…   plan names (``RULE@SCHEDULE``); a new name starts where a comma is followed by a rule
@@ -63,18 +64,23 @@ def _capped(plans: Sequence[Plan], k_max: int) -> list[Plan]:
 
 
 def default_menu(k_max: int = 16) -> list[Plan]:
-    """The default menu (module docstring), capped at ``k_max`` samples."""
+    """The default menu (module docstring), capped at ``k_max`` samples. Above 16 samples (a table with
+    more samples per prompt, e.g. 24 of MATH-500's 80), every rule that draws one sample at a time up
+    to 16 also runs up to ``k_max``: ``lead:m=3@1x16`` gains ``lead:m=3@1x24``."""
     ks = tuple(k for k in K_MAX if k <= k_max) or (k_max,)
-    return _capped([*default_plans(), *plan_family("lead", m=(1, 2, 3), k_max=ks)], k_max)
+    base = [*default_plans(), *plan_family("lead", m=(1, 2, 3), k_max=ks)]
+    longer = [Plan((1,) * k_max, p.rule) for p in base
+              if k_max > 16 and p.max_samples == 16 and p.rule.kind != "none" and set(p.waves) == {1}]
+    return _capped([*base, *longer], k_max)
 
 
 def family_plans(family: str, k_max: int = 16) -> list[Plan]:
     """One rule family over its baseline grid (:data:`FAMILY_BASELINES`), k_max values above ``k_max``
-    replaced by ``k_max`` itself."""
+    replaced by ``k_max`` itself, which is always in the grid (so a family tunes up to the menu's most)."""
     if family not in FAMILY_BASELINES:
         raise InputError(f"unknown rule family {family!r}; families: {', '.join(FAMILY_BASELINES)}.")
     grid = dict(FAMILY_BASELINES[family][1])
-    grid["k_max"] = tuple(sorted({min(int(k), k_max) for k in grid["k_max"]}))
+    grid["k_max"] = tuple(sorted({min(int(k), k_max) for k in grid["k_max"]} | {k_max}))
     return _capped(plan_family(family, **grid), k_max)
 
 

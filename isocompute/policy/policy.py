@@ -245,8 +245,9 @@ class Policy:
         if UNIFORM in cfg.fallback:
             lad = self.ladder
             scores[UNIFORM] = uniform_utilities(job.U[:, lad], self.sample_action_costs[lad], job.requested)
+        levels = {FIXED_PLAN: cfg.fixed_plan_level} if cfg.fixed_plan_level is not None else None
         return choose_rules(scores, job.requested, level=cfg.fallback_level, margin=cfg.fallback_margin,
-                            seed=cfg.seed)
+                            seed=cfg.seed, rule_levels=levels)
 
     def _check_arrays(self, prompts: Sequence[str], U: Any, C: Any) -> tuple[list[str], np.ndarray, np.ndarray]:
         """Prompts as a list and U, C as float arrays of shape (prompts × actions), or InputError."""
