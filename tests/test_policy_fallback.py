@@ -264,3 +264,17 @@ def test_on_gsm8k_llama2_the_policy_falls_back_and_is_never_worse(tmp_path, caps
     assert m["learned"]["accuracy"] >= m["fixed_best"]["accuracy"] * (1 - 0.002)
     assert m["learned"]["accuracy"] > m["uniform"]["accuracy"] * 1.01 and e["gain_vs_uniform"]["ci95"][0] > 0
     assert m["learned"]["cost"] == pytest.approx(4.0, rel=0.02)
+
+
+def test_a_rule_can_have_its_own_level():
+    """z ≈ 2 for the fixed plan's gain: past the one-sided 95% bound (1.64), short of the 99% one (2.33)."""
+    n = 400
+    d = np.where(np.arange(n) < 0.55 * n, 0.1, -0.1)
+    scores = {"fixed_plan": (0.5 + d)[None], "uniform": np.full((1, n), 0.5)}
+    assert choose_rules(scores, [1.0], level=0.99).choices[0].rule == UNIFORM
+    chain = choose_rules(scores, [1.0], level=0.99, rule_levels={"fixed_plan": 0.95})
+    assert chain.choices[0].rule == "fixed_plan" and chain.rule_levels == {"fixed_plan": 0.95}
+    back = RuleChain.from_dict(json.loads(json.dumps(chain.to_dict())))
+    assert back.rule_levels == {"fixed_plan": 0.95} and back.choices[0].rule == "fixed_plan"
+    with pytest.raises(InputError, match="level must be in"):
+        choose_rules(scores, [1.0], rule_levels={"fixed_plan": 1.5})
