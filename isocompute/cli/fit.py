@@ -346,9 +346,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--fallback-level", type=float, default=0.99,
                    help="one-sided confidence level of the never-worse tests (learned vs fixed plan vs uniform, per "
                         "budget)")
-    p.add_argument("--fixed-plan-level", type=float,
-                   help="one-sided confidence level of the fixed plan's test against uniform (default: "
-                        "--fallback-level)")
+    p.add_argument("--fixed-plan-level", type=float, default=0.95,
+                   help="one-sided confidence level of the fixed plan's test against uniform (two numbers chosen "
+                        "on the training prompts need less protection than the learned rule's --fallback-level)")
     p.add_argument("--fallback-margin", type=float, default=0.0,
                    help="relative gain over the next rule a rule's lower confidence bound must exceed")
     p.set_defaults(func=run)

@@ -25,7 +25,9 @@ a finite table the held-out gain is anti-correlated with the training gain (trai
 test the other 1/5). Measured on Date Understanding (Llama-2-13B, 369 prompts, 5-fold CV × 3 seeds)
 at budget 8: the learned rule alone +0.61%; served with the 95% test (3 of 15 refits admitted it, all
 three lost on their held-out fold) −0.22% [−0.49, +0.05]; with 97.5% −0.09%; with 99% 0.00% (uniform).
-The demo table's gain at budget 4 (+12.8%) passes either. A rule that does not
+The demo table's gain at budget 4 (+12.8%) passes either. A test can have its own level
+(``rule_levels``): the fixed plan's test against uniform uses 0.95 (``PolicyConfig.fixed_plan_level``),
+since two numbers chosen on the training prompts carry far less selection optimism. A rule that does not
 beat the one after it does not serve: the learned rule must beat the fixed plan, the fixed plan must
 beat uniform. Every test is kept as evidence (gain, CI, n, accepted), in the policy artifact and on
 each decision.

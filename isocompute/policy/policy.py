@@ -245,7 +245,7 @@ class Policy:
         if UNIFORM in cfg.fallback:
             lad = self.ladder
             scores[UNIFORM] = uniform_utilities(job.U[:, lad], self.sample_action_costs[lad], job.requested)
-        levels = {FIXED_PLAN: cfg.fixed_plan_level} if cfg.fixed_plan_level is not None else None
+        levels = {FIXED_PLAN: cfg.fixed_plan_level} if FIXED_PLAN in scores else None
         return choose_rules(scores, job.requested, level=cfg.fallback_level, margin=cfg.fallback_margin,
                             seed=cfg.seed, rule_levels=levels)
 
