@@ -5,14 +5,22 @@ their text and token counts. Prompts are plain strings (already chat-templated w
 that shares the prompt prefix across the ``n`` samples reports ``prompt_tokens`` once per prompt.
 Engines are async so the gateway can serve many requests on one event loop; CPU-bound engines run their
 work in a thread.
+
+Failures an engine raises are :class:`~isocompute.errors.EngineUnavailable` or one of its subclasses
+here, so the gateway can tell a caller *why* (and map each to an HTTP status in one table):
+:class:`CircuitOpen` (every upstream is known down; fail fast, come back after ``retry_after`` s),
+:class:`UpstreamBadResponse` (it answered with something unusable) and :class:`UpstreamMisconfigured`
+(it answered, but says the *server* is set up wrong, e.g. it does not serve the model asked for).
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from isocompute.errors import InputError
+from isocompute.errors import EngineUnavailable, InputError
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +37,24 @@ class Completion:
     finish_reason: str = "stop"
 
 
+class CircuitOpen(EngineUnavailable):
+    """Every upstream is cooling down after failures: the request was not sent. ``retry_after``: seconds
+    until the next upstream is probed again."""
+
+    def __init__(self, message: str, retry_after: float):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class UpstreamBadResponse(EngineUnavailable):
+    """The upstream answered, but with nothing usable (not JSON, missing fields, wrong number of results)."""
+
+
+class UpstreamMisconfigured(UpstreamBadResponse):
+    """The upstream refuses what this server is configured to ask (an unknown model name, a missing API
+    key): an operator's fix, not the caller's; the message says which setting to change."""
+
+
 def check_generate_args(n: int, max_tokens: int, temperature: float) -> None:
     """Every engine's argument check, so a bad request fails the same way on every back-end."""
     if n < 1 or max_tokens < 1 or temperature < 0:
@@ -36,6 +62,18 @@ def check_generate_args(n: int, max_tokens: int, temperature: float) -> None:
             f"need n >= 1, max_tokens >= 1 and temperature >= 0; got n={n}, "
             f"max_tokens={max_tokens}, temperature={temperature}"
         )
+
+
+async def gather_or_cancel(aws: list[Awaitable[Any]]) -> list[Any]:
+    """``asyncio.gather`` that cancels the others when one fails, so no orphaned request keeps a server busy
+    for an answer nobody will read."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        raise
 
 
 @runtime_checkable

@@ -14,20 +14,26 @@ rejects ``n > 1`` without sampling and the samples would be identical anyway.
 Seeds: vLLM gives sample ``j`` of a request with seed ``s`` the seed ``s + j``; this engine sends prompt
 ``i`` of a call the seed ``seed + i·n`` so no two samples of one call share a random stream.
 
-Several upstreams are load-balanced least-outstanding-first (ties broken round-robin). An upstream that
-fails (connection error, timeout, HTTP 5xx) is marked down for a cooldown that doubles with each
-consecutive failure (``cooldown``, ``2·cooldown``, … up to ``max_cooldown``); after it, one probe
-request at a time goes there (half-open), so a restarted server rejoins by itself without taking the
-whole backlog at once; a success clears its record. Each request is retried
-``retries`` times with exponential backoff (``backoff · 2^attempt``, capped at ``max_backoff``, with
-jitter), each retry going to the best upstream at that moment. When every upstream is down the
-request still probes the one whose cooldown ends first rather than failing at once; when all attempts
-fail it raises :class:`~isocompute.errors.EngineUnavailable` with the command that starts a server.
-HTTP 4xx answers are the caller's fault and raise :class:`~isocompute.errors.InputError` unretried.
+Several upstreams are load-balanced least-outstanding-first (ties broken round-robin), each behind a
+circuit breaker (:mod:`isocompute.engines.circuit`): a refused or reset connection or a timeout opens an
+upstream at once, ``errors_to_trip`` HTTP 5xx answers in a row open it too. Only closed upstreams get
+traffic. An open one is probed by the engine itself — one 1-token completion after a cooldown of
+``cooldown · 2^level`` (capped at ``max_cooldown``, jittered) — and closes as soon as the probe is
+answered, so a restarted server rejoins by itself within one cooldown; a failed probe raises the level.
+A request that fails on one upstream is retried on the best closed one (``retries`` times; after a 429
+or a 5xx with exponential backoff ``backoff · 2^attempt`` capped at ``max_backoff``, jittered). When no
+upstream is closed the request fails at once with :class:`~isocompute.engines.base.CircuitOpen` (its
+``retry_after`` is when the next probe goes out), naming each upstream's last error and the command that
+starts a server. HTTP 400 (and other 4xx) answers are the caller's fault and raise
+:class:`~isocompute.errors.InputError` unretried; 401, 403 and 404 are this server's misconfiguration
+(no such model, a key the upstream wants): :class:`~isocompute.engines.base.UpstreamMisconfigured`
+saying what to change, and the upstream is skipped like a down one. A reply that is not the
+completions JSON expected raises :class:`~isocompute.engines.base.UpstreamBadResponse`.
 
 ``max_concurrency`` bounds requests in flight across all upstreams (an ``asyncio.Semaphore``). Every
-call has explicit connect and read timeouts. The HTTP client and semaphore are created on first use
-inside the running event loop; use one engine within one event loop and ``await aclose()`` at the end.
+call has explicit connect and read timeouts and a deadline on the whole attempt (``connect_timeout +
+timeout``; the probe's ``probe_timeout``). The HTTP client, semaphore and probe tasks live in the running
+event loop; use one engine within one event loop and ``await aclose()`` at the end.
 
 ``request(body)`` sends any completions body through the same balancer and retries and returns the raw
 JSON (the entropy probe, :mod:`isocompute.engines.probe`, asks for ``logprobs`` that way).
@@ -39,19 +45,24 @@ strings.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import random
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from isocompute.engines.base import Completion, check_generate_args
+from isocompute.engines.base import (
+    Completion,
+    UpstreamBadResponse,
+    UpstreamMisconfigured,
+    check_generate_args,
+    gather_or_cancel,
+)
+from isocompute.engines.circuit import Upstream, UpstreamPool
 from isocompute.errors import EngineUnavailable, InputError
 
-__all__ = ["Upstream", "VLLMHTTPEngine", "split_evenly", "START_HINT"]
+__all__ = ["START_HINT", "Upstream", "VLLMHTTPEngine", "split_evenly"]
 
 log = logging.getLogger(__name__)
 
@@ -72,29 +83,14 @@ def split_evenly(total: int, parts: int) -> list[int]:
     return [q + 1] * r + [q] * (parts - r)
 
 
-@dataclass
-class Upstream:
-    """One server and what the balancer knows about it (times are ``time.monotonic()`` seconds)."""
-
-    url: str
-    outstanding: int = 0
-    failures: int = 0
-    down_until: float = 0.0
-    last_error: str = ""
-    served: int = 0
-
-    def is_up(self, now: float) -> bool:
-        """Past its cooldown, and — while it is still on probation after failures — not already being
-        probed, so a recovering server gets one request, not the whole backlog at once."""
-        return now >= self.down_until and not (self.failures and self.outstanding)
-
-
 class _Retryable(Exception):
-    """Internal: an upstream failure worth another attempt (connection, timeout, 5xx, 429)."""
+    """Internal: an upstream failure worth another attempt elsewhere. ``hard`` (connection, timeout) opens
+    the upstream at once; a soft one (5xx) counts a strike; ``throttle`` (429) neither, but backs off."""
 
-    def __init__(self, message: str, *, mark_down: bool = True) -> None:
+    def __init__(self, message: str, *, hard: bool = True, throttle: bool = False,
+                 misconfigured: bool = False) -> None:
         super().__init__(message)
-        self.mark_down = mark_down
+        self.hard, self.throttle, self.misconfigured = hard, throttle, misconfigured
 
 
 class VLLMHTTPEngine:
@@ -104,8 +100,10 @@ class VLLMHTTPEngine:
     ``model`` is the served model name; ``None`` asks the first reachable upstream's ``/v1/models``.
     ``timeout`` bounds each wait on the server — and so a whole generation, since vLLM answers a
     non-streaming request only when it is done (on CPU that can take minutes); ``connect_timeout``
-    bounds the TCP connect. ``transport`` replaces httpx's network transport (tests use a small in-memory
-    server to provoke failures a real vLLM will not produce on demand).
+    bounds the TCP connect; ``probe_timeout`` the recovery probe. ``cooldown``/``max_cooldown``: the
+    first and the longest wait before an open upstream is probed; ``errors_to_trip``: HTTP 5xx answers in
+    a row that open an upstream. ``transport`` replaces httpx's network transport (tests use a small
+    in-memory server to provoke failures a real vLLM will not produce on demand).
     """
 
     name = "vllm-http"
@@ -121,32 +119,37 @@ class VLLMHTTPEngine:
         retries: int = 3,
         backoff: float = 0.5,
         max_backoff: float = 8.0,
-        cooldown: float = 2.0,
-        max_cooldown: float = 60.0,
+        cooldown: float = 0.5,
+        max_cooldown: float = 5.0,
+        probe_timeout: float = 10.0,
+        errors_to_trip: int = 3,
         return_token_ids: bool = True,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         urls = [upstreams] if isinstance(upstreams, str) else list(upstreams)
         if not urls:
             raise InputError(f"no upstream given; {START_HINT}")
-        if max_concurrency < 1 or retries < 0 or timeout <= 0 or connect_timeout <= 0:
+        if (max_concurrency < 1 or retries < 0 or errors_to_trip < 1
+                or min(timeout, connect_timeout, probe_timeout, cooldown, max_cooldown) <= 0):
             raise InputError(
-                "need max_concurrency >= 1, retries >= 0 and positive timeouts; got "
-                f"max_concurrency={max_concurrency}, retries={retries}, timeout={timeout}, "
-                f"connect_timeout={connect_timeout}"
+                "need max_concurrency >= 1, retries >= 0, errors_to_trip >= 1 and positive timeouts and "
+                f"cooldowns; got max_concurrency={max_concurrency}, retries={retries}, "
+                f"errors_to_trip={errors_to_trip}, timeout={timeout}, connect_timeout={connect_timeout}, "
+                f"probe_timeout={probe_timeout}, cooldown={cooldown}, max_cooldown={max_cooldown}"
             )
-        self.upstreams = [Upstream(_base_url(u)) for u in urls]
+        self.pool = UpstreamPool([_base_url(u) for u in urls], cooldown=cooldown, max_cooldown=max_cooldown,
+                                 errors_to_trip=errors_to_trip, probe=self._probe_upstream, hint=START_HINT)
+        self.upstreams = self.pool.upstreams
         self.model = model
         self.max_concurrency = max_concurrency
         self.timeout = httpx.Timeout(timeout, connect=connect_timeout)
+        self.attempt_timeout = connect_timeout + timeout
+        self.probe_timeout = probe_timeout
         self.retries = retries
         self.backoff = backoff
         self.max_backoff = max_backoff
-        self.cooldown = cooldown
-        self.max_cooldown = max_cooldown
         self.return_token_ids = return_token_ids
         self._transport = transport
-        self._rr = itertools.count()
         self._client: httpx.AsyncClient | None = None
         self._sem: asyncio.Semaphore | None = None
         self._warned_split = False
@@ -174,9 +177,10 @@ class VLLMHTTPEngine:
             )
             for i, p in enumerate(prompts)
         ]
-        return [comps * (n // n_req) for comps in await asyncio.gather(*tasks)]
+        return [comps * (n // n_req) for comps in await gather_or_cancel(tasks)]
 
     async def aclose(self) -> None:
+        await self.pool.aclose()
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -184,11 +188,11 @@ class VLLMHTTPEngine:
     # ---- readiness ------------------------------------------------------------------------------
 
     async def wait_ready(self, timeout: float = 120.0, poll: float = 0.5) -> list[str]:
-        """Wait until upstreams answer ``/health`` *and* one real 1-token completion; return the ready URLs.
+        """Wait until upstreams answer one real 1-token completion; return the ready URLs.
 
         vLLM answers ``/health`` before its engine can serve, hence the real request. Upstreams not
-        ready by ``timeout`` are marked down (they rejoin after a cooldown); raises
-        :class:`EngineUnavailable` when none is ready.
+        ready by ``timeout`` are opened (the engine probes them and they rejoin when they answer);
+        raises :class:`EngineUnavailable` when none is ready.
         """
         deadline = time.monotonic() + timeout
         ready = await asyncio.gather(*(self._wait_one(u, deadline, poll) for u in self.upstreams))
@@ -199,46 +203,49 @@ class VLLMHTTPEngine:
         return urls
 
     async def _wait_one(self, up: Upstream, deadline: float, poll: float) -> bool:
-        client = self._ensure_client()
         while True:
+            epoch = up.breaker.epoch
             try:
-                health = await client.get(f"{up.url}/health")
-                if health.status_code != 200:
-                    raise _Retryable(f"/health answered {health.status_code}")
-                model = self.model or await self._fetch_model(up)
-                r = await client.post(
-                    f"{up.url}/v1/completions",
-                    json={"model": model, "prompt": "1", "max_tokens": 1, "temperature": 0.0},
-                )
-                if r.status_code != 200:
-                    raise _Retryable(f"test completion answered {r.status_code}: {r.text[:200]}")
-                if self.model is None:
-                    self.model = model
-                up.failures, up.down_until, up.last_error = 0, 0.0, ""
+                await self._check(up, max(0.1, min(self.probe_timeout, deadline - time.monotonic())))
+                self.pool.answered(up)
                 return True
-            except (httpx.HTTPError, _Retryable, ValueError) as e:
+            except Exception as e:  # whatever the upstream does, keep waiting until the deadline
                 up.last_error = _describe(e)
             if time.monotonic() + poll > deadline:
-                self._mark_down(up, up.last_error)
+                self.pool.failed(up, up.last_error, epoch)
                 return False
             await asyncio.sleep(poll)
 
     # ---- status ---------------------------------------------------------------------------------
 
     def upstream_status(self) -> list[dict[str, Any]]:
-        """Per upstream: url, up (bool), outstanding requests, consecutive failures, served, last error."""
-        now = time.monotonic()
-        return [
-            {
-                "url": u.url,
-                "up": u.is_up(now),
-                "outstanding": u.outstanding,
-                "failures": u.failures,
-                "served": u.served,
-                "last_error": u.last_error,
-            }
-            for u in self.upstreams
-        ]
+        """Per upstream: url, up (closed: gets traffic), state (closed/open/half_open), seconds until its
+        next probe, outstanding requests, consecutive failures, served, last error, misconfigured."""
+        return self.pool.status()
+
+    # ---- the probe that closes an open upstream ---------------------------------------------
+
+    async def _probe_upstream(self, up: Upstream) -> None:
+        await self._check(up, self.probe_timeout)
+
+    async def _check(self, up: Upstream, timeout: float) -> None:
+        """One real 1-token completion on ``up`` (its model's name first, when unknown), within ``timeout``.
+        Raises whatever went wrong; ``_Retryable`` for a misconfiguration becomes UpstreamMisconfigured."""
+        client = self._ensure_client()
+        async with asyncio.timeout(timeout):
+            model = self.model or await self._fetch_model(up)
+            r = await client.post(f"{up.url}/v1/completions",
+                                  json={"model": model, "prompt": "1", "max_tokens": 1, "temperature": 0.0})
+        try:
+            _check_status(up, r, model)
+        except _Retryable as e:
+            if e.misconfigured:
+                raise UpstreamMisconfigured(str(e)) from None
+            raise
+        except InputError as e:  # our own 1-token request refused: the upstream wants something else
+            raise UpstreamMisconfigured(str(e)) from None
+        if self.model is None:
+            self.model = model
 
     # ---- internals ------------------------------------------------------------------------------
 
@@ -258,24 +265,25 @@ class VLLMHTTPEngine:
     async def _model_name(self) -> str:
         if self.model is not None:
             return self.model
-        errors = []
-        for up in self._ordered():
+        while True:
+            up = self.pool.pick()  # no closed upstream: fail fast
+            epoch = up.breaker.epoch
             try:
-                self.model = await self._fetch_model(up)
+                async with asyncio.timeout(self.probe_timeout):
+                    self.model = await self._fetch_model(up)
                 return self.model
-            except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
-                errors.append(f"{up.url}: {_describe(e)}")
-                self._mark_down(up, _describe(e))
-        raise EngineUnavailable(f"could not ask any upstream for its model ({'; '.join(errors)}); {START_HINT}")
+            except (httpx.HTTPError, TimeoutError, ValueError, LookupError, TypeError, AttributeError) as e:
+                self.pool.failed(up, f"GET /v1/models: {_describe(e)}", epoch)
 
     async def model_info(self) -> dict[str, Any]:
         """The first served model's ``/v1/models`` entry (vLLM: ``id``, ``root`` = the model path,
         ``max_model_len``) from the best upstream that answers."""
         errors = []
-        for up in self._ordered():
+        for up in self.pool.ordered():
             try:
-                return await self._fetch_model_entry(up)
-            except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
+                async with asyncio.timeout(self.probe_timeout):
+                    return await self._fetch_model_entry(up)
+            except (httpx.HTTPError, TimeoutError, ValueError, LookupError, TypeError, AttributeError) as e:
                 errors.append(f"{up.url}: {_describe(e)}")
         raise EngineUnavailable(f"no upstream listed its model ({'; '.join(errors)}); {START_HINT}")
 
@@ -286,22 +294,6 @@ class VLLMHTTPEngine:
 
     async def _fetch_model(self, up: Upstream) -> str:
         return str((await self._fetch_model_entry(up))["id"])
-
-    def _ordered(self) -> list[Upstream]:
-        """Upstreams best-first: up ones by fewest outstanding (round-robin among ties), then down ones
-        by the end of their cooldown (the earliest is the one worth probing)."""
-        now = time.monotonic()
-        shift = next(self._rr)
-        k = len(self.upstreams)
-        order = [self.upstreams[(shift + i) % k] for i in range(k)]
-        up = sorted((u for u in order if u.is_up(now)), key=lambda u: u.outstanding)
-        down = sorted((u for u in order if not u.is_up(now)), key=lambda u: u.down_until)
-        return up + down
-
-    def _mark_down(self, up: Upstream, error: str) -> None:
-        up.failures += 1
-        up.last_error = error
-        up.down_until = time.monotonic() + min(self.cooldown * 2 ** (up.failures - 1), self.max_cooldown)
 
     async def _complete_one(
         self, model: str, prompt: str, n: int, max_tokens: int, temperature: float, seed: int | None
@@ -324,30 +316,35 @@ class VLLMHTTPEngine:
 
         Generation builds its bodies in ``generate``; other callers (the entropy probe, which asks for
         ``logprobs``) send their own; a body without ``model`` gets the served one. Raises
-        :class:`EngineUnavailable` when every attempt fails.
+        :class:`CircuitOpen` at once when no upstream is closed, :class:`EngineUnavailable` when every
+        attempt fails, :class:`UpstreamBadResponse` for a reply that is not a JSON object.
         """
+        self.pool.fail_fast()  # before queueing for the semaphore
         if "model" not in body:
             body = {"model": await self._model_name(), **body}
         client = self._ensure_client()
         assert self._sem is not None
         failures: list[str] = []  # why each attempt failed, for the final message
+        backoff = False
         async with self._sem:
             for attempt in range(self.retries + 1):
-                if attempt:
-                    delay = min(self.backoff * 2 ** (attempt - 1), self.max_backoff)
+                if backoff:
+                    delay = min(self.backoff * 2 ** min(attempt - 1, 30), self.max_backoff)
                     await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-                up = self._ordered()[0]
+                up = self.pool.pick()
+                epoch = up.breaker.epoch
                 up.outstanding += 1
                 try:
                     data = await self._post(client, up, body)
                 except _Retryable as e:
                     failures.append(f"{up.url}: {e}")
-                    if e.mark_down:
-                        self._mark_down(up, str(e))
+                    backoff = e.throttle or not e.hard
+                    if not e.throttle:
+                        self.pool.failed(up, str(e), epoch, hard=e.hard, misconfigured=e.misconfigured)
                     continue
                 finally:
                     up.outstanding -= 1
-                up.failures, up.down_until, up.last_error = 0, 0.0, ""
+                self.pool.answered(up)
                 up.served += 1
                 return data
         raise EngineUnavailable(
@@ -356,24 +353,38 @@ class VLLMHTTPEngine:
 
     async def _post(self, client: httpx.AsyncClient, up: Upstream, body: dict[str, Any]) -> dict[str, Any]:
         try:
-            r = await client.post(f"{up.url}/v1/completions", json=body)
+            async with asyncio.timeout(self.attempt_timeout):  # read timeouts are per chunk; this is the total
+                r = await client.post(f"{up.url}/v1/completions", json=body)
+        except TimeoutError:
+            raise _Retryable(f"no answer within {self.attempt_timeout:g} s") from None
         except httpx.TransportError as e:  # connect/read errors and timeouts
             raise _Retryable(_describe(e)) from e
-        if r.status_code >= 500:
-            raise _Retryable(f"HTTP {r.status_code}: {r.text[:200]}")
-        if r.status_code == 429:
-            raise _Retryable("HTTP 429 (overloaded)", mark_down=False)
-        if r.status_code >= 400:
-            raise InputError(f"upstream {up.url} rejected the request (HTTP {r.status_code}): {r.text[:500]}")
+        except httpx.HTTPError as e:  # it answered, but httpx cannot read the reply (DecodingError, …)
+            raise UpstreamBadResponse(f"upstream {up.url} sent a reply that cannot be read ({_describe(e)}); "
+                                      "check that it is an OpenAI-compatible server") from e
+        _check_status(up, r, body.get("model"))
         try:
-            return r.json()
-        except ValueError as e:
-            raise _Retryable(f"response is not JSON: {r.text[:200]}") from e
+            data = r.json()
+        except ValueError:
+            raise UpstreamBadResponse(f"upstream {up.url} answered with a body that is not JSON: {r.text[:200]!r}; "
+                                      "check that --upstream points at an OpenAI-compatible server") from None
+        if not isinstance(data, dict):
+            raise UpstreamBadResponse(f"upstream {up.url} sent a completions reply this engine cannot read "
+                                      f"(a JSON {type(data).__name__}, not an object)")
+        return data
 
     def _parse(self, data: dict[str, Any], n: int) -> list[Completion]:
+        try:
+            return self._completions(data, n)
+        except (AttributeError, LookupError, TypeError, ValueError) as e:
+            raise UpstreamBadResponse(f"the upstream sent a completions reply this engine cannot read "
+                                      f"({_describe(e)}); is it an OpenAI-compatible completions server? "
+                                      "(vLLM is)") from None
+
+    def _completions(self, data: dict[str, Any], n: int) -> list[Completion]:
         choices = sorted(data.get("choices") or [], key=lambda c: c.get("index", 0))
         if len(choices) != n:
-            raise EngineUnavailable(
+            raise UpstreamBadResponse(
                 f"upstream returned {len(choices)} choices for n={n}; is it an OpenAI-compatible "
                 "completions server that supports n? (vLLM does)"
             )
@@ -390,10 +401,36 @@ class VLLMHTTPEngine:
                 )
                 self._warned_split = True
             counts = split_evenly(int(usage.get("completion_tokens", 0)), n)
-        return [
-            Completion(c.get("text") or "", prompt_tokens, k, c.get("finish_reason") or "stop")
-            for c, k in zip(choices, counts, strict=True)
-        ]
+        out = []
+        for c, k in zip(choices, counts, strict=True):
+            text = c.get("text") or ""
+            if not isinstance(text, str):
+                raise TypeError(f"choice text is a {type(text).__name__}, not a string")
+            out.append(Completion(text, prompt_tokens, k, str(c.get("finish_reason") or "stop")))
+        return out
+
+
+def _check_status(up: Upstream, r: httpx.Response, model: Any) -> None:
+    """Raise for an HTTP answer that is not a success: 5xx/429 retryable, 401/403/404 this server's
+    misconfiguration (retried elsewhere, then reported as such), any other 4xx the caller's fault."""
+    if r.status_code < 400:
+        return
+    if r.status_code >= 500:
+        raise _Retryable(f"HTTP {r.status_code}: {r.text[:200]}", hard=False)
+    if r.status_code == 429:
+        raise _Retryable("HTTP 429 (overloaded)", throttle=True)
+    if r.status_code == 404:
+        raise _Retryable(
+            f"{up.url} answered HTTP 404 for model {model!r} ({r.text[:300]}): the gateway is misconfigured; "
+            f"pass --upstream-model NAME (ISOCOMPUTE_UPSTREAM_MODEL) with a model that {up.url}/v1/models "
+            "lists, or leave it out to use the first listed, and check that --upstream points at an "
+            "OpenAI-compatible server", misconfigured=True)
+    if r.status_code in (401, 403):
+        raise _Retryable(
+            f"{up.url} refused this gateway (HTTP {r.status_code}: {r.text[:200]}); the gateway sends no API "
+            "key upstream: start the upstream without --api-key, or serve it on a private network",
+            misconfigured=True)
+    raise InputError(f"upstream {up.url} rejected the request (HTTP {r.status_code}): {r.text[:500]}")
 
 
 def _base_url(url: str) -> str:
