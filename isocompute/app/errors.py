@@ -172,7 +172,10 @@ def install_error_handlers(app: Any, retry_after_s: int) -> None:
         own = getattr(exc, "retry_after", None)
         retry = own if own is not None else (retry_after_s if status >= 502 else None)
         if status >= 500:
-            log.warning("%s %s → %d: %s", request.method, request.url.path, status, exc)
+            # an open circuit answers thousands of requests a second in an outage; the engine logs the
+            # transitions, so each fast 503 is only worth a debug line
+            log.log(logging.DEBUG if isinstance(exc, CircuitOpen) else logging.WARNING, "%s %s → %d: %s",
+                    request.method, request.url.path, status, exc)
         param = getattr(exc, "param", None) or ("budget" if isinstance(exc, BudgetError) else None)
         return respond(status, error_body(str(exc), type_, param=param, code=code), retry)
 
