@@ -16,16 +16,13 @@ For a request with prompts ``x_1 … x_P``, arriving with a deadline ``upstream_
 5. **account**: the realised cost (k in samples; prefill once + every decode in FLOPs) goes to the
    controller, FLOPs and samples to the metrics and the response.
 
-A policy with a probe feature needs one cheap model call per prompt before it can decide: the engine
-answers the policy text greedily (:func:`isocompute.engines.probe.probe_entropy`, in the probe spec's
-prompt format, so the model sees what it saw at fit time) and the mean token entropy goes to
-``decide(..., probe=values)``. The probe is part of the request's cost: ``expected_cost`` includes its
-declared cost (the policy adds it to every action), ``flops`` and ``usage.flops`` include the call's
-FLOPs, the controller is charged k + the probe's cost, and ``isocompute.probe`` itemises it. A policy with
-extra feature blocks (e.g. the minilm sentence embedding) computes them inside ``decide`` on this
-machine; they are paid the same way (not itemised in the response yet). Such a ``decide`` runs in the
-gateway's one decide worker thread, off the event loop (the encoder takes milliseconds per prompt); a
-text-only policy decides inline (~0.5 ms).
+A policy with a probe feature needs one cheap model call per prompt before it can decide, and a policy
+with extra feature blocks computes them inside ``decide`` (:mod:`isocompute.app.extras`). Both are part
+of the request's cost: ``expected_cost`` includes their declared costs (the policy adds them to every
+action), ``flops`` and ``usage.flops`` their FLOPs, the controller is charged k + their cost, and
+``isocompute.probe`` itemises the probe. A ``decide`` with extra blocks runs in the gateway's one decide
+worker thread, off the event loop (the encoder takes milliseconds per prompt); a text-only policy
+decides inline (~0.5 ms).
 
 Ignores: streaming and stop strings.
 """
@@ -48,11 +45,12 @@ from isocompute.app.budget_control import BudgetController, ControllerBank
 from isocompute.app.chat import policy_text, render_chat
 from isocompute.app.errors import ModelNotFound
 from isocompute.app.execute import Backend, Deadline, execute
+from isocompute.app.extras import FeatureCall, ProbeCall, feature_call, probe_call
 from isocompute.app.metrics import Metrics
 from isocompute.app.pricing import BudgetPlan, budget_unit, price_request
 from isocompute.app.readiness import UpstreamHealth
 from isocompute.app.schemas import ChatMessage, IsoComputeInfo, ProbeInfo
-from isocompute.app.serving_policy import PolicyDecision, ProbeFeature, ServingPolicy, as_serving_policy
+from isocompute.app.serving_policy import PolicyDecision, ServingPolicy, as_serving_policy
 from isocompute.app.settings import Settings
 from isocompute.engines.base import Completion, Engine, UpstreamBadResponse
 from isocompute.errors import EngineUnavailable, InputError
@@ -67,30 +65,6 @@ class Verifier(Protocol):
     """Scores complete samples for ``strategy="best_of"`` (higher is better)."""
 
     def score(self, prompt: str, texts: list[str]) -> list[float]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeCall:
-    """The probe feature's call for a request's prompts: per prompt its value, generated tokens, FLOPs
-    (None without the model's config) and cost in the request's budget unit; the spec's declared cost."""
-
-    name: str
-    values: list[float]
-    tokens: list[int]
-    flops: list[float | None]
-    costs: list[float]
-    declared_cost: float
-
-
-@dataclass(frozen=True, slots=True)
-class FeatureCall:
-    """The policy's extra feature blocks for a request's prompts: their names, per prompt the encoder's
-    FLOPs and the cost in the request's budget unit; the policy's declared cost per request."""
-
-    names: tuple[str, ...]
-    flops: list[float]
-    costs: list[float]
-    declared_cost: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,7 +247,8 @@ class Gateway:
         internal = ctl.internal if self.settings.budget_control else plan.policy_budget
         probe = None
         if policy.probe is not None:
-            probe = await self._probe_feature(texts, policy.probe, plan, deadline)
+            probe = await probe_call(self.backend, texts, policy.probe, plan, deadline, tokenizer=self.tokenizer,
+                                     model_flops=self.model_flops)
         decision, features = await self._decide(policy, texts, internal, probe, plan)
         routing = Routing.of(decision, plan, len(prompts), internal_budget=float(internal), controller=ctl,
                              probe=probe, features=features)
@@ -312,47 +287,13 @@ class Gateway:
             t0 = time.perf_counter()
             decision = policy.decide(texts, internal, probe=None if probe is None else np.asarray(probe.values))
             self.metrics.decision.observe(time.perf_counter() - t0)
-            return decision, self._feature_call(policy, texts, plan)
+            return decision, feature_call(policy, texts, plan)
 
         if policy.feature_extras:
             # a model call per prompt (milliseconds): off the event loop, one at a time (decide is not
             # written to run concurrently with itself)
             return await asyncio.get_running_loop().run_in_executor(self._decide_pool, decide)
         return decide()  # ~0.5 ms: a thread hop would cost more than it frees
-
-    async def _probe_feature(self, texts: list[str], spec: ProbeFeature, plan: BudgetPlan,
-                             deadline: Deadline) -> ProbeCall:
-        """Run the policy's probe on ``texts`` and price each call in the request's unit (:meth:`BudgetPlan.charge`:
-        the call's analytic FLOPs for a FLOP budget when the model's config is known, else the declared cost)."""
-        from isocompute.app.batching import BatchingEngine
-        from isocompute.engines.probe import probe_entropy, probe_flops
-
-        if spec.prompt_format == "chat":
-            if self.tokenizer is None:
-                raise EngineUnavailable("this policy's probe runs on the chat template and this gateway has no "
-                                        "tokenizer; start it with --model DIR (the checkpoint the upstream serves)")
-            from isocompute.engines.transformers_engine import apply_chat_template
-
-            shown = [apply_chat_template(self.tokenizer, t) for t in texts]
-        else:
-            shown = [t + "\n" for t in texts]
-        engine = self.engine.engine if isinstance(self.engine, BatchingEngine) else self.engine
-        res = await self.backend.call(probe_entropy(engine, shown, spec.max_tokens), deadline=deadline,
-                                      what="the probe call")
-        flops: list[float | None] = [None] * len(texts)
-        if self.model_flops is not None:
-            flops = [float(f) for f in probe_flops(self.model_flops, res.prompt_tokens, res.completion_tokens)]
-        declared = float(spec.cost)
-        return ProbeCall(spec.name, [float(v) for v in res.values], [int(m) for m in res.completion_tokens],
-                         flops, [plan.charge(declared, f) for f in flops], declared)
-
-    def _feature_call(self, policy: ServingPolicy, texts: list[str], plan: BudgetPlan) -> FeatureCall | None:
-        """The extra feature blocks' FLOPs per prompt and their cost in the request's unit (None without)."""
-        if not policy.feature_extras:
-            return None
-        flops = [float(f) for f in policy.extra_flops(texts)]
-        declared = policy.feature_cost
-        return FeatureCall(policy.feature_extras, flops, [plan.charge(declared, f) for f in flops], declared)
 
     def _sample_flops(self, policy: ServingPolicy, prompt_tokens: list[int] | None, max_tokens: int) -> float | None:
         """FLOPs of one sample, to convert between budget units: the policy's training average when it
