@@ -236,8 +236,9 @@ async def completions(req: CompletionRequest, gw: GatewayDep, caller: CallerDep,
 
 
 @router.post("/v1/route", response_model=RouteResponse, responses=ROUTE_ERRORS)
-async def route(req: RouteRequest, gw: GatewayDep, caller: CallerDep) -> RouteResponse:
+async def route(req: RouteRequest, gw: GatewayDep, caller: CallerDep, request: Request) -> RouteResponse:
     """The decision alone: k per prompt under the budget, without sampling (a dry run)."""
+    deadline = gw.deadline()
     _log_unknown(req)
     gw.check_model(req.model)
     if (req.prompt is None) == (req.messages is None):
@@ -245,11 +246,12 @@ async def route(req: RouteRequest, gw: GatewayDep, caller: CallerDep) -> RouteRe
     prompts = [gw.chat_prompt(req.messages)] if req.messages is not None else _text_prompts(req.prompt)
     max_tokens, temperature, _ = gw.sampling(None, req.temperature, None)
     counts = gw.check_prompts(prompts, max_tokens)
-    # A dry run must not move the controller, so it reads the internal budget without observing a cost.
-    r = await gw.route(prompts, principal=caller, budget=req.budget, unit=req.budget_unit,
-                       max_samples=req.max_samples, max_tokens=max_tokens, temperature=temperature,
-                       deadline=gw.deadline(), prompt_tokens=counts,
-                       policy_prompts=None if req.messages is None else [policy_text(req.messages)])
+    # A dry run must not move the controller, so it reads the internal budget without observing a cost;
+    # a probe policy's probe call is upstream work, which a client that goes away cancels.
+    r = await unless_disconnected(request, gw.route(
+        prompts, principal=caller, budget=req.budget, unit=req.budget_unit, max_samples=req.max_samples,
+        max_tokens=max_tokens, temperature=temperature, deadline=deadline, prompt_tokens=counts,
+        policy_prompts=None if req.messages is None else [policy_text(req.messages)]))
     return RouteResponse(
         model=gw.settings.served_model, budget=r.plan.budget, budget_unit=r.plan.unit,  # type: ignore[arg-type]
         internal_budget=r.internal_budget, lambda_=r.lam,
