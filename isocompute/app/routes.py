@@ -25,7 +25,6 @@ upstream calls it awaits; the server logs a 499. Each request gets its deadline 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import time
@@ -159,20 +158,31 @@ async def _disconnected(request: Request) -> None:
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     """``work``'s result, unless the client disconnects first: then ``work`` is cancelled (its upstream
-    calls with it) and :class:`ClientDisconnected` raised (499 in the log; nobody reads the answer)."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_disconnected(request))
+    calls with it) and :class:`ClientDisconnected` raised (499 in the log; nobody reads the answer).
+
+    ``work`` runs in this task — only the watcher is a task of its own, which on a disconnect cancels this
+    one — so a request pays no extra scheduling hop when its work is done.
+    """
+    me = asyncio.current_task()
+    assert me is not None
+    done = False
+
+    def on_disconnect(watch: asyncio.Future[None]) -> None:
+        if not done and not watch.cancelled():
+            me.cancel()
+
+    watch = asyncio.ensure_future(_disconnected(request))
+    watch.add_done_callback(on_disconnect)
     try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
+    except asyncio.CancelledError:
+        if not (watch.done() and not watch.cancelled()):
+            raise  # cancelled for another reason (shutdown): let it go
+        me.uncancel()
+        raise ClientDisconnected("the client closed the connection; its upstream work was cancelled") from None
     finally:
-        gone.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    if task.cancelled():
-        raise ClientDisconnected("the client closed the connection; its upstream work was cancelled")
-    return task.result()
+        done = True
+        watch.cancel()
 
 
 # ---- endpoints ---------------------------------------------------------------------------------
