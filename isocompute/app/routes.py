@@ -66,7 +66,7 @@ router = APIRouter()
 T = TypeVar("T")
 
 GENERATE_ERRORS = error_responses(400, 401, 403, 404, 422, 429, 502, 503, 504)
-ROUTE_ERRORS = error_responses(400, 401, 403, 404, 422, 429, 503)
+ROUTE_ERRORS = error_responses(400, 401, 403, 404, 422, 429, 502, 503, 504)  # 5xx: a probe policy's probe call
 
 
 async def get_gateway(request: Request) -> Gateway:
