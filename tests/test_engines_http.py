@@ -503,3 +503,65 @@ def test_malformed_replies_are_bad_responses(reply, match):
 
     with pytest.raises(UpstreamBadResponse, match=match):
         run(go())
+
+
+def test_requests_waiting_on_an_upstream_that_died_are_retried_elsewhere_at_once():
+    """A killed server can leave requests queued on a socket nobody serves any more: when one of its
+    connections fails, the others waiting there go to a live upstream instead of waiting out their
+    timeouts (5 s here) — with two upstreams, one killed, no caller should see the death."""
+    b_requests = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        if request.url.host == "b.test":
+            b_requests.append(body["prompt"])
+            if len(b_requests) == 1:
+                await asyncio.sleep(0.1)
+                raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+            await asyncio.sleep(5.0)  # queued on the dead server's socket
+        else:
+            await asyncio.sleep(0.2)
+        return httpx.Response(200, json={"choices": [{"index": 0, "text": body["prompt"], "token_ids": [2]}],
+                                         "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+
+    async def go():
+        eng = VLLMHTTPEngine([A, B], model=MODEL, transport=httpx.MockTransport(handler), timeout=30)
+        try:
+            t0 = time.monotonic()
+            out = await eng.generate([f"p{i}" for i in range(8)], n=1, max_tokens=4, temperature=1.0)
+            return time.monotonic() - t0, out, {s["url"]: s for s in eng.upstream_status()}
+        finally:
+            await eng.aclose()
+
+    elapsed, out, status = run(go())
+    assert [o[0].text for o in out] == [f"p{i}" for i in range(8)]
+    assert len(b_requests) >= 2  # some were waiting on B when it died
+    assert elapsed < 1.0 and status[A]["served"] == 8 and status[B]["up"] is False
+    assert status[A]["outstanding"] == status[B]["outstanding"] == 0
+
+
+def test_a_timeout_does_not_abandon_the_others_on_a_slow_upstream():
+    """Slow is not dead: one request timing out opens the upstream, but the requests already waiting
+    there keep waiting for their answers."""
+    calls = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        calls.append(body["prompt"])
+        await asyncio.sleep(0.6 if body["prompt"] == "slow" else 0.3)
+        return httpx.Response(200, json={"choices": [{"index": 0, "text": body["prompt"], "token_ids": [2]}],
+                                         "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+
+    async def go():
+        eng = VLLMHTTPEngine([A, B], model=MODEL, transport=httpx.MockTransport(handler), timeout=0.45,
+                             connect_timeout=0.01, retries=0)
+        try:
+            slow = asyncio.ensure_future(eng.generate(["slow"], n=1, max_tokens=4, temperature=1.0))
+            others = asyncio.ensure_future(eng.generate(["a", "b"], n=1, max_tokens=4, temperature=1.0))
+            return await asyncio.gather(slow, others, return_exceptions=True)
+        finally:
+            await eng.aclose()
+
+    slow, others = run(go())
+    assert isinstance(slow, EngineUnavailable)
+    assert [o[0].text for o in others] == ["a", "b"]

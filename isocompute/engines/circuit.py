@@ -30,7 +30,11 @@ the strikes).
 
 :class:`UpstreamPool` holds one :class:`Breaker` per upstream and does the balancing around them: the
 best closed upstream (fewest outstanding requests, round-robin among ties), fail-fast when none is
-closed, and the probe task that runs while one is open. How to probe is the engine's (a callable).
+closed, and the probe task that runs while one is open. How to probe is the engine's (a callable). When
+an upstream's connection fails (it died), the requests still waiting on it are *abandoned* — cancelled
+and retried on a closed one, when there is one — instead of each waiting out its own timeout: a server
+killed with a request queued on a socket it no longer serves would otherwise hold that request until its
+deadline.
 
 Ignores: error-rate windows over time (consecutive counts only); :class:`Breaker` ignores the clock —
 callers pass ``now``.
@@ -148,6 +152,8 @@ class Upstream:
     misconfigured: bool = False  # its last failure said this server's settings are wrong, not that it is down
     served: int = 0
     recovery: asyncio.Task[None] | None = field(default=None, repr=False)
+    inflight: set[asyncio.Task[Any]] = field(default_factory=set, repr=False)  # tasks awaiting its answer
+    abandoned: set[asyncio.Task[Any]] = field(default_factory=set, repr=False)  # … told to retry elsewhere
 
     @property
     def failures(self) -> int:
@@ -204,19 +210,50 @@ class UpstreamPool:
         raise CircuitOpen(f"every upstream is down ({detail}); the next probe goes out in {wait:.1f} s; "
                           f"{self._hint}", retry_after=wait)
 
-    def failed(self, up: Upstream, error: str, epoch: int, *, hard: bool = True,
+    def sent(self, up: Upstream) -> int:
+        """The current task now awaits ``up``'s answer; returns the breaker's epoch to pass to :meth:`failed`."""
+        up.outstanding += 1
+        task = asyncio.current_task()
+        if task is not None:
+            up.inflight.add(task)
+        return up.breaker.epoch
+
+    def settled(self, up: Upstream) -> None:
+        """The current task's request to ``up`` is over (answered, failed or abandoned)."""
+        up.outstanding -= 1
+        up.inflight.discard(asyncio.current_task())  # type: ignore[arg-type]
+
+    def was_abandoned(self, up: Upstream) -> bool:
+        """Whether the CancelledError the current task just got came from :meth:`failed` abandoning its
+        request to ``up`` (then it is taken back, and the caller retries), not from the caller's caller."""
+        task = asyncio.current_task()
+        if task not in up.abandoned:
+            return False
+        up.abandoned.discard(task)  # type: ignore[arg-type]
+        task.uncancel()  # type: ignore[union-attr]
+        return True
+
+    def failed(self, up: Upstream, error: str, epoch: int, *, hard: bool = True, abandon: bool = False,
                misconfigured: bool = False) -> None:
-        """A request sent to ``up`` in ``epoch`` failed: open it (and start its probe) when that is news."""
+        """A request sent to ``up`` in ``epoch`` failed: open it (and start its probe) when that is news.
+        With ``abandon`` (its connection failed) and another upstream closed, the requests still waiting on
+        ``up`` are abandoned (module docstring)."""
         up.last_error = error
         now = time.monotonic()
         opened = (up.breaker.trip(now=now, epoch=epoch) if hard else
                   up.breaker.strike(now=now, epoch=epoch, threshold=self.errors_to_trip))
-        if opened:
-            up.misconfigured = misconfigured
-            log.warning("upstream %s failed (%s); no traffic until it answers a probe in %.2g s", up.url, error,
-                        up.breaker.retry_after(now))
-            if up.recovery is None or up.recovery.done():
-                up.recovery = asyncio.get_running_loop().create_task(self._recover(up))
+        if not opened:
+            return
+        up.misconfigured = misconfigured
+        log.warning("upstream %s failed (%s); no traffic until it answers a probe in %.2g s", up.url, error,
+                    up.breaker.retry_after(now))
+        if up.recovery is None or up.recovery.done():
+            up.recovery = asyncio.get_running_loop().create_task(self._recover(up))
+        if abandon and any(u.breaker.closed for u in self.upstreams):
+            me = asyncio.current_task()
+            for task in up.inflight - {me}:  # type: ignore[operator]
+                up.abandoned.add(task)
+                task.cancel()
 
     @staticmethod
     def answered(up: Upstream) -> None:

@@ -21,7 +21,8 @@ traffic. An open one is probed by the engine itself — one 1-token completion a
 ``cooldown · 2^level`` (capped at ``max_cooldown``, jittered) — and closes as soon as the probe is
 answered, so a restarted server rejoins by itself within one cooldown; a failed probe raises the level.
 A request that fails on one upstream is retried on the best closed one (``retries`` times; after a 429
-or a 5xx with exponential backoff ``backoff · 2^attempt`` capped at ``max_backoff``, jittered). When no
+or a 5xx with exponential backoff ``backoff · 2^attempt`` capped at ``max_backoff``, jittered); when an
+upstream's connection fails, the other requests still waiting on it are retried elsewhere at once. When no
 upstream is closed the request fails at once with :class:`~isocompute.engines.base.CircuitOpen` (its
 ``retry_after`` is when the next probe goes out), naming each upstream's last error and the command that
 starts a server. HTTP 400 (and other 4xx) answers are the caller's fault and raise
@@ -85,12 +86,13 @@ def split_evenly(total: int, parts: int) -> list[int]:
 
 class _Retryable(Exception):
     """Internal: an upstream failure worth another attempt elsewhere. ``hard`` (connection, timeout) opens
-    the upstream at once; a soft one (5xx) counts a strike; ``throttle`` (429) neither, but backs off."""
+    the upstream at once; a soft one (5xx) counts a strike; ``throttle`` (429) neither, but backs off.
+    ``dead``: the connection itself failed (not a timeout), so requests still waiting there are abandoned."""
 
-    def __init__(self, message: str, *, hard: bool = True, throttle: bool = False,
+    def __init__(self, message: str, *, hard: bool = True, throttle: bool = False, dead: bool = False,
                  misconfigured: bool = False) -> None:
         super().__init__(message)
-        self.hard, self.throttle, self.misconfigured = hard, throttle, misconfigured
+        self.hard, self.throttle, self.dead, self.misconfigured = hard, throttle, dead, misconfigured
 
 
 class VLLMHTTPEngine:
@@ -332,18 +334,23 @@ class VLLMHTTPEngine:
                     delay = min(self.backoff * 2 ** min(attempt - 1, 30), self.max_backoff)
                     await asyncio.sleep(delay * random.uniform(0.5, 1.0))
                 up = self.pool.pick()
-                epoch = up.breaker.epoch
-                up.outstanding += 1
+                epoch = self.pool.sent(up)
                 try:
                     data = await self._post(client, up, body)
                 except _Retryable as e:
                     failures.append(f"{up.url}: {e}")
                     backoff = e.throttle or not e.hard
                     if not e.throttle:
-                        self.pool.failed(up, str(e), epoch, hard=e.hard, misconfigured=e.misconfigured)
+                        self.pool.failed(up, str(e), epoch, hard=e.hard, abandon=e.dead,
+                                         misconfigured=e.misconfigured)
+                    continue
+                except asyncio.CancelledError:
+                    if not self.pool.was_abandoned(up):
+                        raise
+                    failures.append(f"{up.url}: it failed while this request was waiting there")
                     continue
                 finally:
-                    up.outstanding -= 1
+                    self.pool.settled(up)
                 self.pool.answered(up)
                 up.served += 1
                 return data
@@ -357,8 +364,10 @@ class VLLMHTTPEngine:
                 r = await client.post(f"{up.url}/v1/completions", json=body)
         except TimeoutError:
             raise _Retryable(f"no answer within {self.attempt_timeout:g} s") from None
-        except httpx.TransportError as e:  # connect/read errors and timeouts
+        except httpx.TimeoutException as e:  # slow is not dead: the others waiting there may still be answered
             raise _Retryable(_describe(e)) from e
+        except httpx.TransportError as e:  # refused, reset, closed mid-answer: the server is gone
+            raise _Retryable(_describe(e), dead=True) from e
         except httpx.HTTPError as e:  # it answered, but httpx cannot read the reply (DecodingError, …)
             raise UpstreamBadResponse(f"upstream {up.url} sent a reply that cannot be read ({_describe(e)}); "
                                       "check that it is an OpenAI-compatible server") from e
