@@ -316,3 +316,22 @@ def test_probe_values_reach_the_policy():
     expected = float(-(np.exp([-0.1, -2.4]) / np.exp([-0.1, -2.4]).sum()
                        * np.log(np.exp([-0.1, -2.4]) / np.exp([-0.1, -2.4]).sum())).sum())
     assert info["probe"]["value"] == pytest.approx(expected) and info["expected_cost"] == info["k"] + 0.5
+
+
+def test_the_engine_sees_the_requests_deadline():
+    """Was: the gateway's deadline only cancelled the engine's call, so the engine could not count the
+    timeout against the upstream (see test_engines_http: a hung upstream is shut after a few deadlines)."""
+    from isocompute.engines.base import REQUEST_DEADLINE
+
+    seen = []
+
+    class DeadlineEngine(FakeEngine):
+        async def generate(self, prompts, n, max_tokens, temperature, seed=None):
+            if prompts != ["1 + 1 ="]:
+                seen.append(REQUEST_DEADLINE.get() - time.monotonic())
+            return await super().generate(prompts, n, max_tokens, temperature, seed)
+
+    with make_client(DeadlineEngine(), upstream_timeout_s=3.0) as c:
+        assert c.post("/v1/completions", json=completion(budget=4)).status_code == 200
+    assert len(seen) == 1 and 2.0 < seen[0] <= 3.0
+    assert REQUEST_DEADLINE.get() is None  # reset after the call

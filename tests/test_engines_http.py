@@ -268,9 +268,9 @@ def test_refused_connection_says_how_to_start_a_server():
         run(go())
 
 
-def test_read_timeout_is_explicit_and_opens_the_circuit():
-    """A server that accepts and never answers: the request times out instead of hanging, and the upstream
-    is opened (the retry fails fast rather than waiting out another timeout)."""
+def test_read_timeout_is_explicit_and_retried():
+    """A server that accepts and never answers: the request times out instead of hanging; a timeout is a
+    strike against the upstream (slow is not dead), so the retry goes out; errors_to_trip of them open it."""
 
     async def go():
         accepted = []
@@ -292,7 +292,7 @@ def test_read_timeout_is_explicit_and_opens_the_circuit():
             server.close()
 
     elapsed, attempts = run(go())
-    assert elapsed < 5 and attempts == 1
+    assert elapsed < 5 and attempts == 2
 
 
 def test_wait_ready_needs_a_real_completion():
@@ -565,3 +565,38 @@ def test_a_timeout_does_not_abandon_the_others_on_a_slow_upstream():
     slow, others = run(go())
     assert isinstance(slow, EngineUnavailable)
     assert [o[0].text for o in others] == ["a", "b"]
+
+
+def test_an_upstream_that_stops_answering_is_shut_after_a_few_deadlines():
+    """A server that accepts and answers nothing: with the caller's deadline in REQUEST_DEADLINE the engine
+    times out just before it, counts a strike, and after errors_to_trip strikes sends nothing there."""
+    from isocompute.engines.base import REQUEST_DEADLINE
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "a.test":
+            await asyncio.sleep(30)
+        return httpx.Response(200, json={"choices": [{"index": 0, "text": "ok", "token_ids": [2]}],
+                                         "usage": {"prompt_tokens": 1}})
+
+    async def one(eng):
+        token = REQUEST_DEADLINE.set(time.monotonic() + 0.3)
+        try:
+            await asyncio.wait_for(eng.generate(["p"], n=1, max_tokens=4, temperature=1.0), 0.3)
+            return "ok"
+        except TimeoutError:
+            return "timeout"
+        finally:
+            REQUEST_DEADLINE.reset(token)
+
+    async def go():
+        eng = VLLMHTTPEngine([A, B], model=MODEL, transport=httpx.MockTransport(handler), timeout=60,
+                             cooldown=30, max_cooldown=30)
+        try:
+            rounds = [sorted(await asyncio.gather(one(eng), one(eng))) for _ in range(6)]
+            return rounds, eng.upstream_status()[0]
+        finally:
+            await eng.aclose()
+
+    rounds, hung = run(go())
+    assert sum(r.count("timeout") for r in rounds) == 3 and rounds[-3:] == [["ok", "ok"]] * 3, rounds
+    assert hung["up"] is False and "no answer within" in hung["last_error"]

@@ -8,8 +8,9 @@ e.g. 1, 1, 2, 4, 8, with a stopping rule checked on the vote between waves) beco
 routing and accounting read the samples that came back, however many waves drew them.
 
 Every await on an upstream goes through :meth:`Backend.call`: one :class:`Deadline` per request (set
-when the request arrives; the probe call and the waves share it, so no request outlives it) and one
-mapping of failures:
+when the request arrives; the probe call and the waves share it, so no request outlives it; the engine
+sees it too, in ``engines.base.REQUEST_DEADLINE``, so an upstream that stops answering is counted as
+slow by its circuit breaker instead of merely cancelled) and one mapping of failures:
 
 ===============================  ======  ===================================================
 the upstream call …              status  error
@@ -41,6 +42,7 @@ from isocompute.app.errors import UpstreamTimeout
 from isocompute.app.metrics import Metrics
 from isocompute.app.readiness import UpstreamHealth
 from isocompute.engines.base import (
+    REQUEST_DEADLINE,
     CircuitOpen,
     Completion,
     Engine,
@@ -82,6 +84,7 @@ class Backend:
     async def call(self, aw: Awaitable[T], *, deadline: Deadline, what: str) -> T:
         """Await ``aw`` (an upstream call) by ``deadline``; map its failure (module table)."""
         name = self.engine.name
+        token = REQUEST_DEADLINE.set(deadline.at)  # the task wait_for makes copies this context
         try:
             out = await asyncio.wait_for(aw, timeout=deadline.remaining())
         except TimeoutError:
@@ -101,6 +104,8 @@ class Backend:
                                       "the traceback")
             self.health.failed(err)
             raise err from e
+        finally:
+            REQUEST_DEADLINE.reset(token)
         self.health.answered()
         return out
 

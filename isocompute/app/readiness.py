@@ -21,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
-from isocompute.engines.base import Engine, UpstreamBadResponse, UpstreamMisconfigured
+from isocompute.engines.base import REQUEST_DEADLINE, Engine, UpstreamBadResponse, UpstreamMisconfigured
 from isocompute.errors import EngineUnavailable
 
 __all__ = ["UpstreamHealth"]
@@ -67,6 +68,7 @@ class UpstreamHealth:
         """Probe ``engine`` with one real 1-token request, forever (cancel the task to stop it)."""
         delay = FIRST_RETRY_S
         while True:
+            token = REQUEST_DEADLINE.set(time.monotonic() + timeout_s)  # the engine counts a timeout too
             try:
                 out = await asyncio.wait_for(engine.generate(["1 + 1 ="], 1, 1, 0.0, 0), timeout_s)
                 if not out or not out[0]:
@@ -76,6 +78,8 @@ class UpstreamHealth:
                 raise
             except Exception as e:  # any failure means "not ready", and the watch goes on
                 self.failed(e)
+            finally:
+                REQUEST_DEADLINE.reset(token)
             self._wake.clear()
             wait = interval_s if self.ok else delay
             delay = FIRST_RETRY_S if self.ok else min(2 * delay, interval_s)

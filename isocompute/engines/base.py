@@ -6,7 +6,8 @@ that shares the prompt prefix across the ``n`` samples reports ``prompt_tokens``
 Engines are async so the gateway can serve many requests on one event loop; CPU-bound engines run their
 work in a thread.
 
-Failures an engine raises are :class:`~isocompute.errors.EngineUnavailable` or one of its subclasses
+A caller's deadline reaches the engine in :data:`REQUEST_DEADLINE` (a context variable, so the protocol's
+signature does not change). Failures an engine raises are :class:`~isocompute.errors.EngineUnavailable` or one of its subclasses
 here, so the gateway can tell a caller *why* (and map each to an HTTP status in one table):
 :class:`CircuitOpen` (every upstream is known down; fail fast, come back after ``retry_after`` s),
 :class:`UpstreamBadResponse` (it answered with something unusable) and :class:`UpstreamMisconfigured`
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -35,6 +37,13 @@ class Completion:
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str = "stop"
+
+
+REQUEST_DEADLINE: ContextVar[float | None] = ContextVar("isocompute_request_deadline", default=None)
+"""When the caller needs the answer by (``time.monotonic()`` seconds), or None. A caller with a deadline
+(the gateway) sets it around its call; an engine that waits on the network ends each wait a little before
+it, so the engine sees — and counts against that upstream — a timeout that would otherwise only cancel it.
+Engines that ignore it are bounded by the caller's own cancellation."""
 
 
 class CircuitOpen(EngineUnavailable):

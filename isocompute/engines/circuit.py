@@ -23,10 +23,10 @@ records :attr:`Breaker.epoch` when it is sent; :meth:`Breaker.trip` counts its f
 breaker is still closed in that epoch (the epoch moves on every change of state), so 32 simultaneous
 failures open it once, at ℓ = 0.
 
-Hard and soft failures: a refused or reset connection or a timeout is *hard* — :meth:`Breaker.trip`
-opens the breaker at once. An HTTP 5xx answer is *soft* — the server is there and may answer the next
-request — so :meth:`Breaker.strike` opens it only after ``threshold`` of them in a row (a success clears
-the strikes).
+Hard and soft failures: a refused or reset connection (or none within the connect timeout) is *hard* —
+:meth:`Breaker.trip` opens the breaker at once. An HTTP 5xx answer or a request that got no answer in time
+is *soft* — the server is there and may answer the next one; one long generation is not an outage — so
+:meth:`Breaker.strike` opens it only after ``threshold`` of them in a row (a success clears the strikes).
 
 :class:`UpstreamPool` holds one :class:`Breaker` per upstream and does the balancing around them: the
 best closed upstream (fewest outstanding requests, round-robin among ties), fail-fast when none is
@@ -36,7 +36,8 @@ and retried on a closed one, when there is one — instead of each waiting out i
 killed with a request queued on a socket it no longer serves would otherwise hold that request until its
 deadline.
 
-Ignores: error-rate windows over time (consecutive counts only); :class:`Breaker` ignores the clock —
+Ignores: error-rate windows over time (consecutive counts only), hedged requests (a request stuck on a
+slow upstream waits for its deadline; only the next ones avoid it); :class:`Breaker` ignores the clock —
 callers pass ``now``.
 """
 

@@ -15,8 +15,9 @@ Seeds: vLLM gives sample ``j`` of a request with seed ``s`` the seed ``s + j``; 
 ``i`` of a call the seed ``seed + i·n`` so no two samples of one call share a random stream.
 
 Several upstreams are load-balanced least-outstanding-first (ties broken round-robin), each behind a
-circuit breaker (:mod:`isocompute.engines.circuit`): a refused or reset connection or a timeout opens an
-upstream at once, ``errors_to_trip`` HTTP 5xx answers in a row open it too. Only closed upstreams get
+circuit breaker (:mod:`isocompute.engines.circuit`): a refused or reset connection opens an upstream at
+once; ``errors_to_trip`` HTTP 5xx answers or timeouts in a row open it too (``_Retryable`` tabulates the
+kinds). Only closed upstreams get
 traffic. An open one is probed by the engine itself — one 1-token completion after a cooldown of
 ``cooldown · 2^level`` (capped at ``max_cooldown``, jittered) — and closes as soon as the probe is
 answered, so a restarted server rejoins by itself within one cooldown; a failed probe raises the level.
@@ -33,7 +34,9 @@ completions JSON expected raises :class:`~isocompute.engines.base.UpstreamBadRes
 
 ``max_concurrency`` bounds requests in flight across all upstreams (an ``asyncio.Semaphore``). Every
 call has explicit connect and read timeouts and a deadline on the whole attempt (``connect_timeout +
-timeout``; the probe's ``probe_timeout``). The HTTP client, semaphore and probe tasks live in the running
+timeout``; the probe's ``probe_timeout``), shortened to end just before the caller's deadline when it
+sets one (``engines.base.REQUEST_DEADLINE``), so that a timeout is counted here rather than only
+cancelled by the caller. The HTTP client, semaphore and probe tasks live in the running
 event loop; use one engine within one event loop and ``await aclose()`` at the end.
 
 ``request(body)`` sends any completions body through the same balancer and retries and returns the raw
@@ -54,6 +57,7 @@ from typing import Any
 import httpx
 
 from isocompute.engines.base import (
+    REQUEST_DEADLINE,
     Completion,
     UpstreamBadResponse,
     UpstreamMisconfigured,
@@ -64,6 +68,8 @@ from isocompute.engines.circuit import Upstream, UpstreamPool
 from isocompute.errors import EngineUnavailable, InputError
 
 __all__ = ["START_HINT", "Upstream", "VLLMHTTPEngine", "split_evenly"]
+
+DEADLINE_MARGIN_S = 0.05  # end an attempt this long before the caller's deadline, to count its timeout
 
 log = logging.getLogger(__name__)
 
@@ -85,14 +91,27 @@ def split_evenly(total: int, parts: int) -> list[int]:
 
 
 class _Retryable(Exception):
-    """Internal: an upstream failure worth another attempt elsewhere. ``hard`` (connection, timeout) opens
-    the upstream at once; a soft one (5xx) counts a strike; ``throttle`` (429) neither, but backs off.
-    ``dead``: the connection itself failed (not a timeout), so requests still waiting there are abandoned."""
+    """Internal: an upstream failure worth another attempt elsewhere, of one ``kind``:
 
-    def __init__(self, message: str, *, hard: bool = True, throttle: bool = False, dead: bool = False,
-                 misconfigured: bool = False) -> None:
+    ========== ===================================== ======== ================== =======
+    kind       what happened                         opens    abandons the rest  backoff
+    ========== ===================================== ======== ================== =======
+    dead       refused / reset / closed mid-answer   at once  yes                no
+    down       no connection within connect_timeout  at once  no                 no
+    wrong      401/403/404: this server misconfigured at once  no                 no
+    slow       no answer in time                     strike   no                 no
+    error      HTTP 5xx                              strike   no                 yes
+    busy       HTTP 429                              no       no                 yes
+    ========== ===================================== ======== ================== =======
+    """
+
+    def __init__(self, message: str, kind: str) -> None:
         super().__init__(message)
-        self.hard, self.throttle, self.dead, self.misconfigured = hard, throttle, dead, misconfigured
+        self.kind = kind
+
+    @property
+    def hard(self) -> bool:
+        return self.kind in ("dead", "down", "wrong")
 
 
 class VLLMHTTPEngine:
@@ -241,7 +260,7 @@ class VLLMHTTPEngine:
         try:
             _check_status(up, r, model)
         except _Retryable as e:
-            if e.misconfigured:
+            if e.kind == "wrong":
                 raise UpstreamMisconfigured(str(e)) from None
             raise
         except InputError as e:  # our own 1-token request refused: the upstream wants something else
@@ -279,14 +298,24 @@ class VLLMHTTPEngine:
 
     async def model_info(self) -> dict[str, Any]:
         """The first served model's ``/v1/models`` entry (vLLM: ``id``, ``root`` = the model path,
-        ``max_model_len``) from the best upstream that answers."""
+        ``max_model_len``) from whichever upstream answers first (all are asked at once, so a hung one
+        does not hold up the others)."""
+
+        async def ask(up: Upstream) -> dict[str, Any]:
+            async with asyncio.timeout(self.probe_timeout):
+                return await self._fetch_model_entry(up)
+
+        tasks = {asyncio.ensure_future(ask(up)): up for up in self.upstreams}
         errors = []
-        for up in self.pool.ordered():
-            try:
-                async with asyncio.timeout(self.probe_timeout):
-                    return await self._fetch_model_entry(up)
-            except (httpx.HTTPError, TimeoutError, ValueError, LookupError, TypeError, AttributeError) as e:
-                errors.append(f"{up.url}: {_describe(e)}")
+        try:
+            for next_done in asyncio.as_completed(tasks):
+                try:
+                    return await next_done
+                except (httpx.HTTPError, TimeoutError, ValueError, LookupError, TypeError, AttributeError) as e:
+                    errors.append(_describe(e))
+        finally:
+            for t in tasks:
+                t.cancel()
         raise EngineUnavailable(f"no upstream listed its model ({'; '.join(errors)}); {START_HINT}")
 
     async def _fetch_model_entry(self, up: Upstream) -> dict[str, Any]:
@@ -328,21 +357,26 @@ class VLLMHTTPEngine:
         assert self._sem is not None
         failures: list[str] = []  # why each attempt failed, for the final message
         backoff = False
+        deadline = REQUEST_DEADLINE.get()
         async with self._sem:
             for attempt in range(self.retries + 1):
                 if backoff:
                     delay = min(self.backoff * 2 ** min(attempt - 1, 30), self.max_backoff)
-                    await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                    await asyncio.sleep(min(delay * random.uniform(0.5, 1.0), self._budget(deadline) or 0.0))
+                budget = self._budget(deadline)
+                if budget is None:
+                    raise TimeoutError(f"the request's deadline passed after {attempt} attempts "
+                                       f"({'; '.join(failures[-3:])})")
                 up = self.pool.pick()
                 epoch = self.pool.sent(up)
                 try:
-                    data = await self._post(client, up, body)
+                    data = await self._post(client, up, body, budget)
                 except _Retryable as e:
                     failures.append(f"{up.url}: {e}")
-                    backoff = e.throttle or not e.hard
-                    if not e.throttle:
-                        self.pool.failed(up, str(e), epoch, hard=e.hard, abandon=e.dead,
-                                         misconfigured=e.misconfigured)
+                    backoff = e.kind in ("error", "busy")
+                    if e.kind != "busy":
+                        self.pool.failed(up, str(e), epoch, hard=e.hard, abandon=e.kind == "dead",
+                                         misconfigured=e.kind == "wrong")
                     continue
                 except asyncio.CancelledError:
                     if not self.pool.was_abandoned(up):
@@ -358,16 +392,28 @@ class VLLMHTTPEngine:
             f"all {self.retries + 1} attempts failed ({'; '.join(failures[-3:])}); {START_HINT}"
         )
 
-    async def _post(self, client: httpx.AsyncClient, up: Upstream, body: dict[str, Any]) -> dict[str, Any]:
+    def _budget(self, deadline: float | None) -> float | None:
+        """Seconds the next attempt may take: ``attempt_timeout``, or less to end ``DEADLINE_MARGIN_S``
+        before the caller's deadline (so this engine, not the caller, sees the timeout and counts it);
+        None when that leaves nothing."""
+        if deadline is None:
+            return self.attempt_timeout
+        left = deadline - DEADLINE_MARGIN_S - time.monotonic()
+        return min(self.attempt_timeout, left) if left > 0 else None
+
+    async def _post(self, client: httpx.AsyncClient, up: Upstream, body: dict[str, Any],
+                    budget: float) -> dict[str, Any]:
         try:
-            async with asyncio.timeout(self.attempt_timeout):  # read timeouts are per chunk; this is the total
+            async with asyncio.timeout(budget):  # httpx's read timeout is per chunk; this bounds the whole
                 r = await client.post(f"{up.url}/v1/completions", json=body)
         except TimeoutError:
-            raise _Retryable(f"no answer within {self.attempt_timeout:g} s") from None
+            raise _Retryable(f"no answer within {budget:.3g} s", "slow") from None
+        except httpx.ConnectTimeout as e:  # nobody accepts the connection
+            raise _Retryable(_describe(e), "down") from e
         except httpx.TimeoutException as e:  # slow is not dead: the others waiting there may still be answered
-            raise _Retryable(_describe(e)) from e
+            raise _Retryable(_describe(e), "slow") from e
         except httpx.TransportError as e:  # refused, reset, closed mid-answer: the server is gone
-            raise _Retryable(_describe(e), dead=True) from e
+            raise _Retryable(_describe(e), "dead") from e
         except httpx.HTTPError as e:  # it answered, but httpx cannot read the reply (DecodingError, …)
             raise UpstreamBadResponse(f"upstream {up.url} sent a reply that cannot be read ({_describe(e)}); "
                                       "check that it is an OpenAI-compatible server") from e
@@ -425,20 +471,19 @@ def _check_status(up: Upstream, r: httpx.Response, model: Any) -> None:
     if r.status_code < 400:
         return
     if r.status_code >= 500:
-        raise _Retryable(f"HTTP {r.status_code}: {r.text[:200]}", hard=False)
+        raise _Retryable(f"HTTP {r.status_code}: {r.text[:200]}", "error")
     if r.status_code == 429:
-        raise _Retryable("HTTP 429 (overloaded)", throttle=True)
+        raise _Retryable("HTTP 429 (overloaded)", "busy")
     if r.status_code == 404:
         raise _Retryable(
             f"{up.url} answered HTTP 404 for model {model!r} ({r.text[:300]}): the gateway is misconfigured; "
             f"pass --upstream-model NAME (ISOCOMPUTE_UPSTREAM_MODEL) with a model that {up.url}/v1/models "
             "lists, or leave it out to use the first listed, and check that --upstream points at an "
-            "OpenAI-compatible server", misconfigured=True)
+            "OpenAI-compatible server", "wrong")
     if r.status_code in (401, 403):
         raise _Retryable(
             f"{up.url} refused this gateway (HTTP {r.status_code}: {r.text[:200]}); the gateway sends no API "
-            "key upstream: start the upstream without --api-key, or serve it on a private network",
-            misconfigured=True)
+            "key upstream: start the upstream without --api-key, or serve it on a private network", "wrong")
     raise InputError(f"upstream {up.url} rejected the request (HTTP {r.status_code}): {r.text[:500]}")
 
 
