@@ -222,7 +222,9 @@ class UpstreamPool:
     def settled(self, up: Upstream) -> None:
         """The current task's request to ``up`` is over (answered, failed or abandoned)."""
         up.outstanding -= 1
-        up.inflight.discard(asyncio.current_task())  # type: ignore[arg-type]
+        task = asyncio.current_task()
+        up.inflight.discard(task)  # type: ignore[arg-type]
+        up.abandoned.discard(task)  # type: ignore[arg-type]
 
     def was_abandoned(self, up: Upstream) -> bool:
         """Whether the CancelledError the current task just got came from :meth:`failed` abandoning its
@@ -232,7 +234,7 @@ class UpstreamPool:
             return False
         up.abandoned.discard(task)  # type: ignore[arg-type]
         task.uncancel()  # type: ignore[union-attr]
-        return True
+        return not task.cancelling()  # type: ignore[union-attr]  # cancelled by its caller too: let that win
 
     def failed(self, up: Upstream, error: str, epoch: int, *, hard: bool = True, abandon: bool = False,
                misconfigured: bool = False) -> None:
