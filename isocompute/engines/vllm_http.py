@@ -1,12 +1,7 @@
 """Sampling through vLLM's (or any OpenAI-compatible server's) ``/v1/completions`` over HTTP.
 
 One request per prompt asks for all ``n`` samples (``"n": n``), so vLLM prefills the shared prompt once.
-Token counts: ``prompt_tokens`` is the request's ``usage.prompt_tokens`` (one prompt, counted once);
-per-sample ``completion_tokens`` is ``len(choice.token_ids)``, which vLLM returns when asked with
-``"return_token_ids": true`` (vLLM ≥ 0.10.2; its usage only carries totals). A server that ignores that
-field (plain OpenAI-compatible servers) gets ``usage.completion_tokens`` split evenly over the choices,
-remainder to the first ones — a last resort, logged once as a warning, since then the per-sample counts
-are only right on average. Example: usage 10 over 4 choices → ``[3, 3, 2, 2]``.
+Token counts and the reading of replies and HTTP statuses: :mod:`isocompute.engines.openai_replies`.
 
 Greedy decoding (``temperature == 0``) asks for one sample and repeats it ``n`` times, since vLLM
 rejects ``n > 1`` without sampling and the samples would be identical anyway.
@@ -16,28 +11,26 @@ Seeds: vLLM gives sample ``j`` of a request with seed ``s`` the seed ``s + j``; 
 
 Several upstreams are load-balanced least-outstanding-first (ties broken round-robin), each behind a
 circuit breaker (:mod:`isocompute.engines.circuit`): a refused or reset connection opens an upstream at
-once; ``errors_to_trip`` HTTP 5xx answers or timeouts in a row open it too (``_Retryable`` tabulates the
-kinds). Only closed upstreams get
+once; ``errors_to_trip`` HTTP 5xx answers or timeouts in a row open it too
+(:class:`~isocompute.engines.openai_replies.Retryable` tabulates the kinds). Only closed upstreams get
 traffic. An open one is probed by the engine itself — one 1-token completion after a cooldown of
 ``cooldown · 2^level`` (capped at ``max_cooldown``, jittered) — and closes as soon as the probe is
 answered, so a restarted server rejoins by itself within one cooldown; a failed probe raises the level.
 A request that fails on one upstream is retried on the best closed one (``retries`` times; after a 429
 or a 5xx with exponential backoff ``backoff · 2^attempt`` capped at ``max_backoff``, jittered); when an
-upstream's connection fails, the other requests still waiting on it are retried elsewhere at once. When no
-upstream is closed the request fails at once with :class:`~isocompute.engines.base.CircuitOpen` (its
-``retry_after`` is when the next probe goes out), naming each upstream's last error and the command that
-starts a server. HTTP 400 (and other 4xx) answers are the caller's fault and raise
-:class:`~isocompute.errors.InputError` unretried; 401, 403 and 404 are this server's misconfiguration
-(no such model, a key the upstream wants): :class:`~isocompute.engines.base.UpstreamMisconfigured`
-saying what to change, and the upstream is skipped like a down one. A reply that is not the
-completions JSON expected raises :class:`~isocompute.engines.base.UpstreamBadResponse`.
+upstream's connection fails, the other requests still waiting on it are retried elsewhere at once.
+When no upstream is closed the request fails at once with :class:`~isocompute.engines.base.CircuitOpen`
+(its ``retry_after`` is when the next probe goes out), naming each upstream's last error and the command
+that starts a server. A 401/403/404 (this server misconfigured) skips the upstream like a down one and,
+when every upstream says so, raises :class:`~isocompute.engines.base.UpstreamMisconfigured` saying what
+to change; other 4xx answers are the caller's and raise :class:`~isocompute.errors.InputError` unretried.
 
 ``max_concurrency`` bounds requests in flight across all upstreams (an ``asyncio.Semaphore``). Every
 call has explicit connect and read timeouts and a deadline on the whole attempt (``connect_timeout +
 timeout``; the probe's ``probe_timeout``), shortened to end just before the caller's deadline when it
 sets one (``engines.base.REQUEST_DEADLINE``), so that a timeout is counted here rather than only
-cancelled by the caller. The HTTP client, semaphore and probe tasks live in the running
-event loop; use one engine within one event loop and ``await aclose()`` at the end.
+cancelled by the caller. The HTTP client, semaphore and probe tasks live in the running event loop; use
+one engine within one event loop and ``await aclose()`` at the end.
 
 ``request(body)`` sends any completions body through the same balancer and retries and returns the raw
 JSON (the entropy probe, :mod:`isocompute.engines.probe`, asks for ``logprobs`` that way).
@@ -65,6 +58,13 @@ from isocompute.engines.base import (
     gather_or_cancel,
 )
 from isocompute.engines.circuit import Upstream, UpstreamPool
+from isocompute.engines.openai_replies import (
+    Retryable,
+    check_status,
+    describe,
+    parse_completions,
+    split_evenly,
+)
 from isocompute.errors import EngineUnavailable, InputError
 
 __all__ = ["START_HINT", "Upstream", "VLLMHTTPEngine", "split_evenly"]
@@ -78,40 +78,6 @@ START_HINT = (
     "(after `make vllm-env`) or `vllm serve MODEL_DIR --port 8000` on a GPU machine, then pass "
     "--upstream http://127.0.0.1:8000"
 )
-
-
-def split_evenly(total: int, parts: int) -> list[int]:
-    """Split ``total`` into ``parts`` integers differing by at most one, larger ones first.
-
-    >>> split_evenly(10, 4)
-    [3, 3, 2, 2]
-    """
-    q, r = divmod(total, parts)
-    return [q + 1] * r + [q] * (parts - r)
-
-
-class _Retryable(Exception):
-    """Internal: an upstream failure worth another attempt elsewhere, of one ``kind``:
-
-    ========== ===================================== ======== ================== =======
-    kind       what happened                         opens    abandons the rest  backoff
-    ========== ===================================== ======== ================== =======
-    dead       refused / reset / closed mid-answer   at once  yes                no
-    down       no connection within connect_timeout  at once  no                 no
-    wrong      401/403/404: this server misconfigured at once  no                 no
-    slow       no answer in time                     strike   no                 no
-    error      HTTP 5xx                              strike   no                 yes
-    busy       HTTP 429                              no       no                 yes
-    ========== ===================================== ======== ================== =======
-    """
-
-    def __init__(self, message: str, kind: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-    @property
-    def hard(self) -> bool:
-        return self.kind in ("dead", "down", "wrong")
 
 
 class VLLMHTTPEngine:
@@ -231,7 +197,7 @@ class VLLMHTTPEngine:
                 self.pool.answered(up)
                 return True
             except Exception as e:  # whatever the upstream does, keep waiting until the deadline
-                up.last_error = _describe(e)
+                up.last_error = describe(e)
             if time.monotonic() + poll > deadline:
                 self.pool.failed(up, up.last_error, epoch)
                 return False
@@ -251,15 +217,15 @@ class VLLMHTTPEngine:
 
     async def _check(self, up: Upstream, timeout: float) -> None:
         """One real 1-token completion on ``up`` (its model's name first, when unknown), within ``timeout``.
-        Raises whatever went wrong; ``_Retryable`` for a misconfiguration becomes UpstreamMisconfigured."""
+        Raises whatever went wrong; ``Retryable`` for a misconfiguration becomes UpstreamMisconfigured."""
         client = self._ensure_client()
         async with asyncio.timeout(timeout):
             model = self.model or await self._fetch_model(up)
             r = await client.post(f"{up.url}/v1/completions",
                                   json={"model": model, "prompt": "1", "max_tokens": 1, "temperature": 0.0})
         try:
-            _check_status(up, r, model)
-        except _Retryable as e:
+            check_status(up.url, r, model)
+        except Retryable as e:
             if e.kind == "wrong":
                 raise UpstreamMisconfigured(str(e)) from None
             raise
@@ -294,7 +260,7 @@ class VLLMHTTPEngine:
                     self.model = await self._fetch_model(up)
                 return self.model
             except (httpx.HTTPError, TimeoutError, ValueError, LookupError, TypeError, AttributeError) as e:
-                self.pool.failed(up, f"GET /v1/models: {_describe(e)}", epoch)
+                self.pool.failed(up, f"GET /v1/models: {describe(e)}", epoch)
 
     async def model_info(self) -> dict[str, Any]:
         """The first served model's ``/v1/models`` entry (vLLM: ``id``, ``root`` = the model path,
@@ -312,7 +278,7 @@ class VLLMHTTPEngine:
                 try:
                     return await next_done
                 except (httpx.HTTPError, TimeoutError, ValueError, LookupError, TypeError, AttributeError) as e:
-                    errors.append(_describe(e))
+                    errors.append(describe(e))
         finally:
             for t in tasks:
                 t.cancel()
@@ -371,7 +337,7 @@ class VLLMHTTPEngine:
                 epoch = self.pool.sent(up)
                 try:
                     data = await self._post(client, up, body, budget)
-                except _Retryable as e:
+                except Retryable as e:
                     failures.append(f"{up.url}: {e}")
                     backoff = e.kind in ("error", "busy")
                     if e.kind != "busy":
@@ -407,17 +373,17 @@ class VLLMHTTPEngine:
             async with asyncio.timeout(budget):  # httpx's read timeout is per chunk; this bounds the whole
                 r = await client.post(f"{up.url}/v1/completions", json=body)
         except TimeoutError:
-            raise _Retryable(f"no answer within {budget:.3g} s", "slow") from None
+            raise Retryable(f"no answer within {budget:.3g} s", "slow") from None
         except httpx.ConnectTimeout as e:  # nobody accepts the connection
-            raise _Retryable(_describe(e), "down") from e
+            raise Retryable(describe(e), "down") from e
         except httpx.TimeoutException as e:  # slow is not dead: the others waiting there may still be answered
-            raise _Retryable(_describe(e), "slow") from e
+            raise Retryable(describe(e), "slow") from e
         except httpx.TransportError as e:  # refused, reset, closed mid-answer: the server is gone
-            raise _Retryable(_describe(e), "dead") from e
+            raise Retryable(describe(e), "dead") from e
         except httpx.HTTPError as e:  # it answered, but httpx cannot read the reply (DecodingError, …)
-            raise UpstreamBadResponse(f"upstream {up.url} sent a reply that cannot be read ({_describe(e)}); "
+            raise UpstreamBadResponse(f"upstream {up.url} sent a reply that cannot be read ({describe(e)}); "
                                       "check that it is an OpenAI-compatible server") from e
-        _check_status(up, r, body.get("model"))
+        check_status(up.url, r, body.get("model"))
         try:
             data = r.json()
         except ValueError:
@@ -429,62 +395,12 @@ class VLLMHTTPEngine:
         return data
 
     def _parse(self, data: dict[str, Any], n: int) -> list[Completion]:
-        try:
-            return self._completions(data, n)
-        except (AttributeError, LookupError, TypeError, ValueError) as e:
-            raise UpstreamBadResponse(f"the upstream sent a completions reply this engine cannot read "
-                                      f"({_describe(e)}); is it an OpenAI-compatible completions server? "
-                                      "(vLLM is)") from None
-
-    def _completions(self, data: dict[str, Any], n: int) -> list[Completion]:
-        choices = sorted(data.get("choices") or [], key=lambda c: c.get("index", 0))
-        if len(choices) != n:
-            raise UpstreamBadResponse(
-                f"upstream returned {len(choices)} choices for n={n}; is it an OpenAI-compatible "
-                "completions server that supports n? (vLLM does)"
-            )
-        usage = data.get("usage") or {}
-        prompt_tokens = int(usage.get("prompt_tokens", 0))
-        if all(c.get("token_ids") is not None for c in choices):
-            counts = [len(c["token_ids"]) for c in choices]
-        else:
-            if not self._warned_split:
-                log.warning(
-                    "upstream returned no per-choice token_ids; splitting usage.completion_tokens "
-                    "evenly over the %d choices (per-sample counts are then only right on average)",
-                    n,
-                )
-                self._warned_split = True
-            counts = split_evenly(int(usage.get("completion_tokens", 0)), n)
-        out = []
-        for c, k in zip(choices, counts, strict=True):
-            text = c.get("text") or ""
-            if not isinstance(text, str):
-                raise TypeError(f"choice text is a {type(text).__name__}, not a string")
-            out.append(Completion(text, prompt_tokens, k, str(c.get("finish_reason") or "stop")))
-        return out
-
-
-def _check_status(up: Upstream, r: httpx.Response, model: Any) -> None:
-    """Raise for an HTTP answer that is not a success: 5xx/429 retryable, 401/403/404 this server's
-    misconfiguration (retried elsewhere, then reported as such), any other 4xx the caller's fault."""
-    if r.status_code < 400:
-        return
-    if r.status_code >= 500:
-        raise _Retryable(f"HTTP {r.status_code}: {r.text[:200]}", "error")
-    if r.status_code == 429:
-        raise _Retryable("HTTP 429 (overloaded)", "busy")
-    if r.status_code == 404:
-        raise _Retryable(
-            f"{up.url} answered HTTP 404 for model {model!r} ({r.text[:300]}): the gateway is misconfigured; "
-            f"pass --upstream-model NAME (ISOCOMPUTE_UPSTREAM_MODEL) with a model that {up.url}/v1/models "
-            "lists, or leave it out to use the first listed, and check that --upstream points at an "
-            "OpenAI-compatible server", "wrong")
-    if r.status_code in (401, 403):
-        raise _Retryable(
-            f"{up.url} refused this gateway (HTTP {r.status_code}: {r.text[:200]}); the gateway sends no API "
-            "key upstream: start the upstream without --api-key, or serve it on a private network", "wrong")
-    raise InputError(f"upstream {up.url} rejected the request (HTTP {r.status_code}): {r.text[:500]}")
+        comps, split = parse_completions(data, n)
+        if split and not self._warned_split:
+            log.warning("upstream returned no per-choice token_ids; splitting usage.completion_tokens evenly over "
+                        "the choices (per-sample counts are then only right on average)")
+            self._warned_split = True
+        return comps
 
 
 def _base_url(url: str) -> str:
@@ -492,7 +408,3 @@ def _base_url(url: str) -> str:
     if not url.startswith(("http://", "https://")):
         raise InputError(f"upstream {url!r} is not an http(s) URL; pass e.g. http://127.0.0.1:8000")
     return url[: -len("/v1")] if url.endswith("/v1") else url
-
-
-def _describe(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
