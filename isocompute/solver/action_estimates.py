@@ -20,7 +20,9 @@ Costs are exact for every action (stopping never depends on the vote across mode
 of single plans and of last-stage votes — standard errors 0 — while votes over all samples carry the
 Monte Carlo standard error of V. Cascade stages must be plans the exact method covers (≤ 24 samples).
 
-:func:`fit_vote_weights` keeps, of actions that differ only in their weights, the one whose weights give
+The solver is unchanged: ``U = est.utility`` and ``C = est.cost`` (FLOPs) are its columns, sorted per
+prompt by :meth:`ActionEstimates.cost_order`; :func:`oracle` runs :func:`~isocompute.solver.allocate.allocate`
+on them and maps the choice back to actions. :func:`fit_vote_weights` keeps, of actions that differ only in their weights, the one whose weights give
 the highest mean utility on the given (training) prompts. Ignores: verifier scores, and everything the
 plan estimators ignore.
 """
@@ -34,6 +36,7 @@ import numpy as np
 
 from isocompute.errors import InputError
 from isocompute.flops import ModelFlops
+from isocompute.solver.allocate import Allocation, allocate
 from isocompute.solver.model_actions import Action, MenuConfig, default_actions, parse_action
 from isocompute.solver.model_costs import sample_flops
 from isocompute.solver.model_montecarlo import VoteGroup, simulate_votes
@@ -253,3 +256,36 @@ def fit_vote_weights(est: ActionEstimates, rows: Sequence[int] | np.ndarray | No
 
 def _spread(a: Action) -> float:
     return float(np.abs(np.log(np.asarray(a.weights or (1.0,)))).sum())
+
+
+@dataclass(frozen=True, eq=False)
+class MenuOracle:
+    """The hindsight oracle over a menu at one budget: the solver's ``allocation`` (on cost-sorted
+    columns), ``probs`` (N, A) the probability of each action (menu order) per prompt, and per prompt the
+    expected ``utility`` and ``cost`` under it (means: :attr:`accuracy`, :attr:`mean_cost`)."""
+
+    allocation: Allocation
+    probs: np.ndarray
+    utility: np.ndarray
+    cost: np.ndarray
+
+    @property
+    def accuracy(self) -> float:
+        return float(self.utility.mean())
+
+    @property
+    def mean_cost(self) -> float:
+        return float(self.cost.mean())
+
+
+def oracle(est: ActionEstimates, budget: float) -> MenuOracle:
+    """:func:`~isocompute.solver.allocate.allocate` over every action of ``est`` at a mean-FLOPs ``budget``
+    (above the dearest choice everywhere it does not bind: the best actions are taken)."""
+    order = est.cost_order()
+    top = float(order.cost[:, -1].mean())
+    alloc = allocate(order.utility, order.cost, min(float(budget), top))
+    sorted_probs = alloc.action_probs()
+    probs = np.zeros_like(sorted_probs)
+    np.put_along_axis(probs, order.order, sorted_probs, axis=1)
+    return MenuOracle(allocation=alloc, probs=probs, utility=(probs * est.utility).sum(axis=1),
+                      cost=(probs * est.cost).sum(axis=1))
