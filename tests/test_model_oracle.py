@@ -60,11 +60,11 @@ def test_oracle_equals_the_lp_optimum_and_meets_the_budget():
     for budget in np.linspace(lo, hi, 7)[1:-1]:
         orc = oracle(est, budget)
         assert orc.accuracy == pytest.approx(lp_optimum(est.utility, C, budget), abs=1e-9)
-        if orc.allocation.status == 0:
+        if orc.binding:
             assert orc.mean_cost == pytest.approx(budget, rel=1e-9)
         else:  # not binding: every prompt's best action fits
             assert orc.mean_cost < budget and orc.accuracy == pytest.approx(est.utility.max(axis=1).mean())
-        binding += orc.allocation.status == 0
+        binding += orc.binding
         np.testing.assert_allclose(orc.probs.sum(axis=1), 1.0)
         # per-prompt values come from the menu's own columns
         np.testing.assert_allclose(orc.utility, (orc.probs * est.utility).sum(axis=1))
@@ -107,3 +107,15 @@ def test_fixed_baselines_are_held_out_and_budget_matched():
     U = est.utility[:, est.columns(kind="cascade")]
     assert ((cas.utility >= U.min(axis=1) - 1e-12) & (cas.utility <= U.max(axis=1) + 1e-12)).all()
     assert best_fixed(est, est.columns(model="B"), 1e-9) is None  # below B's cheapest plan
+
+
+def test_best_fixed_equals_cross_validate_fixed_plan():
+    from isocompute.policy.fixed_plans import cross_validate_fixed_plan
+
+    est = menu(n_prompts=30, seed=3)
+    cols = est.columns(kind=("cascade", "ensemble"))
+    for budget in np.quantile(est.cost[:, cols].mean(axis=0), [0.1, 0.4, 0.8]):
+        mine = best_fixed(est, cols, budget, folds=5, seed=1)
+        ref = cross_validate_fixed_plan(est.utility[:, cols], est.cost[:, cols], budget, folds=5, seed=1)
+        np.testing.assert_allclose(mine.utility, ref.utility, atol=1e-12)
+        np.testing.assert_allclose(mine.cost, ref.cost, rtol=1e-12)

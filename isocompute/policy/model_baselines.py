@@ -34,7 +34,7 @@ import numpy as np
 
 from isocompute.errors import BudgetError
 from isocompute.policy.evaluate import uniform_mix
-from isocompute.policy.fixed_plans import cross_validate_fixed_plan
+from isocompute.policy.fixed_plans import FixedPlanChoice, choose_fixed_plan, fold_assignment
 from isocompute.solver.action_estimates import ActionEstimates
 from isocompute.solver.rules import NoRule
 
@@ -84,14 +84,35 @@ def uniform_at_budget(est: ActionEstimates, model: str, budget: float) -> HeldOu
 def best_fixed(est: ActionEstimates, cols: Sequence[int] | np.ndarray, budget: float, *, folds: int = 5,
                seed: int = 0, method: str = "best fixed") -> HeldOut | None:
     """One action (or a mix of two) for every prompt among ``cols``, chosen on the training folds and
-    scored held out; None where the budget is below the cheapest column on some training split."""
+    scored held out — :func:`~isocompute.policy.fixed_plans.cross_validate_fixed_plan`'s procedure and
+    folds, with each training split's columns first cut to the Pareto set of their mean (cost, utility)
+    (only those can be on the hull it picks from; a menu has thousands). None where the budget is below
+    the cheapest column on some training split."""
     cols = np.asarray(cols, dtype=np.int64)
-    try:
-        cv = cross_validate_fixed_plan(est.utility[:, cols], est.cost[:, cols], budget, folds=folds, seed=seed)
-    except BudgetError:
-        return None
-    names = [est.names[j] for j in cols]
-    return HeldOut(method, cv.utility, cv.cost, tuple(ch.describe(names) for ch in cv.choices))
+    U, C = est.utility[:, cols], est.cost[:, cols]
+    fold = fold_assignment(U.shape[0], folds, seed)
+    utility, cost = np.zeros(U.shape[0]), np.zeros(U.shape[0])
+    every = est.names
+    choices = []
+    for f in range(folds):
+        test = fold == f
+        keep = _pareto_means(U[~test].mean(axis=0), C[~test].mean(axis=0))
+        try:
+            ch = choose_fixed_plan(U[~test][:, keep], C[~test][:, keep], budget)
+        except BudgetError:
+            return None
+        ch = FixedPlanChoice(lo=int(keep[ch.lo]), hi=int(keep[ch.hi]), mix=ch.mix, budget=ch.budget,
+                             train_cost=ch.train_cost, train_utility=ch.train_utility)
+        utility[test], cost[test] = ch.utility(U[test]), ch.cost(C[test])
+        choices.append(ch.describe([every[j] for j in cols]))
+    return HeldOut(method, utility, cost, tuple(choices))
+
+
+def _pareto_means(u: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """Indices of the columns whose mean utility beats every cheaper column's (cost ascending, stable)."""
+    order = np.argsort(c, kind="stable")
+    best_before = np.maximum.accumulate(np.concatenate([[-np.inf], u[order][:-1]]))
+    return np.sort(order[u[order] > best_before])
 
 
 def best_single_model(est: ActionEstimates, budget: float, *, folds: int = 5,

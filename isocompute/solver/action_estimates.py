@@ -262,12 +262,14 @@ def _spread(a: Action) -> float:
 class MenuOracle:
     """The hindsight oracle over a menu at one budget: the solver's ``allocation`` (on cost-sorted
     columns), ``probs`` (N, A) the probability of each action (menu order) per prompt, and per prompt the
-    expected ``utility`` and ``cost`` under it (means: :attr:`accuracy`, :attr:`mean_cost`)."""
+    expected ``utility`` and ``cost`` under it (means: :attr:`accuracy`, :attr:`mean_cost`); ``binding``
+    False when every prompt's best action fits the budget (the rest of it buys nothing)."""
 
     allocation: Allocation
     probs: np.ndarray
     utility: np.ndarray
     cost: np.ndarray
+    binding: bool
 
     @property
     def accuracy(self) -> float:
@@ -280,12 +282,31 @@ class MenuOracle:
 
 def oracle(est: ActionEstimates, budget: float) -> MenuOracle:
     """:func:`~isocompute.solver.allocate.allocate` over every action of ``est`` at a mean-FLOPs ``budget``
-    (above the dearest choice everywhere it does not bind: the best actions are taken)."""
+    (above the dearest choice everywhere it does not bind: the best actions are taken).
+
+    The solver's hulls cost O(A²) per prompt, so each prompt's columns are first cut to its Pareto set
+    (cost ascending, utility strictly rising: no other column can be on the hull) and padded with
+    copies of its last one; the optimum is unchanged."""
     order = est.cost_order()
-    top = float(order.cost[:, -1].mean())
-    alloc = allocate(order.utility, order.cost, min(float(budget), top))
-    sorted_probs = alloc.action_probs()
-    probs = np.zeros_like(sorted_probs)
-    np.put_along_axis(probs, order.order, sorted_probs, axis=1)
+    U, C, idx = _pareto(order.utility, order.cost)
+    top = float(C[:, -1].mean())  # every prompt on its best column: spending more buys nothing
+    alloc = allocate(U, C, min(float(budget), top))
+    compact = alloc.action_probs()
+    probs = np.zeros_like(est.utility)
+    rows = np.arange(U.shape[0])[:, None]
+    np.add.at(probs, (rows, order.order[rows, idx]), compact)  # padding copies add up on one column
     return MenuOracle(allocation=alloc, probs=probs, utility=(probs * est.utility).sum(axis=1),
-                      cost=(probs * est.cost).sum(axis=1))
+                      cost=(probs * est.cost).sum(axis=1), binding=budget < top and alloc.status == 0)
+
+
+def _pareto(U: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Columns (cost-sorted per row) kept where utility beats every cheaper column's, left-packed and
+    padded with the row's last kept column; ``idx`` (N, A') the kept columns' positions."""
+    prev = np.maximum.accumulate(np.concatenate([np.full((U.shape[0], 1), -np.inf), U[:, :-1]], axis=1), axis=1)
+    keep = U > prev
+    width = int(keep.sum(axis=1).max())
+    pos = np.argsort(~keep, axis=1, kind="stable")[:, :width]  # kept columns first, in cost order
+    n_kept = keep.sum(axis=1)
+    last = np.take_along_axis(pos, (n_kept - 1)[:, None], axis=1)
+    pos = np.where(np.arange(width)[None, :] < n_kept[:, None], pos, last)
+    return np.take_along_axis(U, pos, 1), np.take_along_axis(C, pos, 1), pos

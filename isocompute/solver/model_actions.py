@@ -32,6 +32,7 @@ estimates are :mod:`isocompute.solver.action_estimates`. This module ignores uti
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -107,8 +108,8 @@ class Action:
     def max_samples(self) -> dict[str, int]:
         return {s.model: s.plan.max_samples for s in self.stages}
 
-    @property
-    def name(self) -> str:
+    @functools.cached_property
+    def name(self) -> str:  # cached: menus hold thousands of actions and reports ask for every name
         sep = " + " if self.kind == "ensemble" else " > "
         text = sep.join(s.name for s in self.stages)
         if self.weights:
