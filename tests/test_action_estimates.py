@@ -268,3 +268,16 @@ def test_default_menu_and_cost_order():
     with pytest.raises(InputError, match="n_orders"):
         MenuConfig(n_orders=1)
     assert math.isfinite(sum(a.max_samples["B"] for a in acts if "B" in a.models))
+
+
+def test_weighted_votes_stay_in_range_and_are_noiseless_where_answers_agree():
+    rng = np.random.default_rng(11)
+    A = [["a"] * 8] + [[("a", "b", None)[k] for k in rng.integers(0, 3, 8)] for _ in range(15)]
+    B = [["a"] * 6] + [[("a", "c")[k] for k in rng.integers(0, 2, 6)] for _ in range(15)]
+    mt = joined({"A": A, "B": B})
+    acts = [f"A/lead:m=2@1x4 > B/none@{k} [w=1,{w}]" for k in (1, 2, 4) for w in (0.5, 2)] + \
+           [f"A/none@{k} + B/none@2 [w=1,3]" for k in (1, 4)]
+    est = estimate_actions(mt, FLOPS, acts, n_orders=30, seed=4)
+    assert (est.utility >= -1e-12).all() and (est.utility <= 1 + 1e-12).all()
+    np.testing.assert_allclose(est.utility[0], 1.0, atol=1e-12)
+    np.testing.assert_array_equal(est.utility_se[0], 0.0)

@@ -10,7 +10,8 @@ independently, so a cascade of stages 1 … L, each reached only when all before
     reach_1 = 1,   reach_{s+1} = reach_s · (1 − P_F,s)
     E[cost of model m_s] = reach_s · E[C_s]           (samples, tokens, FLOPs; waves alike)
     vote "last":  U = Σ_{s<L} reach_s · U_F,s + reach_L · U_L         (exact)
-    vote "all":   U = U_F,1 + V                        (V by Monte Carlo, :mod:`~isocompute.solver.model_montecarlo`)
+    vote "all":   U = U_F,1 + (1 − P_F,1) · V          (V = E[credit | stage 1 ran out] by Monte Carlo,
+                                                          :mod:`~isocompute.solver.model_montecarlo`)
 
 A single-model action is the L = 1 case (U = U_L), so its columns equal that model's plan estimates.
 Worked example (:mod:`isocompute.solver.model_actions`): A = a, a, b; B = b, b, a, b, ``A/lead:m=2@2 >
@@ -18,7 +19,7 @@ B/none@1``: P_F = 1/3, U_F = 1/3, U_B = 1/4 → U = 1/3 + 2/3 · 1/4 = 1/2; A dr
 
 Costs are exact for every action (stopping never depends on the vote across models); so is the utility
 of single plans and of last-stage votes — standard errors 0 — while votes over all samples carry the
-Monte Carlo standard error of V. Cascade stages must be plans the exact method covers (≤ 24 samples).
+Monte Carlo standard error (1 − P_F,1) · SE(V). Cascade stages must be plans the exact method covers (≤ 24 samples).
 
 The solver is unchanged: ``U = est.utility`` and ``C = est.cost`` (FLOPs) are its columns, sorted per
 prompt by :meth:`ActionEstimates.cost_order`; :func:`oracle` runs :func:`~isocompute.solver.allocate.allocate`
@@ -204,8 +205,8 @@ def estimate_actions(tables: ModelTables, flops: Mapping[str, ModelFlops], actio
         for cols, g, (mean, se) in zip(mc_cols, mc_groups, res, strict=True):
             first = per[names[g.models[0]]]
             i = np.array([first.index[acts[j].stages[0].plan] for j in cols])
-            U[:, cols] = first.uf[:, i] + mean
-            U_se[:, cols] = se
+            U[:, cols] = first.uf[:, i] + (1.0 - first.pf[:, i]) * mean
+            U_se[:, cols] = (1.0 - first.pf[:, i]) * se
             for j in cols:
                 how[j] = "monte-carlo"
     completion_only = {m: sample_flops(tables.tables[m], flops[m]).completion_only for m in per}

@@ -4,14 +4,16 @@ A vote over all the samples a cascade drew mixes models, so its utility is not a
 expectations. For each prompt, ``n_orders`` uniformly random orders of *each* model's samples are
 drawn (independently across models, without replacement within one, as the gateway would see them);
 every action is played on the same orders — common random numbers, so two actions' estimates differ
-by their real difference more than by noise — and the per-prompt mean and its standard error s/√R
-estimate
+by their real difference more than by noise. The utility splits at the first stage,
 
-    V = E[ 1{stage 1 ran out} · credit(final vote) ],
+    U = E[U₁·1{stage 1 fired}] + P(stage 1 ran out) · E[credit(final vote) | stage 1 ran out],
 
-the part of the utility after the first stage escalated (:mod:`isocompute.solver.action_estimates` adds
-the exact part where the first stage's rule fired, E[U₁·1{fired}], so the noise is only where models mix).
-The final vote at the stage s* where the cascade stopped (the first whose rule fired, else the last):
+and :mod:`isocompute.solver.action_estimates` has the first two terms exactly (the plan estimators'
+split by stop reason). This module estimates the conditional credit V by the mean over the orders
+where stage 1 ran out (a ratio estimator: U stays within [0, 1], and a prompt whose samples all agree
+gets V without noise), with standard error s/√(those orders); when no order ran out although the exact
+probability says it can, over all orders with the escalation forced. The final vote at the stage s*
+where the cascade stopped (the first whose rule fired, else the last):
 
     score_g = Σ_{s ≤ s*} w_s · x_{s,g}   (vote "all";  x_{s,g}: votes of class g among stage s's drawn samples)
     score_g = x_{s*,g}                    (vote "last")
@@ -22,7 +24,7 @@ answer classes — fixed by the tables — so the same model gets the same order
 
 Example: A = a, a, b; B = b, b, a, b (a correct), ``A/lead:m=2@2 > B/none@1 [w=1,4]``: A fires (a a)
 with probability 1/3; otherwise A's a b plus B's one sample weighted 4 decide: B's a (1/4) → a wins,
-B's b → b wins, so V = 2/3 · 1/4 = 1/6 and U = 1/3 + 1/6 = 1/2; 200 orders give V within ≈ 0.03.
+B's b → b wins, so V = 1/4 and U = 1/3 + 2/3 · 1/4 = 1/2; 200 orders give V within ≈ 0.04.
 
 Ignores: dependence between a sample's content and its position; verifier scores.
 """
@@ -51,7 +53,7 @@ class VoteGroup:
 
 def simulate_votes(codes: Sequence[np.ndarray], values: np.ndarray, groups: Sequence[VoteGroup], *,
                    n_orders: int, seed: int, chunk: int = 64) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per group, ``(mean, se)`` of V (module docstring), each (N, A_group). ``codes[m]`` (N, n_m) model m's
+    """Per group, ``(V, se)`` (module docstring), each (N, A_group). ``codes[m]`` (N, n_m) model m's
     aligned answer codes (≥ 0 classes, −1 null, −2 padding); ``values`` (N, G) the classes' values."""
     N, G_all = values.shape
     n_classes = np.zeros(N, np.int64)
@@ -77,9 +79,8 @@ def simulate_votes(codes: Sequence[np.ndarray], values: np.ndarray, groups: Sequ
                     if key not in stops:
                         stops[key] = stop_points(plans[s], draws[m].prefix)
                     at.append(stops[key])
-                v = _values(g, a, at, draws, vals, n_orders)
-                mean[rows, a] = v.mean(axis=1)
-                se[rows, a] = v.std(axis=1, ddof=1) / np.sqrt(n_orders)
+                credit, escalated = _values(g, a, at, draws, vals, n_orders)
+                mean[rows, a], se[rows, a] = _conditional(credit, escalated)
     return out
 
 
@@ -102,13 +103,24 @@ def _draw(codes: np.ndarray, k: int, R: int, rng: np.random.Generator, G: int) -
     return _Draw(prefix=prefix_states(seq, dummy, k), cum=cum)
 
 
+def _conditional(credit: np.ndarray, escalated: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: mean credit over the escalated orders and its standard error (all orders if none)."""
+    n = escalated.sum(axis=1)
+    w = np.where(n[:, None] > 0, escalated, True).astype(np.float64)
+    m = np.maximum(w.sum(axis=1), 1.0)
+    mean = (w * credit).sum(axis=1) / m
+    var = (w * (credit - mean[:, None]) ** 2).sum(axis=1) / np.maximum(m - 1.0, 1.0)
+    se = np.where(m > 1, np.sqrt(var / m), 0.5)  # one escalated order: no spread to measure, take the widest
+    return mean, se
+
+
 def _values(g: VoteGroup, a: int, at: list[StopPoints], draws: Mapping[int, _Draw], vals: np.ndarray,
-            R: int) -> np.ndarray:
-    """(rows, R) value 1{stage 1 ran out} · credit for action a of group g."""
+            R: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, R) credit of the final vote with stage 1 forced to escalate, and whether it did."""
     L = len(g.models)
     rr = np.arange(at[0].samples.shape[0])
-    alive = ~at[0].fired  # still going after stage s (stage 1 ran out)
-    escalated = alive.copy()
+    escalated = ~at[0].fired
+    alive = np.ones_like(escalated)  # still going before stage s (stage 1 forced on)
     score = np.zeros((rr.size, vals.shape[1]))
     if g.vote == "all":
         score += g.weights[a, 0] * draws[g.models[0]].cum[rr, at[0].samples]
@@ -124,4 +136,4 @@ def _values(g: VoteGroup, a: int, at: list[StopPoints], draws: Mapping[int, _Dra
     tied = (score >= top - 1e-9 * np.maximum(top, 1.0)) & (top > 0)
     vals_rep = np.repeat(vals, R, axis=0)
     credit = np.where(tied.any(axis=1), (tied * vals_rep).sum(axis=1) / np.maximum(tied.sum(axis=1), 1), 0.0)
-    return (escalated * credit).reshape(-1, R)
+    return credit.reshape(-1, R), escalated.reshape(-1, R)
