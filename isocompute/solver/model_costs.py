@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -72,7 +72,8 @@ def parse_model_params(items: Iterable[str]) -> dict[str, float]:
 
 def resolve_model_flops(tables: ModelTables, *, params: Mapping[str, float] | None = None,
                         configs: Mapping[str, Any] | None = None) -> dict[str, ModelFlops]:
-    """Each joined model's FLOP shape (module docstring: active count, config, or the table's meta)."""
+    """Each joined model's FLOP shape (module docstring: active count, config, or the table's meta), named
+    after the model."""
     params, configs = dict(params or {}), dict(configs or {})
     unknown = sorted((set(params) | set(configs)) - set(tables.names))
     if unknown:
@@ -85,9 +86,9 @@ def resolve_model_flops(tables: ModelTables, *, params: Mapping[str, float] | No
         if name in params:
             out[name] = ModelFlops.from_active_params(params[name], name=name)
         elif name in configs:
-            out[name] = load_model_flops(configs[name])
+            out[name] = replace(load_model_flops(configs[name]), name=name)
         elif isinstance(cfg := tables.tables[name].meta.get("model_config"), Mapping):
-            out[name] = load_model_flops(cfg)
+            out[name] = replace(load_model_flops(cfg), name=name)
         else:
             raise InputError(f"model {name} has no cost: its table carries no meta.model_config; pass "
                              f"--model-params {name}=ACTIVE_PARAMS (e.g. 3.6e9; for MoE the active parameters) or "
