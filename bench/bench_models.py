@@ -10,7 +10,8 @@ estimated once. Then, per budget on a log grid of mean FLOPs per prompt from the
 
 * **oracle** — the Lagrangian oracle over every action, in hindsight (an upper bound, not a method); it
   also picks Monte Carlo noise where columns carry it, so **oracle (exact)**, over the actions whose
-  utility is exact (single plans, last-stage-vote cascades), is printed beside it;
+  utility is exact (single plans, last-stage-vote cascades), is printed beside it, and **oracle (one
+  model)**, the best of the per-model oracles — the headroom that several models add is the difference;
 * **fixed cascade** — one cascade (or a budget-matched mix of two) for every prompt, chosen on 4/5 of the
   prompts and scored on the other fifth (5 folds × ``--seeds`` splits, averaged); vote weights are fitted
   by that choice on the training folds; **fixed action** the same over the whole menu;
@@ -147,12 +148,16 @@ def main() -> None:
         base = best_single(est, b, args.seeds)
         orc = oracle(est, b)
         orc_x = oracle(est.select(exact_cols), b)
+        solo = [oracle(est.select(est.columns(model=m)), b) for m in est.models
+                if b >= est.cost[:, est.columns(model=m)].min(axis=1).mean()]
+        orc_1 = max(solo, key=lambda o: o.accuracy)
         cas = averaged(est, cascades, b, args.seeds, "fixed cascade")
         anyf = averaged(est, everything, b, args.seeds, "fixed action")
         uni = {m: uniform_at_budget(est, m, b) for m in est.models}
-        rows.append((b, base, orc, orc_x, cas, anyf, uni))
+        rows.append((b, base, orc, orc_x, orc_1, cas, anyf, uni))
         figures["budgets"].append({
             "budget": b, "oracle": [orc.accuracy, orc.mean_cost], "oracle_exact": [orc_x.accuracy, orc_x.mean_cost],
+            "oracle_one_model": [orc_1.accuracy, orc_1.mean_cost],
             **{k: (None if h is None else [h.accuracy, h.mean_cost, h.choices[0]])
                for k, h in (("best_single", base), ("fixed_cascade", cas), ("fixed_action", anyf))},
             **{f"uniform {m}": (None if h is None else [h.accuracy, h.mean_cost]) for m, h in uni.items()}})
@@ -166,18 +171,17 @@ def main() -> None:
         return f"{h.accuracy:.4f} ({h.mean_cost:.2e}; {100 * g[0]:+.2f}% [{100 * g[1]:+.2f}, {100 * g[2]:+.2f}])"
 
     print("\nAccuracy (realised mean FLOPs; gain vs the best single model's best fixed plan [95% paired-bootstrap CI])")
-    print("| budget FLOPs | best single model (fixed plan) | oracle (hindsight) | oracle (exact) | fixed cascade | "
-          "fixed action | " + " | ".join(f"uniform {m}" for m in est.models) + " |")
-    print("|---" * (6 + len(est.models)) + "|")
-    for b, base, orc, orc_x, cas, anyf, uni in rows:
-        orc_h = HeldOut("oracle", orc.utility, orc.cost, ())
-        orc_xh = HeldOut("oracle (exact)", orc_x.utility, orc_x.cost, ())
+    print("| budget FLOPs | best single model (fixed plan) | oracle (hindsight) | oracle (exact) | oracle (one model) | "
+          "fixed cascade | fixed action | " + " | ".join(f"uniform {m}" for m in est.models) + " |")
+    print("|---" * (7 + len(est.models)) + "|")
+    for b, base, orc, orc_x, orc_1, cas, anyf, uni in rows:
+        orcs = [HeldOut(n, o.utility, o.cost, ()) for n, o in (("oracle", orc), ("exact", orc_x), ("one", orc_1))]
         name = "—" if base is None else f"{base.accuracy:.4f} ({base.mean_cost:.2e}, {base.method[11:]})"
-        print(f"| {b:.2e} | {name} | {cell(orc_h, base)} | {cell(orc_xh, base)} | {cell(cas, base)} | "
+        print(f"| {b:.2e} | {name} | " + " | ".join(cell(o, base) for o in orcs) + f" | {cell(cas, base)} | "
               f"{cell(anyf, base)} | " + " | ".join(cell(uni[m], None) for m in est.models) + " |")
     print("(—: the budget is below the cheapest candidate's mean FLOPs on some training split, or outside uniform's range)")
     print("\nFixed cascade choices at each budget (fold 1):")
-    for b, _, _, _, cas, _, _ in rows:
+    for b, _, _, _, _, cas, _, _ in rows:
         print(f"  {b:.2e}: {'—' if cas is None else cas.choices[0]}")
 
     fine = np.geomspace(lo, hi, args.fine)
