@@ -19,7 +19,8 @@ from isocompute.errors import InputError
 from isocompute.solver.estimators import utilities
 from isocompute.solver.outcomes import from_records
 from isocompute.tasks.equivalence import answer_classes, canonical_key, classify, kind_of, vote_classes
-from isocompute.tasks.grading import Grader, map_in_process, math_key, values_differ
+from isocompute.tasks.grading import Grader, map_in_process
+from isocompute.tasks.math_forms import math_key, values_differ
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
 
@@ -44,6 +45,7 @@ SAME = [
     ("date", "5/1/2021", "05/01/2021"),
     ("date", "May 1, 2021", "05/01/2021"),
     ("date", "2021-05-01", "5/1/2021"),
+    ("date", "04/22/2021\n'''\n# part 2", "4/22/2021"),  # a dump's result with text after its line
     ("choice", "(b)", "B"),
     ("choice", "B. the second", "B"),
     ("exact", " Tuesday ", "Tuesday"),
@@ -205,22 +207,25 @@ def test_merging_changes_the_vote_where_strings_split_it():
 
 
 # ------------------------------------------------------------------------------ the shortcut on real data
+@pytest.mark.data
+@pytest.mark.slow
 def test_values_differ_never_contradicts_math_verify_on_a_real_dump(grader):
     """Values that cannot match (constants far apart, sets or tuples of them) are ruled unequal without
-    math-verify; on every such pair of the Qwen3 dump (answers of one problem and its gold), math-verify
-    agrees. (All three dumps: 5,459 such pairs, 428 of them sets or tuples, none verified equal.)"""
+    math-verify; on every such pair of the Qwen3 dump's first 250 problems (answers of one problem and its
+    gold), math-verify agrees. (This loop over all three whole dumps: 5,459 such pairs, 428 of them sets
+    or tuples, none verified equal.)"""
     path = REAL / "boinf" / "analysis_math500_Qwen3-14B.jsonl"
     if not path.is_file():
         pytest.skip(f"{path} is absent (shared data not mounted)")
     rows = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text().splitlines()[:250]:
         rec = json.loads(line)
         rows.append(list(dict.fromkeys([rec["gold_answer"], *(a for a, _ in rec["all_answers"] if a)])))
     strings = sorted({s for row in rows for s in row})
     keys = dict(zip(strings, grader.map("math_key", strings).values, strict=True))
     pairs = sorted({(a, b) for row in rows for i, a in enumerate(row) for b in row[i + 1:]
                     if keys[a] and keys[b] and keys[a][0] != keys[b][0] and values_differ(keys[a][1], keys[b][1])})
-    assert len(pairs) > 500
+    assert len(pairs) > 250
     verdicts = grader.map("verify", pairs)
     assert not any(verdicts.values), [p for p, v in zip(pairs, verdicts.values, strict=True) if v][:5]
 

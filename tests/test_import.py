@@ -108,7 +108,7 @@ def test_mot_date_layout_normalises_dates(tmp_path):
     def as_date(s):
         for fmt in ("%m/%d/%Y", "%B %d, %Y", "%b %d, %Y"):
             try:
-                return datetime.strptime(s.strip().rstrip("."), fmt).date()
+                return datetime.strptime(s.split("\n")[0].strip().rstrip("."), fmt).date()
             except ValueError:
                 pass
         return s

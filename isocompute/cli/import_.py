@@ -63,7 +63,7 @@ class ImportConfig:
     tokenizer: Path | None = None
     grade_workers: int = 2
     timeout: float = 5.0
-    batch: int = 100
+    batch: int = 250
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -114,6 +114,8 @@ class ImportResult:
     timed_out: int
     maj_by_class: float
     maj_by_string: float
+    maj4_by_class: float | None
+    maj4_by_string: float | None
     seconds: float
     cpu_seconds: float
     examples: list[str] = field(default_factory=list)
@@ -151,6 +153,7 @@ def _write_manifest(path: Path, identity: dict[str, Any], **extra: Any) -> None:
     manifest = {"kind": KIND, "schema_version": SCHEMA_VERSION, "package_version": __version__,
                 "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), **identity, **extra}
     atomic_write_text(path, json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    path.chmod(0o644)  # a temporary file's 0600 would hide it from the table's other readers
 
 
 def _check_resumable(cfg: ImportConfig, identity: dict[str, Any]) -> bool:
@@ -274,6 +277,8 @@ def _summarise(cfg: ImportConfig, unreadable: list[dict[str, str]], disagree: in
                               for r in table.records])
     maj_class = _maj_ragged(table.answer_codes, table.correct, table.n_samples)
     maj_string = _maj_ragged(by_string.answer_codes, by_string.correct, by_string.n_samples)
+    four = table.n_samples.min() >= 4
+    maj4 = [_maj_ragged(t.answer_codes, t.correct, np.full(len(t), 4)) if four else None for t in (table, by_string)]
     distinct = (by_string.answer_codes.max(axis=1) + 1).clip(min=0)
     classes = (table.answer_codes.max(axis=1) + 1).clip(min=0)
     order = np.argsort(-(distinct - classes), kind="stable")[:3]
@@ -285,6 +290,7 @@ def _summarise(cfg: ImportConfig, unreadable: list[dict[str, str]], disagree: in
         distinct_answers=int(distinct.sum()), classes=int(classes.sum()),
         merged_prompts=int((distinct > classes).sum()), unreadable=unreadable, disagree=disagree,
         references=references, timed_out=timed_out, maj_by_class=maj_class, maj_by_string=maj_string,
+        maj4_by_class=maj4[0], maj4_by_string=maj4[1],
         seconds=time.perf_counter() - start, cpu_seconds=time.process_time() - cpu0, examples=examples,
     )
     if not already:
@@ -297,7 +303,7 @@ def _summarise(cfg: ImportConfig, unreadable: list[dict[str, str]], disagree: in
 
 
 def _maj_ragged(codes: Any, correct: Any, n: Any) -> float:
-    """maj@n per prompt with each prompt's own n (rows grouped by n, one estimator call per group)."""
+    """Mean maj@n[i] over prompts, prompt i voting over n[i] of its samples (one estimator call per n)."""
     import numpy as np
 
     from isocompute.solver.estimators import majority_at_k
@@ -305,7 +311,7 @@ def _maj_ragged(codes: Any, correct: Any, n: Any) -> float:
     out = np.empty(len(n))
     for k in np.unique(n):
         rows = np.flatnonzero(n == k)
-        out[rows] = majority_at_k(codes[rows][:, :k], correct[rows][:, :k], int(k))
+        out[rows] = majority_at_k(codes[rows], correct[rows], int(k))
     return float(out.mean())
 
 
@@ -370,7 +376,7 @@ def register(subparsers: Any) -> None:
                    "completion) tokens; needed for solve --cost-unit flops")
     p.add_argument("--grade-workers", type=int, default=2, help="grading processes (math-verify)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds one math-verify parse or comparison may take")
-    p.add_argument("--batch", type=int, default=100, help="prompts graded (and written) per step")
+    p.add_argument("--batch", type=int, default=250, help="prompts graded (and written) per step: larger is faster (fewer merge rounds), smaller resumes finer")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
     p.set_defaults(func=run)
 
@@ -384,7 +390,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"wrote {res.out}: {res.prompts} prompts ({res.written} now, {res.skipped} resumed), "
               f"{res.samples} samples in {res.seconds:.1f} s ({res.cpu_seconds:.1f} s CPU in this process)")
-    print(f"per-sample accuracy {res.accuracy:.4f}; maj@n {res.maj_by_class:.4f} by class "
+    four = "" if res.maj4_by_class is None else \
+        f"maj@4 {res.maj4_by_class:.4f} by class ({res.maj4_by_string:.4f} by string); "
+    print(f"per-sample accuracy {res.accuracy:.4f}; {four}maj@n {res.maj_by_class:.4f} by class "
           f"({res.maj_by_string:.4f} by string)")
     print(f"answers: {res.distinct_answers} distinct strings in {res.classes} classes; "
           f"{res.merged_prompts} prompts had equivalent strings merged")

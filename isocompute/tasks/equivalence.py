@@ -6,9 +6,9 @@ answer (the Phi-4 MATH-500 dump splits 52 + 23 votes between them), ``\\frac12``
 
 | kind | an answer's canonical key | keys that still merge |
 |---|---|---|
-| ``math`` | math-verify's parse, printed (``srepr``), see :func:`isocompute.tasks.grading.math_key` | ``verify(a, b)`` |
+| ``math`` | math-verify's parse, printed (``srepr``), see :func:`isocompute.tasks.math_forms.math_key` | ``verify(a, b)`` |
 | ``number`` | the exact value (``"18.0"`` → 18, ``"3/4"`` → 3/4) | ``|a − b| ≤ 1e-9·max(|a|, |b|) + 1e-9`` |
-| ``date`` | ``MM/DD/YYYY`` (``5/1/2021``, ``2021-05-01``, ``May 1, 2021``) | — |
+| ``date`` | ``MM/DD/YYYY`` of the first line (``5/1/2021``, ``2021-05-01``, ``May 1, 2021``) | — |
 | ``choice`` | the letter (``(b)``, ``B.``, ``B) text`` → ``B``) | — |
 | ``exact`` | the normalised string | — |
 
@@ -51,7 +51,8 @@ from typing import Any
 
 from isocompute.errors import InputError
 from isocompute.tasks.extract import normalize_answer
-from isocompute.tasks.grading import Grader, map_in_process, values_differ
+from isocompute.tasks.grading import Grader, map_in_process
+from isocompute.tasks.math_forms import values_differ
 
 __all__ = [
     "KINDS", "TASK_KINDS", "Classes", "Votes", "answer_classes", "canonical_key", "classify", "kind_of",
@@ -83,6 +84,7 @@ _CHOICE = re.compile(r"\(?([A-Za-z])(?:\)|\.|:|$)(?:\s.*)?", re.DOTALL)
 
 
 def _date_key(s: str) -> str | None:
+    s = s.split("\n", 1)[0].strip().rstrip(".")  # a dump may keep text after the date's line
     if m := _NUMERIC_DATE.fullmatch(s):
         month, day, year = m.groups()
     elif m := _ISO_DATE.fullmatch(s):
@@ -219,8 +221,11 @@ def classify(
     rows = [[norm_cache[a] if a in norm_cache else norm_cache.setdefault(a, _normalise(a)) for a in rec]
             for rec in records]
     gold_rows = [None] * len(rows) if golds is None else [_normalise(g) for g in golds]
-    strings = list(dict.fromkeys([*(s for row in rows for s in row if s is not None),
-                                  *(g for g in gold_rows if g is not None)]))
+    # A record whose answers and gold are all one string needs no key: identical strings are equal
+    # (grading's own shortcut), so math-verify only reads records where something differs.
+    single = [len({*row, gold} - {None}) <= 1 for row, gold in zip(rows, gold_rows, strict=True)]
+    strings = list(dict.fromkeys(x for row, gold, one in zip(rows, gold_rows, single, strict=True) if not one
+                                 for x in (*row, gold) if x is not None))
     keys, timed_out = _keys(strings, kind, grader, timeout, deadline)
     key_of = dict(zip(strings, keys, strict=True))
 
@@ -231,8 +236,12 @@ def classify(
     for r, (row, gold) in enumerate(zip(rows, gold_rows, strict=True)):
         index: dict[str, int] = {}
         reps: list[_Group] = []
+        if single[r]:
+            key_of_r = {x: (f"same:{x}", None) for x in {*row, gold} - {None}}
+        else:
+            key_of_r = key_of
         if golds is not None:
-            gkey, gvalue = key_of[gold] if gold is not None else (None, None)
+            gkey, gvalue = key_of_r[gold] if gold is not None else (None, None)
             if gkey is None:
                 gold_unreadable.append(r)
             else:
@@ -243,7 +252,7 @@ def classify(
             if s is None:
                 row_groups.append(None)
                 continue
-            k, value = key_of[s]
+            k, value = key_of_r[s]
             ident = k if k is not None else f"raw:{s}"
             if ident not in index:
                 index[ident] = len(reps)

@@ -37,7 +37,6 @@ True
 from __future__ import annotations
 
 import logging
-import math
 import multiprocessing
 import signal
 import threading
@@ -57,8 +56,8 @@ from isocompute.tasks.base import Problem
 from isocompute.tasks.extract import extract_answer, normalize_answer
 
 __all__ = [
-    "GradeResult", "Grader", "MapResult", "answer_correct", "grade", "map_in_process", "math_equal", "math_key",
-    "numbers_equal", "require_math_verify", "values_differ",
+    "GradeResult", "Grader", "MapResult", "answer_correct", "grade", "map_in_process", "math_equal", "numbers_equal",
+    "require_math_verify",
 ]
 
 logger = logging.getLogger(__name__)
@@ -152,77 +151,6 @@ def math_equal(gold: str, pred: str) -> bool:
     return bool(verify(_parse_boxed(gold), _parse_boxed(pred), timeout_seconds=None))
 
 
-Value = complex | tuple[complex, ...] | None  # what a parse denotes: a constant, a set or tuple of them, or unknown
-
-
-def math_key(answer: str) -> tuple[str, Value] | None:
-    """``(key, value)`` of ``answer`` as math-verify reads it, or ``None`` when it finds no expression.
-
-    ``key`` is the ``srepr`` of its first parse: equal keys are equal expressions, so they need no
-    ``verify``. ``value`` is the number it denotes when it is a constant (``2\\sqrt{2}`` → 2.828…+0j),
-    the numbers of a set or tuple of constants (``3, 5, 7`` → (3, 5, 7)), else ``None``; values that
-    cannot match need no ``verify`` either (see :func:`values_differ`).
-
-    >>> math_key("(3,\\\\pi/2)")[0] == math_key("(3,\\\\frac{\\\\pi}{2})")[0], math_key("0.5") == math_key("\\\\frac12")
-    (True, True)
-    """
-    from sympy import Basic, FiniteSet, Tuple, srepr
-
-    parsed = _parse_boxed(answer)
-    if not parsed:
-        return None
-    head = parsed[0]
-    if not isinstance(head, Basic):
-        return f"{type(head).__name__}:{head!r}", None
-    value: Value = _constant(head)
-    if value is None and isinstance(head, FiniteSet | Tuple) and len(head.args) <= 64:
-        items = [_constant(x) for x in head.args]
-        value = tuple(items) if items and all(v is not None for v in items) else None  # type: ignore[arg-type]
-    return srepr(head), value
-
-
-def _constant(expr: Any) -> complex | None:
-    """The complex number a symbol-free sympy expression denotes, or ``None``."""
-    from sympy import Expr
-
-    if not isinstance(expr, Expr) or expr.free_symbols:
-        return None
-    try:
-        value = complex(expr.evalf(30))
-    except (TypeError, ValueError, OverflowError):
-        return None
-    return value if math.isfinite(value.real) and math.isfinite(value.imag) else None
-
-
-def _far(a: complex, b: complex) -> bool:
-    # math-verify compares numbers to ~6 decimals; 1e-4 relative is far beyond that.
-    return abs(a - b) > 1e-4 * max(abs(a), abs(b), 1.0)
-
-
-def values_differ(a: Value, b: Value) -> bool:
-    """True when two values (:func:`math_key`) cannot verify equal, so math-verify need not be asked:
-    two constants more than 1e-4 relative apart; a set or tuple of two or more numbers against one
-    number; two sets or tuples of the same size where some number of one is far from every number of
-    the other (order ignored, so it holds whether math-verify reads them as sets or as tuples).
-    Unknown values, and collections of different sizes, never differ here.
-
-    >>> values_differ(18, 4 * 2 ** 0.5), values_differ(0.5, 0.5000001), values_differ(None, 3)
-    (True, False, False)
-    >>> values_differ((3, 5, 7), 357), values_differ((1, 2), (2, 1)), values_differ((1, 2), (1, 3))
-    (True, False, True)
-    """
-    if a is None or b is None:
-        return False
-    if not isinstance(a, tuple) and not isinstance(b, tuple):
-        return _far(a, b)
-    if not isinstance(a, tuple) or not isinstance(b, tuple):
-        many, one = (a, b) if isinstance(a, tuple) else (b, a)
-        return len(many) >= 2 or _far(many[0], one)  # type: ignore[arg-type]
-    if len(a) != len(b):
-        return False
-    return any(all(_far(x, y) for y in b) for x in a) or any(all(_far(y, x) for x in a) for y in b)
-
-
 def _shortcut(gold: str, text: str, task: str) -> tuple[str, str | None, bool | None]:
     """Cheap part of the rule: (normalised gold, extracted pred, verdict or None if math-verify must decide)."""
     gold_n = normalize_answer(gold)
@@ -278,7 +206,9 @@ def _math_equal_status(gold: str, pred: str, timeout: float | None) -> int:
         return _WRONG
 
 
-def _math_key_status(answer: str, timeout: float | None) -> str | int | None:
+def _math_key_status(answer: str, timeout: float | None) -> Any:
+    from isocompute.tasks.math_forms import math_key  # lazily: math_forms reads parses through this module
+
     try:
         with _soft_timeout(timeout):
             return math_key(answer)
@@ -324,8 +254,9 @@ def _verify_chunk(pairs: list[tuple[str, str]], timeout: float | None) -> list[i
     return [_math_equal_status(g, p, timeout) for g, p in pairs]
 
 
-def _key_chunk(answers: list[str], timeout: float | None) -> list[str | int | None]:
-    """Worker side: :func:`math_key` of each answer, ``_TIMEOUT`` (an int) where it ran out of time."""
+def _key_chunk(answers: list[str], timeout: float | None) -> list[Any]:
+    """Worker side: :func:`~isocompute.tasks.math_forms.math_key` of each answer, ``_TIMEOUT`` (an int)
+    where it ran out of time."""
     return [_math_key_status(a, timeout) for a in answers]
 
 
@@ -550,8 +481,8 @@ class Grader:
         """Run a worker function over ``items`` in the pool, with the same per-item timeouts and hang or
         crash recovery as grading. ``function``: ``"verify"`` — items are ``(gold, pred)`` extracted
         answers, values ``True``/``False`` (math-verify, gold first); ``"math_key"`` — items are answers,
-        values :func:`math_key`. ``timeout`` (seconds per item) defaults to the grader's own; a shorter
-        one serves callers with a deadline (the gateway's vote).
+        values :func:`~isocompute.tasks.math_forms.math_key`. ``timeout`` (seconds per item) defaults to
+        the grader's own; a shorter one serves callers with a deadline (the gateway's vote).
         """
         if function not in _POOL_FUNCTIONS:
             raise InputError(f"Grader.map runs one of {sorted(_POOL_FUNCTIONS)}; you passed {function!r}.")
