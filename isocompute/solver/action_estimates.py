@@ -140,7 +140,9 @@ def estimate_actions(tables: ModelTables, flops: Mapping[str, ModelFlops], actio
                      method: str = "auto") -> ActionEstimates:
     """Per prompt and action, expected utility and costs (module docstring). ``flops[name]`` each model's
     FLOP shape (:func:`~isocompute.solver.model_costs.resolve_model_flops`). ``method="monte-carlo"``
-    estimates last-stage votes of cascades by Monte Carlo too (the cross-check of the exact formula)."""
+    estimates last-stage votes of cascades by Monte Carlo too (the cross-check of the exact formula; it
+    values a class by all models' samples in it, the exact formula by the last model's, which agree
+    wherever the verdicts do: :meth:`ModelTables.mixed_classes` = 0)."""
     acts = tuple(a if isinstance(a, Action) else parse_action(a) for a in actions)
     if not acts:
         raise InputError("estimate_actions needs at least one action (e.g. default_actions(models)).")

@@ -20,10 +20,10 @@ class is worth the mean correctness of its samples (:meth:`ModelTables.class_val
 
 Worked example: A answers a, a, b (a correct) and B answers b, b, a, b (b wrong). ``A/lead:m=2@2 > B/none@1``:
 A's first two samples agree (fire) with probability 1/3 and then a wins (U = 1); otherwise B's one sample
-decides, a with probability 1/4: U = 1/3 + 2/3 · 1/4 = 1/2. ``A/none@2 + B/none@2 [w=1,1]``: A's pair is
-a a (1/3: a scores 2, B's pair scores b at most 2 — b b with probability 1/2 ties 2–2, credit 1/2 — else
-a wins), or a b (2/3: a scores 1 + B's a votes, b scores 1 + B's b votes; B's pair is b b with
-probability 1/2 (b wins), a b otherwise (a 2, b 2: tie, 1/2)): U = 1/3 · (1/2 · 1/2 + 1/2) + 2/3 · 1/4 = 5/12.
+decides, a with probability 1/4: U = 1/3 + 2/3 · 1/4 = 1/2. ``A/none@2 + B/none@2 [w=1,1]``: A's pair
+is a a (probability 1/3) or a b (2/3), B's pair b b or a b (1/2 each). a a with b b ties 2–2 (credit 1/2),
+a a with a b gives a 3–1 (1); a b with b b gives b 3–1 (0), a b with a b ties 2–2 (1/2):
+U = 1/3 · (1/2 · 1/2 + 1/2 · 1) + 2/3 · (1/2 · 0 + 1/2 · 1/2) = 1/4 + 1/6 = 5/12.
 
 Names are stable text (stored by the policy, shown by the report and the gateway); :func:`parse_action`
 reads them back. :class:`MenuConfig` and :func:`default_actions` build the menu the oracle chooses from;
