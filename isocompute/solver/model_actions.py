@@ -170,7 +170,7 @@ class MenuConfig:
     cascades voting over all samples, each with every weight in ``weights`` (the later stages' weight
     relative to the first's). ``ensemble_k``: sample counts k of each model in an ensemble (every pair of
     models, every k × k, every weight). ``n_orders``/``seed``: Monte Carlo orders per prompt for the
-    weighted votes (:mod:`isocompute.solver.action_estimates`).
+    weighted votes (:mod:`isocompute.solver.action_estimates`). ``extra``: further actions, appended.
     """
 
     plans: tuple[Plan | str, ...] | None = None
