@@ -16,7 +16,8 @@ import numpy as np
 from isocompute.tasks import arith
 from isocompute.tasks.base import Problem
 from isocompute.training.evaluation import evaluate, reference_probability
-from isocompute.training.grpo import AlignedGRPOConfig, load_base, make_trainer_class, problem_rows
+from isocompute.training.grpo import AlignedGRPOConfig, load_base, problem_rows
+from isocompute.training.grpo_trainer import AlignedGRPOTrainer
 
 HELD_OUT_SEED = 7  # arith seed of held-out problems (training uses 2,000,000 + seed)
 
@@ -129,7 +130,7 @@ def run_curve(cfg: AlignedGRPOConfig, *, base: str | None, problems: list[Proble
     rec = Recorder()
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-grpo-") as scratch:
-        trainer = make_trainer_class()(model, cfg.trl_args(scratch), dataset, objective=cfg.objective,
+        trainer = AlignedGRPOTrainer(model, cfg.trl_args(scratch), dataset, objective=cfg.objective,
                                        processing_class=tok, allocator=cfg.allocator(len(dataset), [p.prompt for p in train_problems]),
                                        callbacks=[rec])
         rec.trainer = trainer

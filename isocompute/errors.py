@@ -24,5 +24,9 @@ class ArtifactError(IsoComputeError):
     """An artifact directory is missing, from another schema version, or fails its checksum."""
 
 
+class DependencyError(IsoComputeError):
+    """A library the job needs is missing or broken (it does not import, or fails a known-answer check)."""
+
+
 class EngineUnavailable(IsoComputeError):
     """A generation back-end cannot serve (down, timing out, or not installed)."""

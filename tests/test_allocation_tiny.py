@@ -20,9 +20,9 @@ def digit_only(tokenizer) -> dict:
 def test_tiny_run_with_allocator(tmp_path, allocation):
     from datasets import Dataset
 
-    base = grpo.make_trainer_class()
+    from isocompute.training.grpo_trainer import AlignedGRPOTrainer
 
-    class Recording(base):
+    class Recording(AlignedGRPOTrainer):
         batches: list = []
 
         def _generate_and_score_completions(self, inputs):

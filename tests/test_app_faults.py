@@ -12,7 +12,6 @@ import time
 from types import SimpleNamespace
 
 import httpx
-import numpy as np
 import pytest
 from app_fakes import FakeEngine, FakePolicy, completion, make_client, serve_in_thread
 
@@ -255,24 +254,14 @@ class ProbePolicy(FakePolicy):
 
 
 class SlowHTTPEngine(FakeEngine):
-    """An HTTP-like engine (the probe asks it for logprobs through ``request``); both calls take ``delay``."""
+    """An engine with the probe feature (``probe_entropy``: value 0.42, 1 token); the probe and the samples
+    each take ``delay``."""
 
-    name = "vllm-http"
+    async def probe_entropy(self, prompts, max_tokens):
+        from isocompute.engines.probe import ProbeResult
 
-    async def request(self, body):
         await asyncio.sleep(self.delay)
-        return {"choices": [{"logprobs": {"top_logprobs": [{"a": -0.1, "b": -2.4}]}}], "usage": {"prompt_tokens": 3}}
-
-    async def generate(self, prompts, n, max_tokens, temperature, seed=None):
-        if prompts == ["1 + 1 ="]:
-            return [[self._one()]]
-        return await super().generate(prompts, n, max_tokens, temperature, seed)
-
-    @staticmethod
-    def _one():
-        from isocompute.engines.base import Completion
-
-        return Completion("2", 3, 1)
+        return ProbeResult.of([0.42] * len(prompts), [3] * len(prompts), [1] * len(prompts), "top20")
 
 
 def test_one_deadline_covers_the_probe_and_the_samples():
@@ -310,12 +299,10 @@ def test_route_mirrors_the_greedy_cap():
 
 
 def test_probe_values_reach_the_policy():
-    engine = SlowHTTPEngine(delay=0.0)
-    with make_client(engine, ProbePolicy()) as c:
+    with make_client(SlowHTTPEngine(delay=0.0), ProbePolicy()) as c:
         info = c.post("/v1/completions", json=completion(budget=4)).json()["isocompute"]
-    expected = float(-(np.exp([-0.1, -2.4]) / np.exp([-0.1, -2.4]).sum()
-                       * np.log(np.exp([-0.1, -2.4]) / np.exp([-0.1, -2.4]).sum())).sum())
-    assert info["probe"]["value"] == pytest.approx(expected) and info["expected_cost"] == info["k"] + 0.5
+    assert (info["probe"]["value"], info["probe"]["tokens"]) == (0.42, 1)
+    assert info["expected_cost"] == info["k"] + 0.5
 
 
 def test_the_engine_sees_the_requests_deadline():

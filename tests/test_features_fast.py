@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 
 from isocompute.policy.chunk_cache import COUNTS, ChunkTable, _describe
 from isocompute.policy.features import (
-    _EXPRESSION,
     HAND_FEATURES,
     PromptFeatures,
     expression_features,
     hand_features,
     hashed_matrix,
 )
+from isocompute.policy.text_rules import EXPRESSION
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -121,7 +121,7 @@ def test_expression_candidates_miss_nothing(texts):
     cols = [HAND_FEATURES.index(c) for c in ("expr_operands", "expr_carries", "expr_result_digits", "expr_negative")]
     want = np.array([expression_features(t) for t in texts], dtype=np.float64)
     assert np.array_equal(table.features(texts)[0][:, cols], want)
-    assert [bool(_EXPRESSION.search(t)) for t in texts] == [bool(w[0]) for w in want]
+    assert [bool(EXPRESSION.search(t)) for t in texts] == [bool(w[0]) for w in want]
 
 
 def test_cache_restarts_when_full_and_stays_exact(fitted):

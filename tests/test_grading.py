@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from isocompute.errors import InputError
+from isocompute.errors import DependencyError, InputError
 from isocompute.tasks.base import Problem
 from isocompute.tasks.extract import extract_boxed
 from isocompute.tasks.grading import Grader, answer_correct, grade, math_equal, numbers_equal
@@ -146,6 +146,62 @@ def test_crashed_worker_does_not_hang_or_lose_items() -> None:
     assert result.correct[0] is False
     assert result.restarts >= 1
     assert 0 in result.timed_out + result.crashed
+
+
+# ------------------------------------------------------------------------------------ a broken install
+@pytest.fixture
+def fresh_math_verify() -> Iterator[None]:
+    """Forget the cached math-verify functions before and after, so a test can break its import."""
+    from isocompute.tasks import grading
+
+    grading._math_verify.cache_clear()
+    grading._parse_boxed.cache_clear()
+    yield
+    grading._math_verify.cache_clear()
+    grading._parse_boxed.cache_clear()
+
+
+def _unimportable(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Unload math-verify and what it imports, then make ``import name`` raise ImportError."""
+    import sys
+
+    for m in [m for m in sys.modules if m.split(".")[0] in ("math_verify", "latex2sympy2_extended", name)]:
+        monkeypatch.delitem(sys.modules, m)
+    monkeypatch.setitem(sys.modules, name, None)
+
+
+def _latex_parser_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    """math-verify imports, but its LaTeX converter fails on everything (as with an incompatible sympy):
+    math-verify's ``parse`` would log at DEBUG and return "no answer", grading every math answer wrong."""
+    import math_verify.parser
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise AttributeError("module 'sympy' has no attribute 'UnevaluatedExpr'")
+
+    math_verify.parser.parse_latex_cached.cache_clear()
+    monkeypatch.setattr(math_verify.parser, "latex2sympy", broken)
+
+
+@pytest.mark.parametrize(
+    ("breakage", "match"),
+    [
+        (lambda mp: _unimportable(mp, "math_verify"), "math-verify is not installed or does not import"),
+        (lambda mp: _unimportable(mp, "antlr4"), r"does not import \(import of antlr4 halted"),
+        (_latex_parser_raises, "math-verify cannot parse LaTeX: it grades .* as different"),
+    ],
+    ids=["math_verify-missing", "antlr4-missing", "latex-parser-raises"],
+)
+def test_a_broken_math_verify_raises_instead_of_grading_wrong(
+    monkeypatch: pytest.MonkeyPatch, fresh_math_verify: None, breakage, match: str  # noqa: ANN001
+) -> None:
+    breakage(monkeypatch)
+    with pytest.raises(DependencyError, match=match):
+        answer_correct("\\frac{1}{2}", "so \\boxed{0.5}", "math")
+    # the pool refuses to start, in the parent, before any item is graded
+    with pytest.raises(DependencyError, match=match):
+        Grader(workers=1).__enter__()
+    # numbers never need math-verify
+    assert answer_correct("420", "The answer is 420.0", "arith") is True
 
 
 ERRORS = [

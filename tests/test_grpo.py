@@ -32,7 +32,9 @@ def make_trainer(cfg, tmp_path, cls=None):
     model, tok = grpo.load_base(None, seed=cfg.seed)
     args = cfg.trl_args(tmp_path / "trl")
     args.generation_kwargs = digit_only(tok)
-    cls = cls or grpo.make_trainer_class()
+    from isocompute.training.grpo_trainer import AlignedGRPOTrainer
+
+    cls = cls or AlignedGRPOTrainer
     return cls(model, args, Dataset.from_list(grpo.problem_rows(cfg.problems())), objective=cfg.objective,
                processing_class=tok)
 
@@ -41,9 +43,9 @@ def make_trainer(cfg, tmp_path, cls=None):
 def test_tiny_run_changes_every_parameter_and_trains_on_the_transform(tmp_path):
     import torch
 
-    base = grpo.make_trainer_class()
+    from isocompute.training.grpo_trainer import AlignedGRPOTrainer
 
-    class Recording(base):  # a spy on the real trainer: keeps what the hooks returned
+    class Recording(AlignedGRPOTrainer):  # a spy on the real trainer: keeps what the hooks returned
         seen: list = []
 
         def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
@@ -189,8 +191,8 @@ def test_trainer_arg_errors(tmp_path, kw, objective, match):
     if objective == "uniform":
         objective, allocator = "mean", UniformAllocator(8, group_size=4, prompts_per_step=2)
     with pytest.raises(InputError, match=match):
-        grpo._check_args(_args(tmp_path, **kw), Objective.parse(objective), allocator)
-    grpo._check_args(_args(tmp_path, scale_rewards="group"), Objective.parse("mean"))  # plain GRPO may scale
+        grpo.check_trainer_args(_args(tmp_path, **kw), Objective.parse(objective), allocator)
+    grpo.check_trainer_args(_args(tmp_path, scale_rewards="group"), Objective.parse("mean"))  # plain GRPO may scale
 
 
 def test_default_learning_rate_is_one_at_which_plain_grpo_learns():

@@ -52,3 +52,15 @@ def test_contract_check_fails_loudly_on_a_moved_hook():
         check_trl_contract(Moved)
     with pytest.raises(IsoComputeError, match="has parameters None"):
         check_trl_contract(type("Bare", (), {}))
+
+
+def test_building_the_trainer_checks_the_contract(monkeypatch):
+    """The subclass is an ordinary module-level class now; the check runs when a trainer is built."""
+    from trl import GRPOTrainer
+
+    from isocompute.training.grpo_trainer import AlignedGRPOTrainer
+
+    assert issubclass(AlignedGRPOTrainer, GRPOTrainer) and AlignedGRPOTrainer.__module__.endswith("grpo_trainer")
+    monkeypatch.setattr(GRPOTrainer, "_generate", lambda self, prompts, images: None)  # a reshaped hook
+    with pytest.raises(IsoComputeError, match=r"GRPOTrainer._generate has parameters .*grpo_trainer.py"):
+        AlignedGRPOTrainer(None, None, None, objective="mean")

@@ -111,6 +111,37 @@ def test_from_records_accepts_dataclasses_and_matches_json_roundtrip(tmp_path):
     np.testing.assert_array_equal(a.scores, b.scores)
 
 
+def test_classes_drive_answer_codes_and_roundtrip(tmp_path):
+    r = OutcomeRecord("m-0", "p", "1/2", (Sample("\\frac12", True, answer_class=0), Sample(None, False),
+                                          Sample("0.5", True, answer_class=0), Sample("7", False, answer_class=1)))
+    line = record_to_json(r)
+    assert [s.get("class", "absent") for s in json.loads(line)["samples"]] == [0, None, 0, 1]
+    old = rec("s", [{"answer": "\\frac12", "correct": True}, {"answer": "0.5", "correct": True}])
+    t = read_outcomes(write_lines(tmp_path / "t.jsonl", [line, old]))
+    np.testing.assert_array_equal(t.answer_codes, [[0, NULL_CODE, 0, 1], [0, 1, PAD_CODE, PAD_CODE]])
+    assert t.records[0]["samples"][2]["class"] == 0
+    # a record without classes keeps today's string codes, so tables written before classes read as before
+    no_class = OutcomeRecord("x", "p", "1", (Sample("1", True), Sample(None, False)))
+    assert "class" not in record_to_json(no_class)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.one_of(st.none(), st.sampled_from(["1", "2", "x", "1.0"])), min_size=1, max_size=8),
+                min_size=1, max_size=6))
+def test_answer_codes_are_the_given_classes(answer_rows):
+    """Classes that merge "1" with "1.0" replace the string codes exactly."""
+    records = []
+    for i, row in enumerate(answer_rows):
+        dense: dict[str, int] = {}
+        samples = [{"answer": a, "class": None if a is None else dense.setdefault(a.replace(".0", ""), len(dense)),
+                    "correct": False} for a in row]
+        records.append(rec(f"p{i}", samples))
+    t = from_records(records)
+    for i, r in enumerate(records):
+        want = [NULL_CODE if s["class"] is None else s["class"] for s in r["samples"]]
+        np.testing.assert_array_equal(t.answer_codes[i, :len(want)], want)
+
+
 def test_writer_resumes_after_a_truncated_line(tmp_path):
     path = tmp_path / "runs" / "out.jsonl"
     with OutcomeWriter(path) as w:
@@ -170,11 +201,24 @@ S = {"answer": "1", "correct": True}
         ([rec("a", [{"answer": ["1"], "correct": True}])], r"samples\[0\].answer must be a string or null"),
         ([rec("a", [{**S, "score": "high"}])], r"samples\[0\].score must be a number"),
         ([rec("a"), rec("b", [S, {**S, "score": float("inf")}])], r"line 2: samples\[1\].score must be a finite"),
+        # json.dumps writes NaN and json.loads reads it back: the reader must not take it for "no score"
+        ([rec("a"), rec("b", [{**S, "score": 0.5}, {**S, "score": float("nan")}])], r"line 2: samples\[1\].score must be a finite"),
+        ([rec("a", [S, {**S, "score": float("nan")}])], r"line 1: samples\[1\].score must be a finite"),
         ([rec("a", [{**S, "completion_tokens": -3}])], r"samples\[0\].completion_tokens must be an integer >= 0"),
         ([rec("a", [{**S, "completion_tokens": 3.5}])], r"samples\[0\].completion_tokens must be an integer"),
         ([rec("a", prompt_tokens=-1)], r"prompt_tokens must be an integer >= 0"),
         ([rec("a", meta=[1])], r"meta must be an object"),
         ([rec("a"), rec("b"), rec("a")], r"line 3: duplicate id 'a', first seen at .*line 1"),
+        ([rec("a"), rec("b", [{**S, "class": 0}, S])], r"line 2: samples\[1\] has no 'class' while other samples"),
+        ([rec("a", [{**S, "class": None}])], r"samples\[0\].class is None for answer '1'; a class is null exactly"),
+        ([rec("a", [{"answer": None, "correct": False, "class": 0}])], r"samples\[0\].class is 0 for answer None"),
+        ([rec("a", [{**S, "class": "0"}])], r"samples\[0\].class must be an integer >= 0 or null, got '0'"),
+        ([rec("a", [{**S, "class": True}])], r"samples\[0\].class must be an integer"),
+        ([rec("a", [{**S, "class": -1}])], r"samples\[0\].class is -1 for answer '1'"),
+        ([rec("a", [{**S, "class": 0}, {"answer": "2", "correct": False, "class": 2}])],
+         r"samples\[1\].class: the record's classes must be 0 … G-1 with none skipped; it has 2 classes but the largest is 2"),
+        ([rec("a"), rec("b", [{**S, "class": 0}, {**S, "class": 1}])],
+         r"line 2: samples\[1\]: answer '1' has two different classes in its record"),
         ([], r"no records"),
     ],
 )

@@ -15,8 +15,9 @@ from isocompute.solver.estimators import utilities
 from isocompute.solver.outcomes import from_records
 
 ACTIONS = (1, 2, 4, 8)
+# fallback=(): these tests exercise the learned rule itself (the never-worse chain: test_policy_fallback.py)
 SMALL = dict(actions=ACTIONS, budget_range=(1.0, 8.0), n_rounds=20, n_budget_grid=17, calibration_folds=2,
-             n_components=4)
+             n_components=4, fallback=())
 
 
 @pytest.fixture(scope="module")

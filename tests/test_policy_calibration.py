@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from isocompute.policy.calibration import (
@@ -92,6 +92,9 @@ def test_bisection_hand_worked():
 @given(st.lists(st.floats(0.01, 1.0), min_size=1, max_size=6, unique=True), st.integers(0, 1000))
 def test_bisection_monotone_and_nearest(breaks, seed):
     breaks = np.sort(np.array(breaks))
+    # a cost level that holds only on a λ interval a few ulps wide is below what bisection in float64
+    # can land in (hypothesis found breaks 0.01 and 0.01 + 1 ulp); real price steps are far wider
+    assume(breaks.size < 2 or np.diff(breaks).min() > 1e-9)
     levels = np.sort(np.random.default_rng(seed).uniform(1, 10, breaks.size + 1))[::-1]
 
     def cost(lam):

@@ -32,7 +32,8 @@ from isocompute.solver.estimators import utilities
 from isocompute.solver.outcomes import from_records
 
 ACTIONS = (1, 2, 4, 8)
-SMALL = dict(actions=ACTIONS, n_rounds=10, n_budget_grid=17, calibration_folds=2, n_components=4)
+# fallback=(): these tests exercise the learned rule itself (the never-worse chain: test_policy_fallback.py)
+SMALL = dict(actions=ACTIONS, n_rounds=10, n_budget_grid=17, calibration_folds=2, n_components=4, fallback=())
 COST = 0.5  # declared probe cost in samples
 
 

@@ -13,9 +13,11 @@ from isocompute.policy.evaluate import (
     METHODS,
     Evaluation,
     check_targets,
+    cost_to_reach,
     cross_validate,
     default_budgets,
     length_rule,
+    same_accuracy,
     summarise,
     uniform_mix,
 )
@@ -82,6 +84,21 @@ def _hand_evaluation():
     return Evaluation("holdout", np.array([1.5]), (1, 2), (0,), 1, util, cost, oracle_actions, learned,
                       per_learner, np.array([[[1.0, 1.0, 0.0, 0.0]]]), np.zeros((1, N), dtype=int),
                       [["classifier"]], [[{}]])
+
+
+def test_cost_to_reach_worked_example():
+    """(2, 0.80) then (4, 0.90), target 0.85 → cost 3 (and alt cost halfway too); reached at the first point → ≤."""
+    hit = cost_to_reach([(1.0, 10.0, 0.5), (2.0, 20.0, 0.80), (4.0, 40.0, 0.90)], 0.85)
+    assert hit == {"cost": pytest.approx(3.0), "cost_alt": pytest.approx(30.0), "at_lowest": False}
+    assert cost_to_reach([(2.0, None, 0.9), (4.0, None, 0.95)], 0.85) == {"cost": 2.0, "cost_alt": None,
+                                                                           "at_lowest": True}
+    assert cost_to_reach([(2.0, None, 0.5), (4.0, None, 0.6)], 0.85) is None
+    entries = [{"methods": {m: {"cost": c, "accuracy": a} for m in ("oracle", "uniform")}}
+               for c, a in ((2.0, 0.8), (4.0, 0.9))]
+    entries[0]["methods"]["oracle"]["accuracy"] = 0.9
+    out = same_accuracy(entries, {"k": 4, "accuracy": 0.9, "cost": 4.0, "cost_alt": None}, None)
+    assert out["methods"]["oracle"]["times_less"] == pytest.approx(2.0)  # 0.9 already at cost 2
+    assert out["methods"]["uniform"]["times_less"] == pytest.approx(1.0)
 
 
 def test_summarise_hand_worked():
@@ -184,10 +201,18 @@ def test_cli_fit_then_cv_report(fitted):
     md = (out / "report.md").read_text()
     assert "Small sample (120 prompts)" in md and "| 4 |" in md
     assert (out / "accuracy.png").read_bytes()[:4] == b"\x89PNG"
+    # the never-worse chain and "same accuracy for less" (synthetic tables carry no model config: samples only)
+    assert "## Never worse than uniform" in md and "## Same accuracy for less" in md
+    assert all(set(e["rules"]) <= {"learned", "uniform"} and sum(e["rules"].values()) == pytest.approx(1)
+               for e in rep["budgets"])
+    same = rep["same_accuracy"]
+    assert same["reference"]["k"] == 8 and same["alt_unit"] is None
+    assert same["methods"]["uniform"]["cost"] == pytest.approx(8.0)  # uniform reaches uniform k = 8 at k = 8
+    assert rep["policy"]["fallback"]["ranges"][0][1] == 1.0
 
 
 @pytest.mark.slow
-def test_cli_holdout_report(fitted):
+def test_cli_holdout_report(fitted, capsys):
     d, _, other = fitted
     out = d / "hold"
     assert main(["report", "--policy", str(d / "pol"), str(other), "--out", str(out), "--holdout",
@@ -195,6 +220,14 @@ def test_cli_holdout_report(fitted):
     rep = json.loads((out / "report.json").read_text())
     assert rep["mode"] == "holdout" and rep["folds"] == 1
     assert all(len(e["per_fold"]) == 1 for e in rep["budgets"])
+    # stdout is not a terminal here (as in a CI log): the ten-column table prints every number in full
+    printed = capsys.readouterr().out
+    assert "…" not in printed
+    for e in rep["budgets"]:
+        row = next(line for line in printed.splitlines()
+                   if line.startswith("│") and line.split("│")[1].strip() == f"{e['budget']:.3g}")
+        assert all(f"{e['methods'][m]['accuracy']:.4f}" in row for m in ("oracle", "learned", "uniform"))
+        assert f"{e['imitation_ceiling']:.3f}" in row
 
 
 def _schema_2(d):

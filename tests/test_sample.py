@@ -14,8 +14,12 @@ from pathlib import Path
 import pytest
 
 from isocompute.cli import main
-from isocompute.cli.sample import SampleConfig, derive_seed, make_formatter, run_sample
+from isocompute.cli.sample import SampleConfig, _grade_and_classify, derive_seed, make_formatter, run_sample
+from isocompute.engines.base import Completion
 from isocompute.errors import InputError
+from isocompute.tasks.base import Problem
+from isocompute.tasks.equivalence import classify
+from isocompute.tasks.grading import Grader
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -56,6 +60,9 @@ def test_table_contents(full_table, tiny_dir, capsys):
         for s in r["samples"]:
             assert 1 <= s["completion_tokens"] <= 8 and isinstance(s["correct"], bool)
             assert s["answer"] is None or isinstance(s["answer"], str)
+            assert (s["class"] is None) == (s["answer"] is None), "every answer has its class"
+        want = classify([[s["answer"] for s in r["samples"]]], "arith", golds=[r["gold"]]).classes[0]
+        assert [s["class"] for s in r["samples"]] == want
         m = r["meta"]
         assert (m["task"], m["engine"], m["n"], m["max_tokens"], m["temperature"], m["seed"]) == (
             "arith", "transformers", 3, 8, 1.0, 1)
@@ -133,6 +140,17 @@ def test_gsm8k_file_graded_in_the_process_pool(tiny_dir, tmp_path):
     assert all(isinstance(s["correct"], bool) for r in rows for s in r["samples"])
 
 
+def test_equivalent_answers_of_a_prompt_share_a_class():
+    """arith and GSM8K answers are numbers: "420" and "420.0" are one class and one vote."""
+    problems = [Problem("arith-0", "What is 400 + 20?", "420", "arith"), Problem("gsm8k-0", "q", "18", "gsm8k")]
+    outs = [[Completion(t, 5, 3) for t in ("The answer is 420.", "so 420.0", "I give up", "The answer is 7.")],
+            [Completion(t, 5, 3) for t in ("#### 18", "The answer is 18.00")]]
+    with Grader(workers=1) as grader:
+        graded, classes = _grade_and_classify(grader, problems, outs)
+    assert graded.correct == [True, True, False, False, True, True]
+    assert classes == [[0, 0, None, 1], [0, 0]]
+
+
 def test_derive_seed_is_stable():
     assert derive_seed(0, "arith-0-0") == derive_seed(0, "arith-0-0")
     assert derive_seed(0, "arith-0-0") != derive_seed(1, "arith-0-0")
@@ -187,3 +205,23 @@ def test_run_sample_returns_result(tiny_dir, tmp_path):
     assert (res.total, res.skipped, res.written, res.samples) == (3, 0, 3, 6)
     assert res.completion_tokens == sum(s["completion_tokens"] for r in read_lines(cfg.out) for s in r["samples"])
     assert res.completion_tokens_per_s > 0 and 0.0 <= res.accuracy <= 1.0
+
+
+def test_broken_math_verify_stops_the_job_before_sampling(tiny_dir, tmp_path, monkeypatch, capsys):
+    """A GSM8K run needs math-verify: without it the job exits 2 at start-up, before any generation,
+    rather than grading every answer wrong (or losing the first batch)."""
+    from isocompute.tasks import grading
+
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text(json.dumps({"question": "What is 9 + 9?", "answer": "9 + 9 = 18\n#### 18"}) + "\n")
+    grading._math_verify.cache_clear()
+    monkeypatch.setitem(sys.modules, "math_verify", None)  # `import math_verify` now raises ImportError
+    out = tmp_path / "o.jsonl"
+    args = ["sample", "--task", "gsm8k", "--data", str(data), "--engine", "transformers", "--model", str(tiny_dir),
+            "--n", "1", "--max-tokens", "4", "--threads", "1", "--no-progress", "--out", str(out)]
+    try:
+        assert main(args) == 2
+    finally:
+        grading._math_verify.cache_clear()
+    assert "math-verify is not installed or does not import" in capsys.readouterr().err
+    assert not out.exists()

@@ -16,7 +16,8 @@ from isocompute import __version__
 from isocompute.errors import IsoComputeError
 
 # Order is the order shown by --help. A module listed here must exist.
-SUBCOMMANDS: tuple[str, ...] = ("sample", "solve", "fit", "report", "serve", "train", "sweep", "demo")
+SUBCOMMANDS: tuple[str, ...] = ("sample", "import", "solve", "fit", "report", "serve", "train", "sweep", "demo")
+_MODULES = {"import": "import_"}  # `import` is a Python keyword, so its module is import_
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"isocompute {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in SUBCOMMANDS:
-        importlib.import_module(f"isocompute.cli.{name}").register(sub)
+        importlib.import_module(f"isocompute.cli.{_MODULES.get(name, name)}").register(sub)
     return parser
 
 

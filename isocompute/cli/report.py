@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from isocompute.policy.report import write_report
     from isocompute.solver.allocate import feasible_range
     from isocompute.solver.costs import cost_table
-    from isocompute.solver.estimators import utilities
+    from isocompute.solver.ragged import prepare
 
     policy = Policy.load(args.policy)
     cfg = policy.config
@@ -72,8 +72,11 @@ def run(args: argparse.Namespace) -> int:
     if cfg.cost_unit == "flops":
         model, extra = model_flops_for(table, args.model_config)
         inputs.update(extra)
+    prep = prepare(table, cfg.actions, cfg.strategy, min_samples=cfg.min_samples, ragged=cfg.ragged)
+    table = prep.table  # the prompts the policy's config keeps (ragged tables: solver.ragged)
     C = cost_table(table.prompt_tokens, table.mean_completion_tokens, cfg.actions, unit=cfg.cost_unit, model=model)
-    U = utilities(table, cfg.actions, cfg.strategy)
+    alt = _alt_costs(args, table, policy, model, inputs)
+    U = prep.utilities
     probe, probe_info = None, None
     if cfg.probe is not None:
         probe, probe_info = _probe_values(args, cfg.probe, table.prompts, U)
@@ -86,12 +89,19 @@ def run(args: argparse.Namespace) -> int:
 
         cv_cfg = dataclasses.replace(cfg, feature_cost=policy.feature_cost_)
     if args.holdout:
-        ev = holdout(policy, table.prompts, U, C, budgets, probe=probe)
+        ev = holdout(policy, table.prompts, U, C, budgets, probe=probe, **alt)
         seeds: tuple[int, ...] = (cfg.seed,)
     else:
         seeds = parse_seeds(args.seeds)
+        shrink = {}
+        if cfg.shrinkage == "eb":
+            from isocompute.policy.policy import task_groups
+            from isocompute.policy.shrinkage import sampling_variance
+
+            shrink = {"label_var": sampling_variance(table, cfg.actions, cfg.strategy, seed=cfg.seed),
+                      "groups": task_groups(table)}
         ev = cross_validate(table.prompts, U, C, cv_cfg, budgets, folds=args.folds, seeds=seeds, probe=probe,
-                            progress=True)
+                            progress=True, **alt, **shrink)
     summary = summarise(ev, n_boot=args.bootstrap, seed=args.seed)
     from isocompute.policy.label_noise import oracle_label_agreement
 
@@ -107,8 +117,12 @@ def run(args: argparse.Namespace) -> int:
         "mode": ev.mode, "folds": ev.n_folds, "seeds": list(seeds), "actions": list(cfg.actions),
         "strategy": cfg.strategy, "cost_unit": cfg.cost_unit, "inputs": inputs,
         "policy": {"path": str(args.policy), "default_learner": policy.default_learner_,
-                   "selection": policy.selection_, "config": cfg.to_dict()},
+                   "selection": policy.selection_, "config": cfg.to_dict(),
+                   "fallback": {"ranges": [list(r) for r in policy.fallback_[policy.default_learner_].ranges()],
+                                "at_budgets": [policy.rule_at(b).evidence() for b in budgets]}},
         "probe": probe_info,
+        "ragged": {"dropped": len(prep.dropped), "min_samples": prep.min_samples, "ragged_prompts": prep.n_ragged,
+                   "summary": prep.summary()},
         "features": None if not cfg.feature_extras else {
             "extras": list(cfg.feature_extras), "extra_components": cfg.extra_components,
             "fitted_policy_cost": policy.feature_cost_, "declared": cfg.feature_cost,
@@ -120,12 +134,14 @@ def run(args: argparse.Namespace) -> int:
               "holdout": bool(args.holdout), "bootstrap": args.bootstrap, "bootstrap_seed": args.seed}
     write_report(args.out, report, inputs=inputs, params=params)
 
-    from rich.console import Console
     from rich.table import Table
 
+    from isocompute.cli.console import console
+
+    con = console()
     t = Table(title=f"held-out accuracy ({ev.mode}, {len(table)} prompts) → {args.out}")
     for col in ("budget", "oracle", "learned", "uniform", "heuristic", "random", "cost", "gain vs uniform [CI]",
-                "imitation", "ceiling"):
+                "served learned", "imitation", "ceiling"):
         t.add_column(col, justify="right")
     for e in report["budgets"]:
         m, g = e["methods"], e["gain_vs_uniform"]
@@ -134,18 +150,72 @@ def run(args: argparse.Namespace) -> int:
                                                                              "heuristic", "random")),
                   f"{m['learned']['cost']:.4g}",
                   f"{100 * g['relative']:+.1f}% [{100 * g['ci95'][0]:+.1f}, {100 * g['ci95'][1]:+.1f}]{sig}",
+                  f"{100 * (e['rules'] or {}).get('learned', 0.0):.0f}%",
                   f"{e['imitation_accuracy']:.3f}", f"{e['imitation_ceiling']:.3f}")
-    Console().print(t)
-    Console().print(report["learner_comparison"]["why"])
+    con.print(t)
+    con.print("learned = the policy as served: at each budget its never-worse chain serves the learned rule "
+                    "only where it beat uniform out of fold, else uniform ('served learned': share of the refitted "
+                    "policies that served the learned rule).")
+    con.print(report["learner_comparison"]["why"])
+    _print_same_accuracy(con, report["same_accuracy"], cfg.cost_unit)
     if probe_info is not None:
-        Console().print(f"probe {probe_info['name']} ({probe_info['source']}): the learned policy pays "
+        con.print(f"probe {probe_info['name']} ({probe_info['source']}): the learned policy pays "
                         f"{probe_info['cost']:.4g} {cfg.cost_unit} per request for it in every column above; "
                         f"Spearman ρ with 1-sample accuracy {probe_info['spearman_vs_accuracy_k1']:+.3f}")
     if cfg.feature_extras:
-        Console().print(f"extra features {', '.join(cfg.feature_extras)}: the learned policy pays "
+        con.print(f"extra features {', '.join(cfg.feature_extras)}: the learned policy pays "
                         f"{policy.feature_cost_:.4g} {cfg.cost_unit} per request for them in every column above "
                         f"(declared by the fitted policy; every refit pays the same)")
     return 0
+
+
+def _alt_costs(args: argparse.Namespace, table: Any, policy: Any, model: Any, inputs: dict[str, str]) -> dict[str, Any]:
+    """The cost table in a second unit for "same accuracy for less": FLOPs when the table's model is known
+    (``--model-config`` or its meta; the probe's and extra features' FLOPs paid per request), samples
+    when the policy's unit is FLOPs; {} when neither is known."""
+    from isocompute.cli.fit import model_flops_for
+    from isocompute.solver.costs import cost_table
+
+    cfg = policy.config
+    if cfg.cost_unit == "flops":
+        return {"C_alt": cost_table(table.prompt_tokens, None, cfg.actions, unit="samples"), "alt_unit": "samples"}
+    if model is None:
+        try:
+            model, extra = model_flops_for(table, args.model_config)
+        except InputError:
+            return {}
+        inputs.update(extra)
+    if not table.has_token_counts:
+        return {}
+    paid = ((cfg.probe.flops or 0.0) if cfg.probe is not None else 0.0) + (
+        policy.features_.extra_flops_per_prompt_ if cfg.feature_extras else 0.0)
+    return {"C_alt": cost_table(table.prompt_tokens, table.mean_completion_tokens, cfg.actions, unit="flops",
+                                model=model), "paid_alt": float(paid), "alt_unit": "flops"}
+
+
+def _print_same_accuracy(con: Any, same: dict[str, Any] | None, unit: str) -> None:
+    """"Same accuracy for N× less": each method's cost to reach uniform's accuracy at the largest k."""
+    from rich.table import Table
+
+    if not same:
+        return
+    ref = same["reference"]
+    alt = same["alt_unit"]
+    t = Table(title=f"cost to reach the accuracy of uniform k = {ref['k']} ({ref['accuracy']:.4f}; costs "
+                    f"{ref['cost']:.4g} {unit}" + (f", {ref['cost_alt']:.4g} {alt}" if alt else "") + ")")
+    for col in ("method", f"{unit}", "× less", *((alt, "× less") if alt else ())):
+        t.add_column(col, justify="right")
+    for m, hit in same["methods"].items():
+        if hit is None:
+            t.add_row(m, "not reached", "—", *(("—", "—") if alt else ()))
+            continue
+        le = "≤ " if hit["at_lowest"] else ""
+        row = [m, f"{le}{hit['cost']:.4g}", f"{hit['times_less']:.2f}×" if hit["times_less"] else "—"]
+        if alt:
+            row += [f"{le}{hit['cost_alt']:.4g}" if hit["cost_alt"] is not None else "—",
+                    f"{hit['times_less_alt']:.2f}×" if hit["times_less_alt"] else "—"]
+        t.add_row(*row)
+    con.print(t)
 
 
 def _probe_values(args: argparse.Namespace, spec: Any, prompts: list[str], U: Any) -> tuple[Any, dict[str, Any]]:
@@ -154,7 +224,7 @@ def _probe_values(args: argparse.Namespace, spec: Any, prompts: list[str], U: An
 
     from scipy.stats import spearmanr
 
-    from isocompute.cli.fit import compute_probe
+    from isocompute.engines.probe_cache import compute_probe
 
     model_dir = Path(args.probe_model or spec.model)
     if not (model_dir / "config.json").is_file():

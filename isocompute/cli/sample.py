@@ -4,7 +4,9 @@ outcome table (format: :mod:`isocompute.solver.outcomes`, DESIGN.md).
 The job, :func:`run_sample`, keeps ``concurrency`` engine calls of ``batch_prompts`` prompts each in
 flight; as each call returns its prompts are graded (the task's grader: exact numbers for arith,
 math-verify in a process pool otherwise, in a worker thread so sampling goes on) and written, one
-flushed line per prompt, in the order they finish. Resuming: the writer drops a cut-off last line and
+flushed line per prompt, in the order they finish. Each sample stores its extracted ``answer``, the
+grader's ``correct`` and its equivalence ``class`` (the task's kind: numbers for arith and GSM8K,
+math-verify for MATH), so majority votes count equivalent answers once. Resuming: the writer drops a cut-off last line and
 the ids already in the table are skipped, so a rerun of an interrupted command finishes the table with
 no prompt lost or duplicated.
 
@@ -190,10 +192,12 @@ async def _model_dir_and_name(cfg: SampleConfig, engine: Any) -> tuple[str | Non
 async def run_sample_async(cfg: SampleConfig, engine: Any | None = None) -> SampleResult:
     """The job (see the module docstring). ``engine`` overrides the one ``cfg`` describes (tests, bench)."""
     from isocompute.solver.outcomes import OutcomeWriter
-    from isocompute.tasks.grading import Grader
+    from isocompute.tasks.grading import NUMERIC_TASKS, Grader, require_math_verify
     from isocompute.tasks.registry import load_task
 
     problems = load_task(cfg.task, cfg.data, cfg.limit, cfg.data_seed)
+    if any(p.task not in NUMERIC_TASKS for p in problems):
+        require_math_verify()  # a broken install stops the job here, not after the first batch is generated
     own_engine = engine is None
     engine = engine if engine is not None else _build_engine(cfg)
     grader = Grader(workers=cfg.grade_workers)
@@ -234,14 +238,15 @@ async def _sample_into(cfg, engine, grader, writer, todo, fmt, meta_common, resu
                 [fmt(p.prompt) for p in batch], cfg.n, cfg.max_tokens, cfg.temperature,
                 derive_seed(cfg.seed, batch[0].id),
             )
-        pairs = [(p.gold, c.text, p.task) for p, comps in zip(batch, outs, strict=True) for c in comps]
         async with grade_lock:
-            graded = await asyncio.to_thread(grader.run, pairs)
+            graded, classes = await asyncio.to_thread(_grade_and_classify, grader, batch, outs)
         k = 0
-        for p, comps in zip(batch, outs, strict=True):
+        for p, comps, row in zip(batch, outs, classes, strict=True):
             samples = []
-            for c in comps:
-                samples.append(Sample(graded.answers[k], graded.correct[k], c.completion_tokens))
+            for c, cls in zip(comps, row, strict=True):
+                # An answer that normalises to nothing has no class; it is then no answer at all.
+                answer = graded.answers[k] if cls is not None else None
+                samples.append(Sample(answer, graded.correct[k], c.completion_tokens, answer_class=cls))
                 k += 1
             meta = {**meta_common, **({"problem": p.meta} if p.meta else {})}
             writer.write(OutcomeRecord(p.id, p.prompt, p.gold, tuple(samples), comps[0].prompt_tokens, meta))
@@ -264,6 +269,25 @@ async def _sample_into(cfg, engine, grader, writer, todo, fmt, meta_common, resu
         await asyncio.gather(*tasks, return_exceptions=True)
         if bar is not None:
             bar.close()
+
+
+def _grade_and_classify(grader: Any, batch: list, outs: list) -> tuple[Any, list[list[int | None]]]:
+    """Grade every completion (the task's grader) and merge each prompt's answers into equivalence
+    classes (the task's kind, :mod:`isocompute.tasks.equivalence`; the gold leads its class)."""
+    from isocompute.tasks.equivalence import classify
+
+    pairs = [(p.gold, c.text, p.task) for p, comps in zip(batch, outs, strict=True) for c in comps]
+    graded = grader.run(pairs)
+    rows, k = [], 0
+    for comps in outs:
+        rows.append(graded.answers[k:k + len(comps)])
+        k += len(comps)
+    classes: list[list[int | None]] = []
+    for task in dict.fromkeys(p.task for p in batch):
+        idx = [i for i, p in enumerate(batch) if p.task == task]
+        res = classify([rows[i] for i in idx], task, golds=[batch[i].gold for i in idx], grader=grader)
+        classes += list(zip(idx, res.classes, strict=True))
+    return graded, [c for _, c in sorted(classes, key=lambda x: x[0])]
 
 
 def _progress(cfg: SampleConfig, total: int, skipped: int) -> Any:

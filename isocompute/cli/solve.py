@@ -20,6 +20,10 @@ and writes a ``solution`` artifact (schema version 1) with :func:`isocompute.art
 ``frontier.json``   with ``--budgets``: the optimal mean utility and λ at each requested budget, every
 ``frontier.png``    breakpoint of the frontier, and the uniform-k points (plotted for comparison)
 
+A ragged table (prompts with fewer samples than the largest action) is refused unless ``--min-samples N``
+drops the shorter prompts or ``--ragged infeasible`` marks the actions above a prompt's sample count
+infeasible for that prompt (:mod:`isocompute.solver.ragged`); ``summary.json`` says how many of each.
+
 Budgets are mean costs per prompt in the cost unit: mean samples per request for ``samples``, mean
 FLOPs per request for ``flops``. Ignores: anything about features or policies (``isocompute fit``).
 """
@@ -86,6 +90,8 @@ class SolveConfig:
     model_config: Path | None = None
     prefix_sharing: bool = True
     rounding: str = "mix"
+    min_samples: int = 0
+    ragged: str = "error"
 
     def __post_init__(self) -> None:
         self.outcomes, self.out = Path(self.outcomes), Path(self.out)
@@ -107,12 +113,14 @@ def solve(cfg: SolveConfig) -> dict[str, Any]:
     from isocompute.flops import load_model_flops
     from isocompute.solver.allocate import allocate, check_budget, feasible_range
     from isocompute.solver.costs import cost_table
-    from isocompute.solver.estimators import utilities
     from isocompute.solver.frontier import frontier
     from isocompute.solver.outcomes import read_outcomes
+    from isocompute.solver.ragged import drop_short, ragged_utilities
 
     table = read_outcomes(cfg.outcomes)
     inputs = {"outcomes": table.sha256 or sha256_file(cfg.outcomes)}
+    full = len(table)
+    table, _, dropped, floor = drop_short(table, cfg.actions, min_samples=cfg.min_samples, ragged=cfg.ragged)
     model = None
     if cfg.cost_unit == "flops":
         if cfg.model_config is not None:
@@ -130,7 +138,7 @@ def solve(cfg: SolveConfig) -> dict[str, Any]:
     check_budget(cfg.budget, C)
     for b in cfg.budgets or []:
         check_budget(b, C)
-    U = utilities(table, cfg.actions, cfg.strategy)
+    U, feasible = ragged_utilities(table, cfg.actions, cfg.strategy)
 
     res = allocate(U, C, cfg.budget, rounding=cfg.rounding)
     ks = np.asarray(cfg.actions)
@@ -145,6 +153,8 @@ def solve(cfg: SolveConfig) -> dict[str, Any]:
         "uniform": uniform, "feasible_range": list(feasible_range(C)),
         "actions": [int(k) for k in ks], "strategy": cfg.strategy, "cost_unit": cfg.cost_unit,
         "rounding": cfg.rounding,
+        "prompts_in_table": full, "dropped": len(dropped), "min_samples": floor,
+        "ragged_prompts": int((~feasible).any(axis=1).sum()),
     }
     front = None
     if cfg.budgets:
@@ -210,14 +220,20 @@ def _plot(path: Path, front: dict[str, Any], cfg: SolveConfig) -> None:
 
 
 def _print_table(summary: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from isocompute.cli.console import console as make_console
+
+    console = make_console()
     t = Table(title=f"oracle solution → {summary['out']}", show_header=False)
     t.add_column(style="bold")
     t.add_column(justify="right")
     t.add_row("prompts", str(summary["n_prompts"]))
+    if summary["dropped"]:
+        t.add_row("dropped (short)", f"{summary['dropped']} of {summary['prompts_in_table']} (fewer than "
+                                     f"{summary['min_samples']} samples)")
+    if summary["ragged_prompts"]:
+        t.add_row("ragged prompts", f"{summary['ragged_prompts']} (actions k > n infeasible for them)")
     t.add_row(f"budget ({summary['cost_unit']})", f"{summary['budget']:.6g}")
     t.add_row("λ*", f"{summary['lambda']:.6g}")
     t.add_row("mean cost (expected)", f"{summary['mean_cost']:.6g}")
@@ -264,6 +280,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--rounding", default="mix", choices=("mix", "deterministic"),
                    help="mix: randomise boundary prompts so the expected cost equals the budget; "
                    "deterministic: greedy rounding that never exceeds it")
+    p.add_argument("--min-samples", type=int, default=0,
+                   help="drop prompts with fewer samples than this (and say how many), e.g. the largest action")
+    p.add_argument("--ragged", default="error", choices=("error", "infeasible"),
+                   help="prompts with fewer samples than the largest action: refuse the table, or keep them "
+                        "and mark the actions above their sample count infeasible for them only")
     p.add_argument("--out", type=Path, required=True, help="artifact directory to write (replaced atomically)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object instead of a table")
     p.set_defaults(func=run)

@@ -6,12 +6,16 @@ that shares the prompt prefix across the ``n`` samples reports ``prompt_tokens``
 Engines are async so the gateway can serve many requests on one event loop; CPU-bound engines run their
 work in a thread.
 
+``probe_entropy(prompts, max_tokens)`` is the policy's probe feature, one greedy answer per prompt and its
+mean token entropy (:mod:`isocompute.engines.probe`); each back-end computes it its own way.
+
 A caller's deadline reaches the engine in :data:`REQUEST_DEADLINE` (a context variable, so the protocol's
-signature does not change). Failures an engine raises are :class:`~isocompute.errors.EngineUnavailable` or one of its subclasses
-here, so the gateway can tell a caller *why* (and map each to an HTTP status in one table):
-:class:`CircuitOpen` (every upstream is known down; fail fast, come back after ``retry_after`` s),
-:class:`UpstreamBadResponse` (it answered with something unusable) and :class:`UpstreamMisconfigured`
-(it answered, but says the *server* is set up wrong, e.g. it does not serve the model asked for).
+signature does not change). Failures an engine raises are :class:`~isocompute.errors.EngineUnavailable`
+or one of its subclasses here, so the gateway can tell a caller *why* (and map each to an HTTP status in
+one table): :class:`CircuitOpen` (every upstream is known down; fail fast, come back after
+``retry_after`` s), :class:`UpstreamBadResponse` (it answered with something unusable) and
+:class:`UpstreamMisconfigured` (it answered, but says the *server* is set up wrong, e.g. it does not
+serve the model asked for).
 """
 
 from __future__ import annotations
@@ -20,9 +24,12 @@ import asyncio
 from collections.abc import Awaitable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from isocompute.errors import EngineUnavailable, InputError
+
+if TYPE_CHECKING:
+    from isocompute.engines.probe import ProbeResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,4 +114,13 @@ class Engine(Protocol):
 
     async def aclose(self) -> None:
         """Release connections, threads or model memory."""
+        ...
+
+    async def probe_entropy(self, prompts: list[str], max_tokens: int) -> ProbeResult:
+        """Mean per-token entropy of one greedy answer of at most ``max_tokens`` tokens per prompt, with
+        the calls' token counts (:mod:`isocompute.engines.probe` defines it; call it through
+        :func:`isocompute.engines.probe.probe_entropy`, which checks the arguments).
+
+        Raises :class:`isocompute.errors.EngineUnavailable` when the back-end cannot serve it.
+        """
         ...

@@ -14,11 +14,13 @@ unsure how to start its answer has a high H̄; the policy uses it as one extra f
 Worked example: two generated tokens whose distributions over a 4-token vocabulary are uniform
 (H = log 4 = 1.386) and one-hot (H = 0) give H̄ = 0.693 nats.
 
-Back-ends (:func:`probe_entropy` dispatches on the engine):
+Back-ends: each engine implements the protocol's ``probe_entropy(prompts, max_tokens)`` method
+(:class:`isocompute.engines.base.Engine`) with the helpers here; :func:`probe_entropy` checks the
+arguments and calls it:
 
 * ``transformers`` — exact: ``model.generate(do_sample=False, output_logits=True)`` returns every
-  step's full logits; encoding uses the engine's private tokenizer copy and its lock, so a probe never
-  interleaves with a generation on the same model.
+  step's full logits, under the engine's lock, so a probe never interleaves with a generation on the
+  same model.
 * ``vllm-http`` — estimated from ``/v1/completions`` with ``"logprobs": 20`` (vLLM's default cap,
   ``max_logprobs``): the top-k log-probabilities ℓ_1…ℓ_k of each step are renormalised,
   q_j = e^{ℓ_j} / Σ_i e^{ℓ_i}, and Ĥ = − Σ_j q_j log q_j (:func:`topk_entropy`). Exact when the top k
@@ -26,7 +28,7 @@ Back-ends (:func:`probe_entropy` dispatches on the engine):
   lost) — by little when the top 20 hold nearly all the mass, as they usually do for a greedy answer.
   The OpenAI format keys ``top_logprobs`` by token *text*, so two tokens that decode to the same string
   collapse into one entry (rare; byte-fallback pieces). ``finish_reason`` aside, the server's
-  ``token_logprobs`` list gives m.
+  ``token_logprobs`` list gives m (:func:`completion_logprobs_entropy`).
 * ``vllm`` (in-process) — the same top-k estimate from ``SamplingParams(logprobs=20)`` (keyed by token
   id, so nothing collapses).
 
@@ -52,12 +54,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from isocompute.engines.transformers_engine import count_completion
 from isocompute.errors import EngineUnavailable, InputError
 from isocompute.flops import ModelFlops, decode_flops, prefill_flops
 
-__all__ = ["PROBE_NAME", "TOP_LOGPROBS", "ProbeResult", "entropy_from_logits", "probe_cost", "probe_entropy",
-           "probe_flops", "run_probe", "topk_entropy"]
+__all__ = ["PROBE_NAME", "TOP_LOGPROBS", "ProbeResult", "completion_logprobs_entropy", "entropy_from_logits",
+           "mean_entropy", "probe_cost", "probe_entropy", "probe_flops", "run_probe", "topk_entropy"]
 
 PROBE_NAME = "greedy_entropy"
 TOP_LOGPROBS = 20  # vLLM's default max_logprobs
@@ -72,6 +73,13 @@ class ProbeResult:
     prompt_tokens: np.ndarray
     completion_tokens: np.ndarray
     method: str
+
+    @staticmethod
+    def of(values: Sequence[float], prompt_tokens: Sequence[int], completion_tokens: Sequence[int],
+           method: str) -> ProbeResult:
+        """From per-prompt lists (float64 values, int64 token counts)."""
+        return ProbeResult(np.asarray(values, dtype=np.float64), np.asarray(prompt_tokens, dtype=np.int64),
+                           np.asarray(completion_tokens, dtype=np.int64), method)
 
     @staticmethod
     def concat(parts: Sequence[ProbeResult]) -> ProbeResult:
@@ -113,8 +121,27 @@ def topk_entropy(logprobs: ArrayLike) -> float:
     return float(entropy_from_logits(lp))
 
 
-def _mean_entropy(step_entropy: Sequence[float]) -> float:
+def mean_entropy(step_entropy: Sequence[float]) -> float:
+    """H̄: the mean of the generated positions' entropies, 0 for an empty answer.
+
+    >>> mean_entropy([np.log(4), 0.0]), mean_entropy([])  # the module docstring's worked example
+    (0.6931471805599453, 0.0)
+    """
     return float(np.mean(step_entropy)) if len(step_entropy) else 0.0
+
+
+def completion_logprobs_entropy(data: Mapping[str, Any]) -> tuple[float, int, int]:
+    """(mean top-k entropy, generated tokens, prompt tokens) of one OpenAI ``/v1/completions`` answer
+    asked with ``"logprobs": k`` (see the module docstring)."""
+    try:
+        choice = (data.get("choices") or [])[0]
+        top = choice["logprobs"]["top_logprobs"]
+    except (IndexError, KeyError, TypeError):
+        raise EngineUnavailable("the upstream answered without logprobs; the probe needs an OpenAI-compatible "
+                                "completions server that supports \"logprobs\" (vLLM does)") from None
+    steps = [topk_entropy(list(d.values())) for d in top if d]
+    prompt_tokens = int((data.get("usage") or {}).get("prompt_tokens", 0))
+    return mean_entropy(steps), len(top), prompt_tokens
 
 
 # ------------------------------------------------------------------------------------------------- cost
@@ -161,7 +188,8 @@ def probe_cost(model: ModelFlops, prompt_tokens: ArrayLike, probe_tokens: ArrayL
 
 
 async def probe_entropy(engine: Any, prompts: Sequence[str], max_tokens: int = 8) -> ProbeResult:
-    """Mean token entropy of a greedy answer of at most ``max_tokens`` tokens, per prompt (module doc).
+    """Mean token entropy of a greedy answer of at most ``max_tokens`` tokens, per prompt (module doc),
+    from the engine's own ``probe_entropy`` method.
 
     ``prompts`` are the texts the model sees (chat-templated where the model samples that way).
     Raises :class:`EngineUnavailable` for an engine that cannot run it (saying which can).
@@ -171,17 +199,12 @@ async def probe_entropy(engine: Any, prompts: Sequence[str], max_tokens: int = 8
     prompts = list(prompts)
     if not prompts:
         return ProbeResult.concat([])
-    from isocompute.engines.transformers_engine import TransformersEngine
-
-    if isinstance(engine, TransformersEngine):
-        return await asyncio.to_thread(_probe_transformers, engine, prompts, max_tokens)
-    if getattr(engine, "name", None) == "vllm-http":
-        return await _probe_http(engine, prompts, max_tokens)
-    if getattr(engine, "name", None) == "vllm" and hasattr(engine, "llm"):
-        return await asyncio.to_thread(_probe_vllm, engine, prompts, max_tokens)
-    raise EngineUnavailable(f"engine {getattr(engine, 'name', type(engine).__name__)!r} cannot run the entropy "
-                            "probe; serve a probe policy with the transformers, vllm-http or vllm engine, or a "
-                            "policy fitted without --probe-model.")
+    method = getattr(engine, "probe_entropy", None)  # an engine from elsewhere may not implement it
+    if method is None:
+        raise EngineUnavailable(f"engine {getattr(engine, 'name', type(engine).__name__)!r} cannot run the entropy "
+                                "probe; serve a probe policy with the transformers, vllm-http or vllm engine, or a "
+                                "policy fitted without --probe-model.")
+    return await method(prompts, max_tokens)
 
 
 def run_probe(engine: Any, prompts: Sequence[str], max_tokens: int = 8, *, chunk: int = 256,
@@ -200,81 +223,3 @@ def run_probe(engine: Any, prompts: Sequence[str], max_tokens: int = 8, *, chunk
         return ProbeResult.concat(parts)
 
     return asyncio.run(go())
-
-
-def _probe_transformers(engine: Any, prompts: list[str], max_tokens: int) -> ProbeResult:
-    import torch
-
-    # The engine's lock and private tokenizer copy: a probe must not interleave with a generation, and
-    # the public tokenizer's padding state may be changed by other threads (see TransformersEngine).
-    with engine._lock, torch.inference_mode():
-        previous = torch.get_num_threads()
-        if engine.threads is not None:
-            torch.set_num_threads(engine.threads)
-        try:
-            parts = [_probe_batch(engine, prompts[s:s + engine.micro_batch], max_tokens)
-                     for s in range(0, len(prompts), engine.micro_batch)]
-        finally:
-            torch.set_num_threads(previous)
-    return ProbeResult.concat(parts)
-
-
-def _probe_batch(engine: Any, rows: list[str], max_tokens: int) -> ProbeResult:
-    import torch
-
-    enc = engine._encoder(rows, return_tensors="pt", padding=True).to(engine.device)
-    out = engine.model.generate(
-        **enc, max_new_tokens=max_tokens, do_sample=False, output_logits=True, return_dict_in_generate=True,
-        pad_token_id=engine.tokenizer.pad_token_id, eos_token_id=sorted(engine.eos_ids),
-    )
-    # (steps, rows, vocab) raw logits → (rows, steps) entropies; positions after a row's eos are padding.
-    logits = torch.stack(out.logits).to(torch.float64).cpu().numpy()
-    step_h = entropy_from_logits(logits).T
-    new = out.sequences[:, enc["input_ids"].shape[1]:].tolist()
-    counts = [count_completion(ids, engine.eos_ids, max_tokens)[0] for ids in new]
-    values = np.array([_mean_entropy(h[:m]) for h, m in zip(step_h, counts, strict=True)])
-    plen = enc["attention_mask"].sum(dim=1).cpu().numpy().astype(np.int64)
-    return ProbeResult(values, plen, np.asarray(counts, dtype=np.int64), "exact")
-
-
-async def _probe_http(engine: Any, prompts: list[str], max_tokens: int) -> ProbeResult:
-    bodies = [{"prompt": p, "n": 1, "max_tokens": max_tokens, "temperature": 0.0,
-               "logprobs": TOP_LOGPROBS} for p in prompts]
-    answers = await asyncio.gather(*(engine.request(b) for b in bodies))
-    values, plen, mlen = [], [], []
-    for data in answers:
-        h, m, p = _parse_http_logprobs(data)
-        values.append(h)
-        mlen.append(m)
-        plen.append(p)
-    return ProbeResult(np.asarray(values, dtype=np.float64), np.asarray(plen, dtype=np.int64),
-                       np.asarray(mlen, dtype=np.int64), f"top{TOP_LOGPROBS}")
-
-
-def _parse_http_logprobs(data: Mapping[str, Any]) -> tuple[float, int, int]:
-    """(mean top-k entropy, generated tokens, prompt tokens) from one OpenAI completions answer."""
-    try:
-        choice = (data.get("choices") or [])[0]
-        top = choice["logprobs"]["top_logprobs"]
-    except (IndexError, KeyError, TypeError):
-        raise EngineUnavailable("the upstream answered without logprobs; the probe needs an OpenAI-compatible "
-                                "completions server that supports \"logprobs\" (vLLM does)") from None
-    steps = [topk_entropy(list(d.values())) for d in top if d]
-    prompt_tokens = int((data.get("usage") or {}).get("prompt_tokens", 0))
-    return _mean_entropy(steps), len(top), prompt_tokens
-
-
-def _probe_vllm(engine: Any, prompts: list[str], max_tokens: int) -> ProbeResult:
-    params = engine._vllm.SamplingParams(n=1, max_tokens=max_tokens, temperature=0.0, logprobs=TOP_LOGPROBS)
-    with engine._lock:
-        outputs = engine.llm.generate(prompts, params, use_tqdm=False)
-    values, plen, mlen = [], [], []
-    for out in outputs:
-        sample = out.outputs[0]
-        steps = [topk_entropy([lp.logprob for lp in d.values()]) for d in (sample.logprobs or []) if d]
-        values.append(_mean_entropy(steps))
-        plen.append(len(out.prompt_token_ids or []))
-        mlen.append(len(sample.token_ids))
-    return ProbeResult(np.asarray(values, dtype=np.float64), np.asarray(plen, dtype=np.int64),
-                       np.asarray(mlen, dtype=np.int64), f"top{TOP_LOGPROBS}")
-

@@ -28,11 +28,13 @@ import asyncio
 import copy
 import threading
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from isocompute.engines.base import Completion, check_generate_args
+from isocompute.engines.probe import ProbeResult, entropy_from_logits, mean_entropy
 from isocompute.errors import EngineUnavailable, InputError
 
 __all__ = ["TransformersEngine", "apply_chat_template", "count_completion", "resolve_device"]
@@ -192,9 +194,9 @@ class TransformersEngine:
         """The blocking form of :meth:`generate`, for scripts and benchmarks without an event loop."""
         return self._generate_locked(list(prompts), n, max_tokens, temperature, seed)
 
-    def _generate_locked(
-        self, prompts: list[str], n: int, max_tokens: int, temperature: float, seed: int | None
-    ) -> list[list[Completion]]:
+    @contextmanager
+    def _running(self) -> Iterator[None]:
+        """One call's hold on the model: the lock, inference mode, ``threads`` (restored after)."""
         import torch
 
         with self._lock, torch.inference_mode():
@@ -202,14 +204,22 @@ class TransformersEngine:
             if self.threads is not None:
                 torch.set_num_threads(self.threads)
             try:
-                if seed is None:
-                    return self._generate_rows(prompts, n, max_tokens, temperature)
-                devices = [torch.cuda.current_device()] if self.device.startswith("cuda") else []
-                with torch.random.fork_rng(devices=devices):
-                    torch.manual_seed(seed)
-                    return self._generate_rows(prompts, n, max_tokens, temperature)
+                yield
             finally:
                 torch.set_num_threads(previous_threads)
+
+    def _generate_locked(
+        self, prompts: list[str], n: int, max_tokens: int, temperature: float, seed: int | None
+    ) -> list[list[Completion]]:
+        import torch
+
+        with self._running():
+            if seed is None:
+                return self._generate_rows(prompts, n, max_tokens, temperature)
+            devices = [torch.cuda.current_device()] if self.device.startswith("cuda") else []
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(seed)
+                return self._generate_rows(prompts, n, max_tokens, temperature)
 
     def _generate_rows(
         self, prompts: list[str], n: int, max_tokens: int, temperature: float
@@ -246,6 +256,31 @@ class TransformersEngine:
             text = self._encoder.decode(kept, skip_special_tokens=True)
             completions.append(Completion(text, int(plen), count, reason))
         return completions
+
+    async def probe_entropy(self, prompts: list[str], max_tokens: int) -> ProbeResult:
+        """Exact mean token entropy of one greedy answer per prompt, from every step's full logits
+        (:mod:`isocompute.engines.probe`); never interleaved with a generation."""
+        return await asyncio.to_thread(self._probe_locked, list(prompts), max_tokens)
+
+    def _probe_locked(self, prompts: list[str], max_tokens: int) -> ProbeResult:
+        with self._running():
+            return ProbeResult.concat([self._probe_batch(prompts[s : s + self.micro_batch], max_tokens)
+                                       for s in range(0, len(prompts), self.micro_batch)])
+
+    def _probe_batch(self, rows: list[str], max_tokens: int) -> ProbeResult:
+        import torch
+
+        enc = self._encoder(rows, return_tensors="pt", padding=True).to(self.device)
+        out = self.model.generate(
+            **enc, max_new_tokens=max_tokens, do_sample=False, output_logits=True, return_dict_in_generate=True,
+            pad_token_id=self.tokenizer.pad_token_id, eos_token_id=sorted(self.eos_ids),
+        )
+        # (steps, rows, vocab) raw logits → (rows, steps) entropies; positions after a row's eos are padding.
+        step_h = entropy_from_logits(torch.stack(out.logits).to(torch.float64).cpu().numpy()).T
+        new = out.sequences[:, enc["input_ids"].shape[1] :].tolist()
+        counts = [count_completion(ids, self.eos_ids, max_tokens)[0] for ids in new]
+        values = [mean_entropy(h[:m]) for h, m in zip(step_h, counts, strict=True)]
+        return ProbeResult.of(values, enc["attention_mask"].sum(dim=1).tolist(), counts, "exact")
 
     def model_config(self) -> dict[str, Any]:
         """The model's ``config.json`` as a dict (for FLOP accounting)."""

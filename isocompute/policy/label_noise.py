@@ -36,7 +36,8 @@ from isocompute.solver.outcomes import PAD_CODE, OutcomeTable
 
 def resampled_utilities(table: OutcomeTable, actions: Sequence[int], strategy: str,
                         rng: np.random.Generator) -> np.ndarray:
-    """U from one bootstrap redraw of every prompt's samples (same n per prompt)."""
+    """U from one bootstrap redraw of every prompt's samples (same n per prompt). On a ragged table the
+    actions above a prompt's n take its largest feasible action's utility (:mod:`isocompute.solver.ragged`)."""
     n = table.n_samples
     N, width = table.correct.shape
     # column j of row i draws a uniform index below n_i; padding columns stay padding
@@ -44,15 +45,28 @@ def resampled_utilities(table: OutcomeTable, actions: Sequence[int], strategy: s
     rows = np.arange(N)[:, None]
     mask = table.mask
     correct = np.where(mask, table.correct[rows, pick], False)
-    ks = list(actions)
+    codes = np.where(mask, table.answer_codes[rows, pick], PAD_CODE)
+    scores = np.where(mask, table.scores[rows, pick], np.nan)
+    ks = np.asarray(list(actions))
+    if n.min() >= ks.max():
+        return _estimate(strategy, n, correct, codes, scores, mask, ks)
+    U = np.empty((N, ks.size))
+    for nn in np.unique(n):
+        r, feas = np.flatnonzero(n == nn), np.flatnonzero(ks <= nn)
+        Ug = _estimate(strategy, n[r], correct[r], codes[r], scores[r], mask[r], ks[feas])
+        U[np.ix_(r, feas)] = Ug
+        U[np.ix_(r, np.flatnonzero(ks > nn))] = Ug[:, -1:]
+    return U
+
+
+def _estimate(strategy: str, n: np.ndarray, correct: np.ndarray, codes: np.ndarray, scores: np.ndarray,
+              mask: np.ndarray, ks: np.ndarray) -> np.ndarray:
     if strategy == "pass":
-        return pass_at_k(n, correct.sum(axis=1), ks)
+        return pass_at_k(n, correct.sum(axis=1), ks.tolist())
     if strategy == "majority":
-        codes = np.where(mask, table.answer_codes[rows, pick], PAD_CODE)
-        return majority_at_k(codes, correct, ks)
+        return majority_at_k(codes, correct, ks.tolist())
     if strategy == "best_of":
-        scores = np.where(mask, table.scores[rows, pick], np.nan)
-        return best_of_k(scores, correct, ks, mask=mask)
+        return best_of_k(scores, correct, ks.tolist(), mask=mask)
     raise InputError(f"unknown strategy {strategy!r}; use majority, pass or best_of.")
 
 

@@ -25,12 +25,12 @@ same, which is what the imitation-accuracy target measures).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from isocompute.policy.booster_predict import BoosterPredictor
 from isocompute.policy.calibration import grid_position, mixed_grid_index
 from isocompute.solver.allocate import allocate, feasible_range
 
@@ -55,54 +55,6 @@ def _lgb_params(objective: dict[str, Any], *, num_leaves: int, learning_rate: fl
         # One thread: OpenMP workers spin-wait, and on a busy machine two threads train 10x slower than one.
         "num_threads": 1,
     }
-
-
-def _predict(booster: Any, X: np.ndarray, n_out: int = 1) -> np.ndarray:
-    """``booster.predict(X, num_threads=1).ravel()`` (``n_out`` values per row), made cheap for small
-    batches.
-
-    One thread: a request batch is small, and thread start-up would dominate a single-row call. The
-    wrapper ``Booster.predict`` spends ~60 µs of Python per call (parameter copies, a predictor object,
-    input checks) around ~20 µs of C; here the same C function (``LGBM_BoosterPredictForMat``) gets the
-    same arguments directly, float64 C-ordered rows, so the result is the same bit for bit (a test checks
-    it). Falls back to ``Booster.predict`` when LightGBM's internals differ from what this expects.
-    """
-    X = np.ascontiguousarray(X, dtype=np.float64)
-    if X.ndim == 2 and X.shape[0] == 0:
-        return np.empty(0, dtype=np.float64)
-    api = _c_api()
-    if api is None or X.ndim != 2 or not hasattr(booster, "_handle"):
-        return np.asarray(booster.predict(X, num_threads=1)).reshape(-1)
-    ct = api.ctypes
-    out = np.empty(X.shape[0] * n_out, dtype=np.float64)
-    n = ct.c_int64(0)
-    api.safe_call(api.lib.LGBM_BoosterPredictForMat(  # (ndarray.ctypes.data_as costs ~10 µs a call)
-        booster._handle, ct.c_void_p(X.__array_interface__["data"][0]), api.float64, ct.c_int32(X.shape[0]),
-        ct.c_int32(X.shape[1]), api.row_major, api.normal, api.zero, ct.c_int(booster.best_iteration),
-        api.one_thread, ct.byref(n), ct.c_void_p(out.__array_interface__["data"][0])))
-    if n.value != out.size:
-        raise ValueError(f"LightGBM returned {n.value} predictions for {X.shape[0]} rows × {n_out}; the model "
-                         "does not match the learner's state: re-create the policy with `isocompute fit`.")
-    return out
-
-
-@functools.cache
-def _c_api() -> Any:
-    """LightGBM's C library, its error check and the constant arguments of a prediction, or None when
-    this LightGBM lacks them."""
-    import ctypes
-    from types import SimpleNamespace
-
-    try:
-        from lightgbm import basic
-
-        return SimpleNamespace(
-            lib=basic._LIB, safe_call=basic._safe_call, ctypes=ctypes,
-            float64=ctypes.c_int(basic._C_API_DTYPE_FLOAT64), row_major=ctypes.c_int(basic._C_API_IS_ROW_MAJOR),
-            normal=ctypes.c_int(basic._C_API_PREDICT_NORMAL), zero=ctypes.c_int(0),
-            one_thread=ctypes.c_char_p(b"num_threads=1"))
-    except (ImportError, AttributeError):
-        return None
 
 
 def _booster_from_string(text: str) -> Any:
@@ -159,6 +111,7 @@ class OracleClassifier:
         # The budget column gets more histogram bins so every grid value is a possible split.
         params["max_bin_by_feature"] = [255] * X.shape[1] + [max(255, grid.size + 1)]
         self.booster_ = lgb.train(params, lgb.Dataset(Xb, y, free_raw_data=True), num_boost_round=self.n_rounds)
+        self.predictor_ = BoosterPredictor(self.booster_)
         self.budget_grid_ = grid
         self.n_actions_ = n_actions
         self.train_rows_ = int(y.size)
@@ -171,7 +124,7 @@ class OracleClassifier:
         Xb = np.empty((n, d + 1))
         Xb[:, :d] = X
         Xb[:, d] = budgets
-        return _predict(self.booster_, Xb, self.n_actions_).reshape(n, self.n_actions_)
+        return self.predictor_(Xb).reshape(n, self.n_actions_)
 
     def predict(self, X: np.ndarray, internal_budget: float, u: np.ndarray) -> np.ndarray:
         """(N,) action index at internal budget b': the most probable oracle action (ties to the cheaper)
@@ -185,7 +138,7 @@ class OracleClassifier:
         if n == 0:
             return np.zeros((G, 0), dtype=np.intp)
         Xb = np.column_stack([np.tile(X, (G, 1)), np.repeat(self.budget_grid_, n)])
-        return np.argmax(_predict(self.booster_, Xb, self.n_actions_).reshape(G * n, self.n_actions_),
+        return np.argmax(self.predictor_(Xb).reshape(G * n, self.n_actions_),
                          axis=1).reshape(G, n)
 
     def state(self) -> dict[str, Any]:
@@ -199,6 +152,7 @@ class OracleClassifier:
     def from_state(cls, state: dict[str, Any], model_text: str) -> OracleClassifier:
         obj = cls(**state["params"])
         obj.booster_ = _booster_from_string(model_text)
+        obj.predictor_ = BoosterPredictor(obj.booster_)  # checks the fast path against Booster.predict
         obj.budget_grid_ = np.asarray(state["budget_grid"], dtype=np.float64)
         obj.n_actions_ = int(state["n_actions"])
         obj.train_rows_ = int(state["train_rows"])
@@ -228,6 +182,7 @@ class UtilityRegressor:
                              learning_rate=self.learning_rate, min_data_in_leaf=self.min_data_in_leaf,
                              seed=self.seed)
         self.booster_ = lgb.train(params, lgb.Dataset(Xs, y, free_raw_data=True), num_boost_round=self.n_rounds)
+        self.predictor_ = BoosterPredictor(self.booster_)
         self.ks_ = ks
         self.n_actions_ = n_actions
         return self
@@ -238,7 +193,7 @@ class UtilityRegressor:
         Xs = np.empty((n, A, d + 1))  # rows [x_i, k_a], i-major: what fit stacked
         Xs[:, :, :d] = X[:, None, :]
         Xs[:, :, d] = self.ks_
-        return _predict(self.booster_, Xs.reshape(n * A, d + 1)).reshape(n, A)
+        return self.predictor_(Xs.reshape(n * A, d + 1)).reshape(n, A)
 
     def predict(self, X: np.ndarray, lam: float, action_costs: np.ndarray, u: np.ndarray) -> np.ndarray:
         """(N,) ``argmax_a Û(x, a) − λ_i·c_a`` with each prompt's jittered price λ_i (see :func:`price`)."""
@@ -253,6 +208,7 @@ class UtilityRegressor:
     def from_state(cls, state: dict[str, Any], model_text: str) -> UtilityRegressor:
         obj = cls(**state["params"])
         obj.booster_ = _booster_from_string(model_text)
+        obj.predictor_ = BoosterPredictor(obj.booster_)  # checks the fast path against Booster.predict
         obj.ks_ = np.asarray(state["ks"], dtype=np.float64)
         obj.n_actions_ = int(state["n_actions"])
         return obj

@@ -101,6 +101,8 @@ def render_markdown(report: dict[str, Any]) -> str:
               "the oracle's action histogram to random prompts. The bound is (1 − imitation) × the worst "
               "per-prompt gap; it holds by construction, so ✗ would flag a bug.", ""]
 
+    lines += _fallback_section(report) + _same_accuracy_section(report)
+
     not_binding = [e["budget"] for e in report["budgets"] if not e["oracle_budget_binding"]]
     if not_binding:
         lines += [f"At budgets {', '.join(f'{b:.4g}' for b in not_binding)} the oracle spends less than the budget "
@@ -166,6 +168,61 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += ["## Plots", "", "![accuracy vs budget](accuracy.png)", "", "![actions per budget](actions.png)", "",
               f"![learned vs oracle actions at budget {reference_budget(report):g}](confusion.png)", ""]
     return "\n".join(lines)
+
+
+def _fallback_section(report: dict[str, Any]) -> list[str]:
+    """The never-worse chain: what the fitted policy serves where, and what the fallback did in the refits."""
+    if not all(e.get("rules") for e in report["budgets"]):
+        return []
+    fb = report["policy"].get("fallback")
+    lines = ["## Never worse than uniform", ""]
+    if fb:
+        spans = ", ".join(f"**{rule}** on [{lo:.4g}, {hi:.4g}]" for rule, lo, hi in fb["ranges"])
+        lines += [f"The fitted policy serves {spans}: at each budget of its grid the learned rule serves only where "
+                  "its gain over uniform, measured on the training prompts out of fold (paired bootstrap), has a "
+                  "one-sided lower confidence bound above the margin; elsewhere the budget-matched uniform mix "
+                  "serves.", ""]
+    lines += ["| budget | served (learned / no fallback / uniform) | gain as served [95% CI] | learned rule alone "
+              "[95% CI] | refits serving the learned rule |", "|---:|---|---|---|---:|"]
+    for e in report["budgets"]:
+        m, g, gn = e["methods"], e["gain_vs_uniform"], e.get("gain_no_fallback")
+        nf = m.get("learned_no_fallback")
+        alone = "—" if gn is None else f"{_pct(gn['relative'])} [{_pct(gn['ci95'][0])}, {_pct(gn['ci95'][1])}]"
+        lines.append(f"| {e['budget']:.4g} | {_acc(m['learned']['accuracy'])} / "
+                     f"{_acc(nf['accuracy']) if nf else '—'} / {_acc(m['uniform']['accuracy'])} | "
+                     f"{_pct(g['relative'])} [{_pct(g['ci95'][0])}, {_pct(g['ci95'][1])}] | {alone} | "
+                     f"{100 * e['rules'].get('learned', 0.0):.0f}% |")
+    lines += ["", "*As served* is the policy with its chain (the `learned` column everywhere in this report); *the "
+              "learned rule alone* is the same refits with the fallback switched off. Each refit decides its chain "
+              "on its own training part only.", ""]
+    return lines
+
+
+def _same_accuracy_section(report: dict[str, Any]) -> list[str]:
+    """"Same accuracy for N× less": cost to reach uniform's accuracy at the largest k, per method."""
+    same = report.get("same_accuracy")
+    if not same:
+        return []
+    ref, alt, unit = same["reference"], same["alt_unit"], report["cost_unit"]
+    lines = ["## Same accuracy for less", "",
+             f"Target: the accuracy of uniform k = {ref['k']}, **{_acc(ref['accuracy'])}**, which costs "
+             f"{ref['cost']:.4g} {unit}" + (f" ({ref['cost_alt']:.4g} {alt})" if alt and ref.get("cost_alt") else "")
+             + " per request. Per method, the least realised cost at which it reaches that accuracy over this "
+             "report's budgets (interpolated between adjacent budgets, which a hashed mix of the two realises; "
+             "≤ when already reached at the lowest budget).", "",
+             f"| method | {unit} to reach | × less |" + (f" {alt} to reach | × less |" if alt else ""),
+             "|---|---:|---:|" + ("---:|---:|" if alt else "")]
+    for m, hit in same["methods"].items():
+        if hit is None:
+            lines.append(f"| {m} | not reached | — |" + (" — | — |" if alt else ""))
+            continue
+        le = "≤ " if hit["at_lowest"] else ""
+        row = f"| {m} | {le}{hit['cost']:.4g} | {hit['times_less']:.2f}× |" if hit["times_less"] else f"| {m} | — | — |"
+        if alt:
+            row += (f" {le}{hit['cost_alt']:.4g} | {hit['times_less_alt']:.2f}× |" if hit.get("times_less_alt")
+                    else " — | — |")
+        lines.append(row)
+    return lines + [""]
 
 
 def plot_accuracy(report: dict[str, Any], path: Path) -> None:

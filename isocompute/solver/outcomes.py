@@ -14,7 +14,11 @@ Fields (required unless marked optional):
 * ``samples`` — non-empty list, one object per sampled completion:
 
   * ``answer`` — the extracted final answer, ``null`` when none could be extracted (a JSON number
-    is read as its string). Equal strings are one vote in majority voting.
+    is read as its string), kept raw.
+  * ``class`` (optional) — the answer's equivalence class (:mod:`isocompute.tasks.equivalence`): an
+    integer, dense within the record (``0 … G−1``), ``null`` exactly when ``answer`` is null; equal
+    answer strings share a class. A record gives ``class`` on every sample or on none. Majority votes
+    count classes where given, else equal strings (so tables written before classes read as before).
   * ``correct`` — ``true``/``false``, the grader's verdict on this sample.
   * ``completion_tokens`` (optional) — generated tokens, integer ≥ 0.
   * ``score`` (optional) — verifier / reward-model score, a finite number (needed for best-of-k).
@@ -42,7 +46,7 @@ import math
 import operator
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +66,13 @@ _FIX = "Fix it (the format is in the isocompute.solver.outcomes docstring) or re
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """One graded completion."""
+    """One graded completion; ``answer_class`` is written as ``"class"`` (module docstring)."""
 
     answer: str | None
     correct: bool
     completion_tokens: int | None = None
     score: float | None = None
+    answer_class: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,11 +92,22 @@ def record_to_dict(record: OutcomeRecord) -> dict[str, Any]:
     out: dict[str, Any] = {"id": record.id, "prompt": record.prompt, "gold": record.gold}
     if record.prompt_tokens is not None:
         out["prompt_tokens"] = record.prompt_tokens
-    out["samples"] = [
-        {k: v for k, v in asdict(s).items() if v is not None or k == "answer"} for s in record.samples
-    ]
+    with_class = any(s.answer_class is not None for s in record.samples)
+    out["samples"] = [_sample_to_dict(s, with_class) for s in record.samples]
     if record.meta:
         out["meta"] = record.meta
+    return out
+
+
+def _sample_to_dict(s: Sample, with_class: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"answer": s.answer}
+    if with_class:
+        out["class"] = s.answer_class
+    out["correct"] = s.correct
+    if s.completion_tokens is not None:
+        out["completion_tokens"] = s.completion_tokens
+    if s.score is not None:
+        out["score"] = s.score
     return out
 
 
@@ -145,9 +161,9 @@ def _check_header(obj: Any, where: Callable[[], str]) -> list:
     return samples
 
 
-def _check_samples(flat: list, locate: Callable[[int], tuple[str, int]]) -> tuple[list, list, list, list]:
+def _check_samples(flat: list, locate: Callable[[int], tuple[str, int]]) -> tuple[list, list, list, list, list]:
     """Validate samples (of many records, back to back); return their columns
-    (correct, answer, score, completion_tokens).
+    (correct, answer, score, completion_tokens, class — :data:`_MISSING` where absent).
 
     Columns are pulled out and type-checked with C-level map/set over the whole file; only when a
     check fails is the offending sample searched for and ``locate(flat_index)`` turned into a
@@ -172,6 +188,7 @@ def _check_samples(flat: list, locate: Callable[[int], tuple[str, int]]) -> tupl
         raise  # only a new kind of malformed sample gets here
     score = list(map(_get_score, flat))
     tokens = list(map(_get_tokens, flat))
+    classes = list(map(_get_class, flat))
     if set(map(type, correct)) != {bool}:
         f = next(f for f, v in enumerate(correct) if type(v) is not bool)
         raise fail(f, f".correct must be true or false, got {correct[f]!r}")
@@ -187,19 +204,25 @@ def _check_samples(flat: list, locate: Callable[[int], tuple[str, int]]) -> tupl
     if not set(map(type, tokens)) <= _TOKEN_TYPES:
         f = next(f for f, v in enumerate(tokens) if type(v) not in _TOKEN_TYPES)
         raise fail(f, f".completion_tokens must be an integer >= 0, got {tokens[f]!r}")
-    return correct, answer, score, tokens
+    if not set(map(type, classes)) <= _CLASS_TYPES:
+        f = next(f for f, v in enumerate(classes) if type(v) not in _CLASS_TYPES)
+        raise fail(f, f".class must be an integer >= 0 or null, got {classes[f]!r}")
+    return correct, answer, score, tokens, classes
 
 
 _get_correct = operator.itemgetter("correct")
 _get_answer = operator.itemgetter("answer")
 _get_score = operator.methodcaller("get", "score")
 _get_tokens = operator.methodcaller("get", "completion_tokens")
+_get_class = operator.methodcaller("get", "class", _MISSING)
+_CLASS_TYPES = {int, type(None), object}  # object: the type of _MISSING (no "class" key)
 
 
 def _check_record(obj: Any, where: Callable[[], str]) -> None:
     """Validate one record completely (the writer's check; the reader batches the same checks)."""
     samples = _check_header(obj, where)
-    _, _, score, tokens = _check_samples(samples, lambda f: (where(), f))
+    _, answer, score, tokens, classes = _check_samples(samples, lambda f: (where(), f))
+    _class_codes(classes, answer, np.asarray([len(samples)]), lambda f: (where(), f))
     bad = [j for j, (s, t) in enumerate(zip(score, tokens, strict=True))
            if (s is not None and not math.isfinite(s)) or (t is not None and t < 0)]
     if bad:
@@ -333,7 +356,7 @@ def _build(items: Iterable[tuple[Any, Callable[[], str]]], source: str, sha256: 
         i = int(np.searchsorted(starts, f, side="right")) - 1
         return wheres[i](), f - int(starts[i])
 
-    corr_all, ans_all, score_all, tok_all = _check_samples(flat, locate)
+    corr_all, ans_all, score_all, tok_all, cls_all = _check_samples(flat, locate)
     mask = np.arange(n.max())[None, :] < n[:, None]
 
     def padded(col: np.ndarray, fill: Any) -> np.ndarray:
@@ -343,7 +366,11 @@ def _build(items: Iterable[tuple[Any, Callable[[], str]]], source: str, sha256: 
 
     scores_flat = np.asarray(score_all, dtype=np.float64)  # None -> NaN
     tokens_flat = np.asarray(tok_all, dtype=np.float64)
-    for bad, what in ((np.isinf(scores_flat), ".score must be a finite number"),
+    not_finite = np.isinf(scores_flat)
+    if np.isnan(scores_flat).sum() != score_all.count(None):
+        # json.loads reads `NaN`; it must not pass for an absent score (None), which is NaN here too.
+        not_finite |= np.fromiter((s is not None and s != s for s in score_all), bool, len(score_all))
+    for bad, what in ((not_finite, ".score must be a finite number"),
                       (tokens_flat < 0, ".completion_tokens must be an integer >= 0")):
         if bad.any():
             where, j = locate(int(np.argmax(bad)))
@@ -353,11 +380,81 @@ def _build(items: Iterable[tuple[Any, Callable[[], str]]], source: str, sha256: 
         records=records, ids=[r["id"] for r in records], prompts=[r["prompt"] for r in records],
         golds=[r["gold"] for r in records], n_samples=n, mask=mask,
         correct=padded(np.asarray(corr_all, dtype=bool), False),
-        answer_codes=padded(_factorise_rows(ans_all, n), PAD_CODE),
+        answer_codes=padded(_answer_codes(ans_all, cls_all, n, locate), PAD_CODE),
         scores=padded(scores_flat, np.nan), completion_tokens=padded(tokens_flat, np.nan),
         prompt_tokens=np.asarray([r.get("prompt_tokens") for r in records], dtype=np.float64),
         metas=[r.get("meta") or {} for r in records], source=source, sha256=sha256,
     )
+
+
+def _answer_codes(answers: list, classes: list, n: np.ndarray, locate: Callable[[int], tuple[str, int]]) -> np.ndarray:
+    """Flat answer codes: a record's classes where it gives them, else its factorised strings."""
+    strings = _factorise_rows(answers, n)
+    given = _class_codes(classes, answers, n, locate, strings)
+    if given is None:
+        return strings
+    present, codes = given
+    return np.where(present, codes, strings)
+
+
+def _class_codes(
+    classes: list, answers: list, n: np.ndarray, locate: Callable[[int], tuple[str, int]],
+    strings: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Validate the ``class`` column (module docstring); ``(present, codes)`` flat, or None if absent.
+
+    Vectorised like the other checks: per-record presence by ``reduceat``, density and "equal strings,
+    one class" by one ``np.unique`` each; a location is only built for an error.
+    """
+    if classes.count(_MISSING) == len(classes):
+        return None
+    # One C-level pass: an int class is its own code, null -> NULL_CODE, absent -> _ABSENT_CODE.
+    codes = np.fromiter(map(_CLASS_CODE.get, classes, classes), dtype=np.int64, count=len(classes))
+    present = codes != _ABSENT_CODE
+    strings = _factorise_rows(answers, n) if strings is None else strings
+    starts = np.cumsum(n) - n
+
+    def fail(f: int, what: str) -> InputError:
+        where, j = locate(int(f))
+        return InputError(f"{where}: samples[{j}]{what}. {_FIX}")
+
+    per_row = np.add.reduceat(present.astype(np.int64), starts)
+    partial = np.flatnonzero((per_row > 0) & (per_row < n))
+    if partial.size:
+        i = int(partial[0])
+        f = starts[i] + int(np.argmin(present[starts[i]:starts[i] + n[i]]))
+        raise fail(f, " has no 'class' while other samples of its record do; give every sample a class "
+                      "(null for a null answer) or none")
+    bad = present & ((codes < 0) != (strings == NULL_CODE))
+    if bad.any():
+        f = int(np.argmax(bad))
+        raise fail(f, f".class is {classes[f]!r} for answer {answers[f]!r}; a class is null exactly when the "
+                      "answer is null, else an integer >= 0")
+    row = np.repeat(np.arange(n.size, dtype=np.int64), n)
+    real = present & (codes >= 0)
+    span = int(codes.max()) + 2
+    distinct = np.bincount(np.unique(row[real] * span + codes[real]) // span, minlength=n.size)
+    top = np.maximum.reduceat(np.where(real, codes, -1), starts)  # -1: a record without classes or answers
+    sparse = np.flatnonzero(top + 1 != distinct)
+    if sparse.size:
+        i = int(sparse[0])
+        raise fail(starts[i] + int(np.argmax(codes[starts[i]:starts[i] + n[i]])),
+                   f".class: the record's classes must be 0 … G-1 with none skipped; it has {int(distinct[i])} "
+                   f"classes but the largest is {int(top[i])}")
+    # One key per (record, answer string); a second class for the same key is an inconsistency.
+    key = row[real] * (int(strings.max()) + 2) + strings[real]
+    pair_keys = np.unique(key * span + codes[real])
+    if pair_keys.size != np.unique(pair_keys // span).size:
+        dup = pair_keys // span
+        k = dup[np.flatnonzero(np.diff(dup) == 0)[0]]
+        f = int(np.flatnonzero(real)[np.flatnonzero(key == k)[-1]])
+        raise fail(f, f": answer {answers[f]!r} has two different classes in its record; equal answers "
+                      "must share one class")
+    return present, codes
+
+
+_ABSENT_CODE = -3
+_CLASS_CODE = {None: NULL_CODE, _MISSING: _ABSENT_CODE}
 
 
 def _factorise_rows(answers: list[str | None], n: np.ndarray) -> np.ndarray:

@@ -51,11 +51,14 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
-from isocompute.errors import InputError
+from isocompute.errors import DependencyError, InputError
 from isocompute.tasks.base import Problem
 from isocompute.tasks.extract import extract_answer, normalize_answer
 
-__all__ = ["GradeResult", "Grader", "answer_correct", "grade", "math_equal", "numbers_equal"]
+__all__ = [
+    "GradeResult", "Grader", "MapResult", "answer_correct", "grade", "map_in_process", "math_equal", "numbers_equal",
+    "require_math_verify",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -92,16 +95,42 @@ class _MathVerifyNoise(logging.Filter):
 
 @lru_cache(maxsize=1)
 def _math_verify() -> tuple[Any, Any]:
-    # Imported lazily: math-verify pulls in sympy (~1 s), which `import isocompute.tasks` should not pay.
+    """math-verify's ``(parse, verify)``, after checking once that it really grades.
+
+    Imported lazily: math-verify pulls in sympy (~1 s), which ``import isocompute.tasks`` should not pay.
+    The known-answer check matters because math-verify's ``parse`` turns any exception — a missing
+    LaTeX parser (antlr4) among them — into "no answer" logged at DEBUG, so a broken install would grade
+    every math answer wrong without a word. A failure raises :class:`DependencyError`; lru_cache does
+    not cache it, so every later call raises it again rather than grading.
+    """
+    fix = "reinstall it with `pip install 'math-verify[antlr4_13_2]'`"
     try:
         from math_verify import parse, verify
-    except ImportError as e:  # pragma: no cover - it is a declared dependency
-        raise InputError(
-            "math-verify is not installed; install it with `pip install 'math-verify[antlr4_13_2]'`."
-        ) from e
+    except ImportError as e:
+        raise DependencyError(f"math-verify is not installed or does not import ({e}); {fix}.") from e
     for name in ("math_verify.parser", "math_verify.grader"):
         logging.getLogger(name).addFilter(_MathVerifyNoise())
+    try:
+        # \frac{2}{4} and \frac{1}{2} differ as strings, so only a working LaTeX parser calls them equal.
+        half, two_quarters = (parse(t, parsing_timeout=None) for t in ("$\\frac{1}{2}$", "$\\frac{2}{4}$"))
+        works = bool(verify(half, two_quarters, timeout_seconds=None))
+    except Exception as e:  # whatever broke inside math-verify, the message names it
+        raise DependencyError(f"math-verify cannot parse LaTeX ({type(e).__name__}: {e}); {fix}.") from e
+    if not works:
+        raise DependencyError(
+            "math-verify cannot parse LaTeX: it grades \\frac{1}{2} and \\frac{2}{4} as different (its own "
+            f"error is logged by the `math_verify` logger at DEBUG); {fix}."
+        )
     return parse, verify
+
+
+def require_math_verify() -> None:
+    """Raise :class:`DependencyError` unless math-verify imports and grades ``1/2 = 2/4``; cached.
+
+    Call it before work whose grading will need math-verify, so a broken install stops the job at
+    start-up, not after hours of sampling.
+    """
+    _math_verify()
 
 
 @lru_cache(maxsize=4096)
@@ -165,6 +194,8 @@ def _soft_timeout(seconds: float | None) -> Iterator[None]:
 
 
 def _math_equal_status(gold: str, pred: str, timeout: float | None) -> int:
+    # Outside the try: a broken math-verify is the job's error, not one wrong answer.
+    require_math_verify()
     try:
         with _soft_timeout(timeout):
             return _RIGHT if math_equal(gold, pred) else _WRONG
@@ -173,6 +204,19 @@ def _math_equal_status(gold: str, pred: str, timeout: float | None) -> int:
     except Exception:  # an unparsable answer is a wrong answer, not a crashed batch
         logger.debug("math-verify failed on gold=%r pred=%r", gold[:80], pred[:80], exc_info=True)
         return _WRONG
+
+
+def _math_key_status(answer: str, timeout: float | None) -> Any:
+    from isocompute.tasks.math_forms import math_key  # lazily: math_forms reads parses through this module
+
+    try:
+        with _soft_timeout(timeout):
+            return math_key(answer)
+    except _ItemTimeout:
+        return _TIMEOUT
+    except Exception:  # an unparsable answer has no canonical form; it is compared as a string
+        logger.debug("math-verify could not parse %r", answer[:80], exc_info=True)
+        return None
 
 
 def answer_correct(gold: str, text: str, task: str, *, timeout: float | None = 5.0) -> bool:
@@ -210,6 +254,48 @@ def _verify_chunk(pairs: list[tuple[str, str]], timeout: float | None) -> list[i
     return [_math_equal_status(g, p, timeout) for g, p in pairs]
 
 
+def _key_chunk(answers: list[str], timeout: float | None) -> list[Any]:
+    """Worker side: :func:`~isocompute.tasks.math_forms.math_key` of each answer, ``_TIMEOUT`` (an int)
+    where it ran out of time."""
+    return [_math_key_status(a, timeout) for a in answers]
+
+
+# What Grader.map can run in its workers: a name, so callers need not import private functions.
+_POOL_FUNCTIONS = {"verify": _verify_chunk, "math_key": _key_chunk}
+
+
+def _map_values(function: str, raw: list[Any]) -> MapResult:
+    """Timeouts (``_TIMEOUT``) become ``None`` and are listed; verify statuses become booleans."""
+    timed_out = [i for i, v in enumerate(raw) if type(v) is int and v == _TIMEOUT]
+    values = list(raw)
+    for i in timed_out:
+        values[i] = None
+    if function == "verify":
+        values = [None if v is None else v == _RIGHT for v in values]
+    return MapResult(values, timed_out)
+
+
+def map_in_process(
+    function: str, items: Sequence[Any], *, timeout: float | None = None, deadline: float | None = None
+) -> MapResult:
+    """:meth:`Grader.map` in this process: the same values, each item under a soft timeout (default
+    5 s; it holds on the main thread only). Items still to do when ``deadline`` (a ``time.monotonic()``
+    value) passes are not run: their value is ``None`` and they are listed as timed out.
+    """
+    if function not in _POOL_FUNCTIONS:
+        raise InputError(f"map_in_process runs one of {sorted(_POOL_FUNCTIONS)}; you passed {function!r}.")
+    run = _POOL_FUNCTIONS[function]
+    raw: list[Any] = []
+    for item in items:
+        if deadline is not None and time.monotonic() >= deadline:
+            raw.append(_TIMEOUT)
+            continue
+        left = None if deadline is None else max(deadline - time.monotonic(), 1e-3)
+        per_item = 5.0 if timeout is None else timeout
+        raw += run([item], per_item if left is None else min(per_item, left))
+    return _map_values(function, raw)
+
+
 @dataclass(slots=True)
 class GradeResult:
     """Outcome of :meth:`Grader.run`: ``correct[i]`` for pair ``i``; timed-out and crashed items are
@@ -221,6 +307,17 @@ class GradeResult:
     crashed: list[int] = field(default_factory=list)
     restarts: int = 0
     seconds: float = 0.0
+
+
+@dataclass(slots=True)
+class MapResult:
+    """Outcome of :meth:`Grader.map`: ``values[i]`` for item ``i`` (``None`` where it timed out or
+    crashed a worker, both listed); ``restarts`` counts pool rebuilds."""
+
+    values: list[Any]
+    timed_out: list[int] = field(default_factory=list)
+    crashed: list[int] = field(default_factory=list)
+    restarts: int = 0
 
 
 @dataclass(slots=True)
@@ -294,6 +391,9 @@ class Grader:
 
     def _ensure_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
+            # Checked here, in the parent, so the error reaches the caller with its message; a worker
+            # whose initializer raises only leaves a BrokenProcessPool behind.
+            require_math_verify()
             ctx = multiprocessing.get_context(self.start_method)
             if self.start_method == "forkserver":
                 # Workers fork from a server that has math-verify imported, so a rebuild after a kill
@@ -304,14 +404,20 @@ class Grader:
             # Start every worker now, so process start-up does not eat into the first chunk's deadline.
             ready = [pool.submit(_worker_ready) for _ in range(self.workers)]
             _, late = wait(ready, timeout=self.startup_timeout)
+            self._pool = pool
             if late:
-                self._pool = pool
                 self._kill()
                 raise InputError(
                     f"grading workers did not start within {self.startup_timeout:.0f} s; the machine may be "
                     "overloaded — raise startup_timeout or lower workers."
                 )
-            self._pool = pool
+            if any(f.exception() is not None for f in ready):
+                self._kill()
+                raise DependencyError(
+                    "grading workers failed in their initializer (math-verify's import and warm-up; the "
+                    "traceback is printed above) although math-verify works in this process; check the "
+                    "environment a fresh Python process inherits (PYTHONPATH, the virtualenv)."
+                )
         return self._pool
 
     def _kill(self) -> None:
@@ -371,11 +477,31 @@ class Grader:
             seconds=time.perf_counter() - start,
         )
 
+    def map(self, function: str, items: Sequence[Any], *, timeout: float | None = None) -> MapResult:
+        """Run a worker function over ``items`` in the pool, with the same per-item timeouts and hang or
+        crash recovery as grading. ``function``: ``"verify"`` — items are ``(gold, pred)`` extracted
+        answers, values ``True``/``False`` (math-verify, gold first); ``"math_key"`` — items are answers,
+        values :func:`~isocompute.tasks.math_forms.math_key`. ``timeout`` (seconds per item) defaults to
+        the grader's own; a shorter one serves callers with a deadline (the gateway's vote).
+        """
+        if function not in _POOL_FUNCTIONS:
+            raise InputError(f"Grader.map runs one of {sorted(_POOL_FUNCTIONS)}; you passed {function!r}.")
+        n = len(items)
+        raw: list[Any] = [None] * n
+        crashed: list[int] = []
+        restarts = self._run_pool(list(range(n)), list(items), raw, crashed, _POOL_FUNCTIONS[function],
+                                  timeout) if n else 0
+        result = _map_values(function, raw)
+        result.crashed, result.restarts = sorted(crashed), restarts
+        return result
+
     def _run_pool(
-        self, todo: list[int], jobs: list[tuple[str, str]], status: list[int], crashed: list[int]
+        self, todo: list[int], jobs: list[Any], status: list[Any], crashed: list[int],
+        function: Any = _verify_chunk, timeout: float | None = None,
     ) -> int:
-        """Drive chunks through the pool with at most ``workers`` in flight, so each chunk starts when
-        submitted and its deadline is honest. Returns the number of pool rebuilds."""
+        """Drive chunks of ``function`` through the pool with at most ``workers`` in flight, so each
+        chunk starts when submitted and its deadline is honest. Returns the number of pool rebuilds."""
+        timeout = self.timeout if timeout is None else timeout
         pending = deque(_Chunk(todo[i : i + self.chunk_size]) for i in range(0, len(todo), self.chunk_size))
         inflight: dict[Future[list[int]], tuple[_Chunk, float]] = {}
         restarts = 0
@@ -390,11 +516,11 @@ class Grader:
                     break
                 chunk = pending.popleft()
                 fut = pool.submit(
-                    _verify_chunk,
+                    function,
                     [jobs[i] for i in chunk.indices],
-                    self.timeout if self.soft_timeout else None,
+                    timeout if self.soft_timeout else None,
                 )
-                inflight[fut] = (chunk, time.monotonic() + len(chunk.indices) * self.timeout + self.grace)
+                inflight[fut] = (chunk, time.monotonic() + len(chunk.indices) * timeout + self.grace)
                 if chunk.alone:
                     break
             next_deadline = min(deadline for _, deadline in inflight.values())

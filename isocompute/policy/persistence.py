@@ -1,0 +1,112 @@
+"""A policy's artifact directory: what :meth:`Policy.save` writes and :meth:`Policy.load` reads back.
+
+Manifest kind ``policy``, schema 1: ``policy.json`` (config — with the
+probe spec or null —, actions, action costs (probe and extra features included), the extra
+features' cost per request ``feature_cost``, budget range, default learner and why,
+feature names, the training prompt lengths the heuristic baseline uses, per learner the never-worse
+chain ``fallback`` — rule and tests at each grid budget —, and ``training_data``: what a ragged table
+lost, :mod:`isocompute.solver.ragged`), ``features.json`` +
+``features_svd.npz``, and per learner ``<learner>/model_<j>.txt`` (LightGBM text, one per member) +
+``<learner>/state.json`` (hyper-parameters, calibration table), plus any ``extra_files`` the caller
+adds (``isocompute fit`` caches the training prompts' probe values there). No pickle. ``load``
+refuses another kind, schema or a checksum mismatch; artifacts written before the probe, the extra
+features or the fallback existed load with ``probe=None``, ``feature_extras=()``, ``feature_cost_ = 0``
+and the learned rule serving every budget.
+
+Ignores: how the policy was fitted (:mod:`isocompute.policy.policy`); the files are only read back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from isocompute.artifacts import artifact_writer, load_manifest
+from isocompute.errors import ArtifactError, InputError
+from isocompute.policy.calibration import Calibration
+from isocompute.policy.config import PolicyConfig
+from isocompute.policy.crossfit import N_CALIBRATION, FittedLearner
+from isocompute.policy.fallback import LEARNED, RuleChain
+from isocompute.policy.features import PromptFeatures
+from isocompute.policy.learners import OracleClassifier, UtilityRegressor, budget_grid
+
+KIND = "policy"
+SCHEMA_VERSION = 1
+
+
+def save_policy(policy: Any, out_dir: str | Path, *, inputs: dict[str, str] | None = None,
+                extra_files: Mapping[str, bytes] | None = None) -> Path:
+    """Write a fitted policy's artifact atomically (nothing is left behind if any part fails)."""
+    with artifact_writer(out_dir, kind=KIND, schema_version=SCHEMA_VERSION, inputs=inputs,
+                         params=policy.config.to_dict()) as d:
+        policy.features_.save(d)
+        meta = {
+            "config": policy.config.to_dict(),
+            "actions": list(policy.config.actions),
+            "action_costs": policy.action_costs_.tolist(),
+            "cost_unit": policy.config.cost_unit,
+            "budget_range": list(policy.config.budget_range),
+            "default_learner": policy.default_learner_,
+            "selection": policy.selection_,
+            "learners": sorted(policy.learners_),
+            "n_train": policy.n_train_,
+            "probe": None if policy.config.probe is None else asdict(policy.config.probe),
+            "feature_cost": policy.feature_cost_,
+            "feature_names": policy.feature_names,
+            "heuristic": {"train_prompt_lengths": policy.train_lengths_.tolist()},
+            "fallback": {name: chain.to_dict() for name, chain in policy.fallback_.items()},
+            "training_data": getattr(policy, "training_data_", None),
+        }
+        (d / "policy.json").write_text(json.dumps(meta, indent=2) + "\n")
+        for name, f in policy.learners_.items():
+            (d / name).mkdir()
+            for j, model in enumerate(f.models):
+                (d / name / f"model_{j}.txt").write_text(model.booster_.model_to_string())
+            state = {"models": [m.state() for m in f.models], "calibration": f.calibration.to_dict()}
+            (d / name / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+        for fname, data in (extra_files or {}).items():
+            if Path(fname).name != fname or (d / fname).exists():
+                raise InputError(f"extra file {fname!r} must be a new plain file name in the artifact.")
+            (d / fname).write_bytes(data)
+    return Path(out_dir)
+
+
+def load_policy(cls: Any, artifact_dir: str | Path) -> Any:
+    """Read an artifact into a new ``cls`` (:class:`Policy`); ArtifactError on a kind/schema/checksum
+    mismatch or a malformed file."""
+    d = Path(artifact_dir)
+    manifest = load_manifest(d, kind=KIND, schema_version=SCHEMA_VERSION)
+    try:
+        meta = json.loads((d / "policy.json").read_text())
+        obj = cls(PolicyConfig.from_dict(meta["config"]))
+        obj.features_ = PromptFeatures.load(d)
+        obj.action_costs_ = np.asarray(meta["action_costs"], dtype=np.float64)
+        obj.feature_cost_ = float(meta.get("feature_cost", 0.0))  # absent before the extra features
+        obj.default_learner_ = meta["default_learner"]
+        obj.selection_ = meta["selection"]
+        obj.n_train_ = meta["n_train"]
+        obj.train_lengths_ = np.asarray(meta["heuristic"]["train_prompt_lengths"], dtype=np.int64)
+        grid = budget_grid(*obj.config.budget_range, N_CALIBRATION)
+        chains = meta.get("fallback") or {}  # absent before the fallback: the learned rule everywhere
+        obj.fallback_ = {name: RuleChain.from_dict(chains[name]) if name in chains else RuleChain.single(LEARNED, grid)
+                         for name in meta["learners"]}
+        obj.learners_ = {}
+        for name in meta["learners"]:
+            state = json.loads((d / name / "state.json").read_text())
+            model_cls = OracleClassifier if name == "classifier" else UtilityRegressor
+            models = [model_cls.from_state(st, (d / name / f"model_{j}.txt").read_text())
+                      for j, st in enumerate(state["models"])]
+            if len(models) != obj.config.calibration_folds:
+                raise ValueError(f"{name} has {len(models)} members, the config says "
+                                 f"{obj.config.calibration_folds}")
+            obj.learners_[name] = FittedLearner(models, Calibration.from_dict(state["calibration"]))
+    except (OSError, KeyError, TypeError, ValueError, InputError) as e:
+        raise ArtifactError(f"{d}: the policy artifact is incomplete or malformed ({type(e).__name__}: {e}); "
+                            "re-create it with `isocompute fit`.") from e
+    obj.manifest_ = manifest
+    return obj
