@@ -119,12 +119,13 @@ def inprocess_overhead(policy_dir: Path, n: int = 400) -> dict[str, float]:
     return asyncio.run(go())
 
 
-def start_gateway(policy: Path, port: int, log: Path, *, upstream: str | None = None, model: Path | None = None,
-                  env: dict[str, str] | None = None) -> subprocess.Popen:
+def start_gateway(policy: Path, port: int, log: Path, *, upstream: str | list[str] | None = None,
+                  model: Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "isocompute", "serve", "--policy", str(policy), "--port", str(port),
            "--log-level", "warning"]
     if upstream:
-        cmd += ["--upstream", upstream]
+        for u in [upstream] if isinstance(upstream, str) else upstream:
+            cmd += ["--upstream", u]
     else:
         cmd += ["--engine", "transformers"]
     if model:

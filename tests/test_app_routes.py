@@ -1,91 +1,25 @@
 """Route logic of the gateway with small fakes for the policy and the engine (STYLE 14: fakes isolate the
 room; tests/test_app_e2e.py runs the real tiny model and a real fitted policy).
 
-The fake policy returns the real :class:`isocompute.policy.policy.Decision`; the fake engine returns
-scripted completions and records its calls, so each test can check what went upstream.
+The fakes live in ``app_fakes.py`` (shared with test_app_faults.py): the fake policy implements the
+ServingPolicy contract and returns the real :class:`isocompute.policy.policy.Decision`; the fake engine
+returns scripted completions and records its calls, so each test can check what went upstream.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
 
-import numpy as np
 import pytest
+from app_fakes import ACTIONS, FakeEngine, FakePolicy, completion, make_client
 from fastapi.testclient import TestClient
 
 from isocompute.app.auth import ApiKeyRecord, hash_key
 from isocompute.app.main import create_app
 from isocompute.app.settings import Settings
-from isocompute.engines.base import Completion
 from isocompute.errors import EngineUnavailable
-from isocompute.policy.policy import Decision
-
-ACTIONS = (1, 2, 4, 8, 16)
-
-
-class FakePolicy:
-    """k = the largest action ≤ 2·budget for prompts containing "hard", else the largest ≤ budget/2."""
-
-    budget_range = (1.0, 16.0)
-
-    class config:  # noqa: N801 — mirrors Policy.config
-        cost_unit = "samples"
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[list[str], float]] = []
-
-    def decide(self, prompts, budget):
-        self.calls.append((list(prompts), float(budget)))
-        ks = []
-        for p in prompts:
-            target = 2 * budget if "hard" in p else budget / 2
-            ks.append(max([a for a in ACTIONS if a <= max(target, 1)]))
-        a = np.array([ACTIONS.index(k) for k in ks])
-        costs = np.array(ks, dtype=float)
-        return Decision(k=np.array(ks), action_index=a, budget=budget, learner="utility", internal_budget=None,
-                        lam=0.01 * budget, costs=costs, expected_cost=float(costs.mean()), cost_unit="samples")
-
-
-class FakeEngine:
-    """Answers sample j of every prompt with ``script[j % len(script)]``; records (prompts, n) per call."""
-
-    name = "fake"
-
-    def __init__(self, script=("The answer is 12.",), *, drop: int = 0, fail: Exception | None = None,
-                 delay: float = 0.0, wrong_count: bool = False):
-        self.script, self.drop, self.fail, self.delay, self.wrong_count = script, drop, fail, delay, wrong_count
-        self.all_calls: list[tuple[list[str], int]] = []
-
-    @property
-    def calls(self):
-        """Calls made for requests (the readiness probe's "1 + 1 =" left out)."""
-        return [c for c in self.all_calls if c[0] != ["1 + 1 ="]]
-
-    async def generate(self, prompts, n, max_tokens, temperature, seed=None):
-        self.all_calls.append((list(prompts), n))
-        if self.delay:
-            await asyncio.sleep(self.delay)
-        if self.fail is not None:
-            raise self.fail
-        out = [[Completion(self.script[j % len(self.script)], 10, 5) for j in range(max(n - self.drop, 0))]
-               for _ in prompts]
-        return out[:-1] if self.wrong_count else out
-
-    async def aclose(self):
-        pass
-
-
-def make_client(engine=None, policy=None, **settings):
-    s = Settings(**{"upstream_timeout_s": 2.0, "ready_probe_timeout_s": 1.0, **settings})
-    app = create_app(s, policy=policy or FakePolicy(), engine=engine or FakeEngine())
-    return TestClient(app, raise_server_exceptions=False)
-
-
-def completion(prompt="What is 5 + 7?", **extra):
-    return {"model": "isocompute", "prompt": prompt, **extra}
 
 
 def test_majority_vote_first_choice_carries_the_winner():

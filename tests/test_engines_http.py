@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from isocompute.engines.base import CircuitOpen
 from isocompute.engines.vllm_http import VLLMHTTPEngine, split_evenly
 from isocompute.errors import EngineUnavailable, InputError
 
@@ -33,6 +34,7 @@ class FakeVLLM:
         self.delay = delay
         self.fail: dict[str, list[str]] = {}  # host → queue of "500" | "connect" | "400" | "429"
         self.down: set[str] = set()  # hosts refusing connections until removed
+        self.refused: list[str] = []  # hosts of refused connections, in order
         self.calls: list[tuple[str, dict]] = []
         self.inflight: dict[str, int] = {}
         self.max_inflight: dict[str, int] = {}
@@ -41,6 +43,7 @@ class FakeVLLM:
     async def __call__(self, request: httpx.Request) -> httpx.Response:
         host = f"{request.url.host}:{request.url.port}"
         if host in self.down:
+            self.refused.append(host)
             raise httpx.ConnectError("connection refused", request=request)
         if request.url.path == "/health":
             return httpx.Response(200)
@@ -198,7 +201,8 @@ def test_5xx_and_429_are_retried():
     [
         ({}, ["400"], 3, InputError, r"rejected the request \(HTTP 400\)"),
         ({}, ["500"] * 3, 2, EngineUnavailable, r"all 3 attempts failed.*HTTP 500.*start a server"),
-        ({}, ["connect"] * 2, 1, EngineUnavailable, r"all 2 attempts failed.*ConnectError"),
+        # a refused connection opens the only upstream: the retry fails fast instead of knocking again
+        ({}, ["connect"] * 2, 1, CircuitOpen, r"every upstream is down.*ConnectError.*start a server"),
         ({"choices_delta": -1}, [], 0, EngineUnavailable, "returned 1 choices for n=2"),
     ],
 )
@@ -215,8 +219,8 @@ def test_request_errors(fake_kw, fail, retries, exc, match):
 
     with pytest.raises(exc, match=match):
         run(go())
-    if exc is InputError:
-        assert len(fake.calls) == 1  # a 4xx is the caller's fault: not retried
+    if exc in (InputError, CircuitOpen):
+        assert len(fake.calls) == 1  # a 4xx is the caller's fault: not retried; an open circuit: not sent
 
 
 @pytest.mark.parametrize(
@@ -226,6 +230,8 @@ def test_request_errors(fake_kw, fail, retries, exc, match):
         ({"upstreams": ["ftp://x"]}, "not an http"),
         ({"upstreams": [A], "max_concurrency": 0}, "max_concurrency >= 1"),
         ({"upstreams": [A], "timeout": 0}, "positive timeouts"),
+        ({"upstreams": [A], "max_cooldown": 0}, "positive timeouts and cooldowns"),
+        ({"upstreams": [A], "errors_to_trip": 0}, "errors_to_trip >= 1"),
     ],
 )
 def test_constructor_errors(kwargs, match):
@@ -263,7 +269,8 @@ def test_refused_connection_says_how_to_start_a_server():
 
 
 def test_read_timeout_is_explicit_and_retried():
-    """A server that accepts and never answers: the request times out instead of hanging."""
+    """A server that accepts and never answers: the request times out instead of hanging; a timeout is a
+    strike against the upstream (slow is not dead), so the retry goes out; errors_to_trip of them open it."""
 
     async def go():
         accepted = []
@@ -335,3 +342,261 @@ def test_greedy_asks_once_and_repeats():
     out = run(go())
     assert all(b["n"] == 1 for _, b in fake.calls) and len(fake.calls) == 2
     assert [len(o) for o in out] == [3, 3] and out[0][0] == out[0][1] == out[0][2]
+
+
+# ------------------------------------------------------------------------------------ circuit breaking (issue 12)
+
+
+def test_a_long_outage_neither_overflows_nor_outlives_the_upstream():
+    """Regression: the cooldown was ``cooldown · 2^(failures − 1)`` on an unbounded count, so after ~1,000
+    failures every later request raised OverflowError, even once the upstream was back."""
+    fake = FakeVLLM()
+    fake.down.add("a.test:8000")
+
+    async def go():
+        eng = engine_for(fake, [A], model=MODEL, backoff=0.0, cooldown=0.05, max_cooldown=0.2, retries=3)
+        try:
+            for _ in range(1500):
+                with pytest.raises(EngineUnavailable):
+                    await eng.generate(["p"], n=1, max_tokens=4, temperature=1.0)
+            fake.down.clear()  # the server is back
+            t0 = time.monotonic()
+            while True:
+                try:
+                    await eng.generate(["p"], n=1, max_tokens=4, temperature=1.0)
+                    return time.monotonic() - t0, eng.upstream_status()[0]
+                except EngineUnavailable:
+                    assert time.monotonic() - t0 < 2.0, "no recovery within 2 s of the upstream's return"
+                    await asyncio.sleep(0.01)
+        finally:
+            await eng.aclose()
+
+    recovered_after, status = run(go())
+    assert recovered_after <= 0.2 + 0.3  # at most one max_cooldown, plus scheduling slack
+    assert status["up"] is True and status["failures"] == 0  # a success resets the count
+
+
+def test_every_upstream_cooling_down_fails_fast_with_retry_after():
+    """Circuit open: once the only upstream is known down, a request fails at once, without touching the
+    network, and says when to come back."""
+    from isocompute.engines.base import CircuitOpen
+
+    fake = FakeVLLM()
+    fake.down.add("a.test:8000")
+
+    async def go():
+        eng = engine_for(fake, [A], model=MODEL, cooldown=5.0, max_cooldown=5.0)
+        try:
+            with pytest.raises(EngineUnavailable):
+                await eng.generate(["p"], n=1, max_tokens=4, temperature=1.0)
+            calls = len(fake.calls) + len(fake.refused)
+            t0 = time.monotonic()
+            with pytest.raises(CircuitOpen, match=r"a\.test:8000.*ConnectError") as info:
+                await eng.generate(["p"], n=1, max_tokens=4, temperature=1.0)
+            return time.monotonic() - t0, len(fake.calls) + len(fake.refused) - calls, info.value.retry_after
+        finally:
+            await eng.aclose()
+
+    elapsed, new_calls, retry_after = run(go())
+    assert elapsed < 0.05 and new_calls == 0
+    assert 0 < retry_after <= 5.0
+
+
+def test_half_open_sends_one_probe_at_a_time_and_a_dead_upstream_is_skipped():
+    fake = FakeVLLM(delay=0.05)
+    fake.down.add("b.test:8000")
+
+    async def go():
+        eng = engine_for(fake, [A, B], model=MODEL, cooldown=0.02, max_cooldown=0.05)
+        try:
+            await eng.generate([f"p{i}" for i in range(4)], n=1, max_tokens=4, temperature=1.0)
+            await asyncio.sleep(0.3)  # several cooldowns: B is probed, one probe at a time
+            probes = fake.refused.count("b.test:8000")
+            await eng.generate([f"q{i}" for i in range(20)], n=1, max_tokens=4, temperature=1.0)
+            return probes, {s["url"]: s for s in eng.upstream_status()}
+        finally:
+            await eng.aclose()
+
+    probes, status = run(go())
+    assert probes >= 2  # B was probed again after each cooldown, by the engine itself
+    assert status[B]["served"] == 0 and status[A]["served"] == 24  # no request waited on the dead one
+    assert status[B]["failures"] <= 64  # bounded however long it stays down
+
+
+def test_success_resets_the_cooldown_level():
+    from isocompute.engines.circuit import Breaker
+
+    b = Breaker(base=1.0, cap=8.0, rng=lambda: 1.0)
+    assert b.trip(now=0.0, epoch=b.epoch) and b.reopen_at == 1.0
+    for t in (1.0, 3.0, 7.0, 15.0):
+        b.begin_probe()
+        b.probe_failed(now=t)
+    assert b.reopen_at == 15.0 + 8.0  # 1, 2, 4, 8, then capped
+    b.begin_probe()
+    b.succeeded()
+    assert b.closed and b.level == 0 and b.failures == 0
+    assert b.trip(now=100.0, epoch=b.epoch) and b.reopen_at == 101.0  # the base cooldown again
+
+
+def test_a_failure_of_a_request_sent_before_the_trip_is_not_counted_twice():
+    from isocompute.engines.circuit import Breaker
+
+    b = Breaker(base=1.0, cap=8.0, rng=lambda: 1.0)
+    e = b.epoch
+    assert b.trip(now=0.0, epoch=e) is True
+    assert b.trip(now=0.1, epoch=e) is False  # 31 more in-flight requests failing with it change nothing
+    assert b.level == 0 and b.reopen_at == 1.0
+
+
+@given(st.integers(0, 10**9), st.floats(0.001, 100), st.floats(0.001, 1000), st.floats(0, 1))
+def test_cooldown_is_bounded_for_any_level(level, base, cap, u):
+    from isocompute.engines.circuit import cooldown_s
+
+    c = cooldown_s(level, base=base, cap=cap, u=u)
+    assert 0 < c <= min(cap, base * 2.0**60) + 1e-12 and c >= 0.5 * min(base, cap) - 1e-12
+
+
+def test_unknown_model_is_the_gateways_misconfiguration_not_the_callers():
+    """vLLM answers 404 for a model it does not serve: that is the server's configuration, so it is an
+    upstream error saying what to fix, not an InputError blamed on the client."""
+    from isocompute.engines.base import UpstreamMisconfigured
+
+    fake = FakeVLLM()
+    fake.fail["a.test:8000"] = ["404"] * 10
+
+    async def go():
+        eng = engine_for(fake, [A], model="no-such-model")
+        try:
+            await eng.generate(["p"], n=1, max_tokens=4, temperature=1.0)
+        finally:
+            await eng.aclose()
+
+    with pytest.raises(UpstreamMisconfigured, match=r"no-such-model.*--upstream-model"):
+        run(go())
+
+
+@pytest.mark.parametrize(
+    ("reply", "match"),
+    [
+        (lambda: httpx.Response(200, content=b"<html>proxy error</html>"), "not JSON"),
+        (lambda: httpx.Response(200, json=["not", "an", "object"]), "cannot read"),
+        (lambda: httpx.Response(200, json={"choices": ["x"], "usage": {}}), "cannot read"),
+        (lambda: httpx.Response(200, json={"choices": [{"text": 3, "index": 0}],
+                                           "usage": {"prompt_tokens": "many"}}), "cannot read"),
+        # a reply httpx itself cannot decode: an httpx.HTTPError that is not a TransportError
+        (lambda: httpx.Response(200, headers={"Content-Encoding": "gzip"}, stream=httpx.ByteStream(b"not gzip")),
+         "DecodingError"),
+    ],
+)
+def test_malformed_replies_are_bad_responses(reply, match):
+    from isocompute.engines.base import UpstreamBadResponse
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return reply()
+
+    async def go():
+        eng = VLLMHTTPEngine([A], model=MODEL, transport=httpx.MockTransport(handler), retries=0)
+        try:
+            await eng.generate(["p"], n=1, max_tokens=4, temperature=1.0)
+        finally:
+            await eng.aclose()
+
+    with pytest.raises(UpstreamBadResponse, match=match):
+        run(go())
+
+
+def test_requests_waiting_on_an_upstream_that_died_are_retried_elsewhere_at_once():
+    """A killed server can leave requests queued on a socket nobody serves any more: when one of its
+    connections fails, the others waiting there go to a live upstream instead of waiting out their
+    timeouts (5 s here) — with two upstreams, one killed, no caller should see the death."""
+    b_requests = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        if request.url.host == "b.test":
+            b_requests.append(body["prompt"])
+            if len(b_requests) == 1:
+                await asyncio.sleep(0.1)
+                raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+            await asyncio.sleep(5.0)  # queued on the dead server's socket
+        else:
+            await asyncio.sleep(0.2)
+        return httpx.Response(200, json={"choices": [{"index": 0, "text": body["prompt"], "token_ids": [2]}],
+                                         "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+
+    async def go():
+        eng = VLLMHTTPEngine([A, B], model=MODEL, transport=httpx.MockTransport(handler), timeout=30)
+        try:
+            t0 = time.monotonic()
+            out = await eng.generate([f"p{i}" for i in range(8)], n=1, max_tokens=4, temperature=1.0)
+            return time.monotonic() - t0, out, {s["url"]: s for s in eng.upstream_status()}
+        finally:
+            await eng.aclose()
+
+    elapsed, out, status = run(go())
+    assert [o[0].text for o in out] == [f"p{i}" for i in range(8)]
+    assert len(b_requests) >= 2  # some were waiting on B when it died
+    assert elapsed < 1.0 and status[A]["served"] == 8 and status[B]["up"] is False
+    assert status[A]["outstanding"] == status[B]["outstanding"] == 0
+
+
+def test_a_timeout_does_not_abandon_the_others_on_a_slow_upstream():
+    """Slow is not dead: one request timing out opens the upstream, but the requests already waiting
+    there keep waiting for their answers."""
+    calls = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        calls.append(body["prompt"])
+        await asyncio.sleep(0.6 if body["prompt"] == "slow" else 0.3)
+        return httpx.Response(200, json={"choices": [{"index": 0, "text": body["prompt"], "token_ids": [2]}],
+                                         "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+
+    async def go():
+        eng = VLLMHTTPEngine([A, B], model=MODEL, transport=httpx.MockTransport(handler), timeout=0.45,
+                             connect_timeout=0.01, retries=0)
+        try:
+            slow = asyncio.ensure_future(eng.generate(["slow"], n=1, max_tokens=4, temperature=1.0))
+            others = asyncio.ensure_future(eng.generate(["a", "b"], n=1, max_tokens=4, temperature=1.0))
+            return await asyncio.gather(slow, others, return_exceptions=True)
+        finally:
+            await eng.aclose()
+
+    slow, others = run(go())
+    assert isinstance(slow, EngineUnavailable)
+    assert [o[0].text for o in others] == ["a", "b"]
+
+
+def test_an_upstream_that_stops_answering_is_shut_after_a_few_deadlines():
+    """A server that accepts and answers nothing: with the caller's deadline in REQUEST_DEADLINE the engine
+    times out just before it, counts a strike, and after errors_to_trip strikes sends nothing there."""
+    from isocompute.engines.base import REQUEST_DEADLINE
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "a.test":
+            await asyncio.sleep(30)
+        return httpx.Response(200, json={"choices": [{"index": 0, "text": "ok", "token_ids": [2]}],
+                                         "usage": {"prompt_tokens": 1}})
+
+    async def one(eng):
+        token = REQUEST_DEADLINE.set(time.monotonic() + 0.3)
+        try:
+            await asyncio.wait_for(eng.generate(["p"], n=1, max_tokens=4, temperature=1.0), 0.3)
+            return "ok"
+        except TimeoutError:
+            return "timeout"
+        finally:
+            REQUEST_DEADLINE.reset(token)
+
+    async def go():
+        eng = VLLMHTTPEngine([A, B], model=MODEL, transport=httpx.MockTransport(handler), timeout=60,
+                             cooldown=30, max_cooldown=30)
+        try:
+            rounds = [sorted(await asyncio.gather(one(eng), one(eng))) for _ in range(6)]
+            return rounds, eng.upstream_status()[0]
+        finally:
+            await eng.aclose()
+
+    rounds, hung = run(go())
+    assert sum(r.count("timeout") for r in rounds) == 3 and rounds[-3:] == [["ok", "ok"]] * 3, rounds
+    assert hung["up"] is False and "no answer within" in hung["last_error"]

@@ -129,6 +129,10 @@ class ControllerBank:
             self._items.move_to_end(key)
         return ctl
 
+    def holds(self, key: Hashable, controller: BudgetController) -> bool:
+        """True while ``controller`` is still the one kept for ``key`` (not evicted meanwhile)."""
+        return self._items.get(key) is controller
+
     def clear(self) -> None:
         """Forget every key (after a policy reload the old internal budgets mean nothing)."""
         for key in list(self._items):

@@ -14,14 +14,20 @@ error                      status  type                       when
 ``PermissionDenied``       403     ``permission_error``       a key asks for more than it may
 ``ModelNotFound``          404     ``invalid_request_error``  ``model`` is not the served model
 ``RateLimited``            429     ``rate_limit_error``       the key's request rate is exceeded
+``UpstreamMisconfigured``  502     ``upstream_error``         upstream refuses this server's settings
 ``UpstreamBadResponse``    502     ``upstream_error``         upstream answered with nothing usable
+``CircuitOpen``            503     ``service_unavailable``    every upstream is down: not even tried
 ``EngineUnavailable``      503     ``service_unavailable``    upstream down / policy not loaded
 ``UpstreamTimeout``        504     ``upstream_timeout``       upstream did not answer in time
 ``ArtifactError``          503     ``service_unavailable``    the policy artifact cannot be loaded
+``ClientDisconnected``     499     ``client_closed_request``  the client went away (nobody reads it)
 =========================  ======  =========================  ========================================
 
-502, 503, 504 and 429 carry ``Retry-After``. Anything else is a bug: 500 with a generic message (the
-traceback goes to the log, not to the client).
+502, 503, 504 and 429 carry ``Retry-After``: the error's own ``retry_after`` when it has one (the rate
+limiter's next token, the circuit's next probe), else the server's ``retry_after_s``. Every failure of
+an upstream is one of the 5xx above (:mod:`isocompute.app.execute` maps an engine's unexpected exception
+to 502). Anything else is a bug of the gateway: 500 with a generic message (the traceback goes to the
+log, not to the client).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from isocompute.engines.base import CircuitOpen, UpstreamBadResponse, UpstreamMisconfigured
 from isocompute.errors import (
     ArtifactError,
     BudgetError,
@@ -63,11 +70,16 @@ class RateLimited(IsoComputeError):
 
 
 class UpstreamTimeout(EngineUnavailable):
-    """The upstream call ran past ``upstream_timeout_s``."""
+    """The upstream call ran past the request's deadline (``upstream_timeout_s`` after it arrived)."""
 
 
-class UpstreamBadResponse(EngineUnavailable):
-    """The upstream answered, but with nothing usable (no completions, wrong count)."""
+class ClientDisconnected(IsoComputeError):
+    """The client closed the connection before the answer; its upstream work was cancelled."""
+
+
+__all__ = ["AuthError", "CircuitOpen", "ClientDisconnected", "ModelNotFound", "PermissionDenied", "RateLimited",
+           "UpstreamBadResponse", "UpstreamMisconfigured", "UpstreamTimeout", "classify", "error_body",
+           "error_responses", "install_error_handlers"]
 
 
 # (class, status, type, code) — most specific first; the first isinstance match wins.
@@ -79,9 +91,12 @@ STATUS: tuple[tuple[type[BaseException], int, str, str], ...] = (
     (PermissionDenied, 403, "permission_error", "permission_denied"),
     (RateLimited, 429, "rate_limit_error", "rate_limit_exceeded"),
     (UpstreamTimeout, 504, "upstream_timeout", "upstream_timeout"),
+    (UpstreamMisconfigured, 502, "upstream_error", "upstream_misconfigured"),
     (UpstreamBadResponse, 502, "upstream_error", "upstream_bad_response"),
+    (CircuitOpen, 503, "service_unavailable", "upstream_circuit_open"),
     (EngineUnavailable, 503, "service_unavailable", "engine_unavailable"),
     (ArtifactError, 503, "service_unavailable", "policy_unavailable"),
+    (ClientDisconnected, 499, "client_closed_request", "client_closed_request"),
 )
 
 
@@ -154,9 +169,13 @@ def install_error_handlers(app: Any, retry_after_s: int) -> None:
     @app.exception_handler(IsoComputeError)
     async def _domain(request: Request, exc: IsoComputeError) -> JSONResponse:
         status, type_, code = classify(exc)
-        retry = exc.retry_after if isinstance(exc, RateLimited) else (retry_after_s if status >= 502 else None)
+        own = getattr(exc, "retry_after", None)
+        retry = own if own is not None else (retry_after_s if status >= 502 else None)
         if status >= 500:
-            log.warning("%s %s → %d: %s", request.method, request.url.path, status, exc)
+            # an open circuit answers thousands of requests a second in an outage; the engine logs the
+            # transitions, so each fast 503 is only worth a debug line
+            log.log(logging.DEBUG if isinstance(exc, CircuitOpen) else logging.WARNING, "%s %s → %d: %s",
+                    request.method, request.url.path, status, exc)
         param = getattr(exc, "param", None) or ("budget" if isinstance(exc, BudgetError) else None)
         return respond(status, error_body(str(exc), type_, param=param, code=code), retry)
 

@@ -1,49 +1,35 @@
-"""The gateway's work behind the routes: budget → decision → one upstream call per k → vote → answer.
+"""The gateway's work behind the routes: price → decide → execute → vote → account.
 
-For a request with prompts ``x_1 … x_P`` under budget key ``(caller, B, unit)``:
+For a request with prompts ``x_1 … x_P``, arriving with a deadline ``upstream_timeout_s`` away:
 
-1. the key's :class:`~isocompute.app.budget_control.BudgetController` gives the internal budget ``b``
-   (``B`` itself when control is off), and ``Policy.decide(prompts, b)`` returns an action (k) per
-   prompt, λ and the expected cost;
-2. k is capped by the request's ``max_samples`` and the server's ``max_samples`` (never exceeded);
-3. prompts with equal k go upstream together in ONE ``engine.generate(prompts, n=k, …)`` call (a single
-   prompt → a single call), so the engine shares each prompt's prefix across its k samples;
-4. every sample's answer is extracted (``isocompute.tasks.extract.extract_answer``) and voted on
-   (``app.aggregate``); the winning sample's text is the answer. Samples that failed upstream (fewer
+1. **price** (:func:`isocompute.app.pricing.price_request`): the budget in samples and in the policy's
+   unit, checked against the server's and the policy's limits; the cap on samples per prompt; the
+   budget controller's key;
+2. **decide**: the key's :class:`~isocompute.app.budget_control.BudgetController` gives the internal
+   budget ``b`` (the priced budget itself when control is off), the policy's probe runs when it has one,
+   and ``policy.decide(texts, b)`` returns an action (k) per prompt, λ and the expected cost — the
+   policy is reached only through :class:`~isocompute.app.serving_policy.ServingPolicy`; k is capped;
+3. **execute** (:func:`isocompute.app.execute.execute`): the samples, upstream, within the deadline;
+4. **vote**: every sample's answer is extracted (``isocompute.tasks.extract.extract_answer``) and voted
+   on (``app.aggregate``); the winning sample's text is the answer. Samples that failed upstream (fewer
    than k returned, or ``finish_reason`` ``error``/``abort``) are left out and the answer says ``partial``;
-5. the realised cost (k in samples; prefill once + every decode in FLOPs) goes to the controller.
+5. **account**: the realised cost (k in samples; prefill once + every decode in FLOPs) goes to the
+   controller, FLOPs and samples to the metrics and the response.
 
-A policy with a probe feature (``policy.config.probe``) needs one cheap model call per prompt before it
-can decide: the engine answers the policy text greedily (:func:`isocompute.engines.probe.probe_entropy`,
-in the probe spec's prompt format, so the model sees what it saw at fit time) and the mean token entropy
-goes to ``decide(..., probe=values)``. The probe is part of the request's cost: ``expected_cost``
-includes its declared cost (the policy adds it to every action), ``flops`` and ``usage.flops`` include
-the call's FLOPs, the controller is charged k + the probe's cost, and ``isocompute.probe`` itemises it.
-A policy with extra feature blocks (``policy.config.feature_extras``, e.g. the minilm sentence
-embedding) computes them inside ``decide`` on this machine; they are paid the same way: ``expected_cost``
-includes their declared cost (``policy.feature_cost_``), ``flops``/``usage.flops`` include the
-encoder's FLOPs for this prompt, and the controller is charged k + their cost (not itemised in the
-response yet). Such a ``decide`` runs in the gateway's one decide worker thread, off the event loop (the
-encoder takes milliseconds per prompt); a text-only policy decides inline (~0.5 ms).
+A policy with a probe feature needs one cheap model call per prompt before it can decide, and a policy
+with extra feature blocks computes them inside ``decide`` (:mod:`isocompute.app.extras`). Both are part
+of the request's cost: ``expected_cost`` includes their declared costs (the policy adds them to every
+action), ``flops`` and ``usage.flops`` their FLOPs, the controller is charged k + their cost, and
+``isocompute.probe`` itemises the probe. A ``decide`` with extra blocks runs in the gateway's one decide
+worker thread, off the event loop (the encoder takes milliseconds per prompt); a text-only policy
+decides inline (~0.5 ms).
 
-Chat requests are rendered to one prompt with the model tokenizer's chat template (the transformers
-engine's tokenizer, or the tokenizer in ``model_dir`` for vLLM upstreams — the same template vLLM's
-own chat endpoint applies).
-
-Budget units: the policy's budgets are in its ``cost_unit`` (samples or FLOPs); a request's budget in the
-other unit is converted with the FLOPs of one sample — the policy's training average when it prices in
-FLOPs, else this request's prompt with a ``max_tokens`` completion (an overestimate, so the first
-requests underspend) — and the controller, which measures the error in the request's unit, corrects the
-conversion online. Limits (``max_budget``, a key's ``max_budget``) are in samples.
-
-Ignores: streaming, stop strings, and cancelling the in-process engine's thread on timeout (the call
-finishes in the background; the client already got its 504).
+Ignores: streaming and stop strings.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -56,14 +42,20 @@ import numpy as np
 from isocompute.app.aggregate import Vote, best_of, majority_vote
 from isocompute.app.auth import Principal
 from isocompute.app.budget_control import BudgetController, ControllerBank
-from isocompute.app.errors import UpstreamBadResponse, UpstreamTimeout
+from isocompute.app.chat import policy_text, render_chat
+from isocompute.app.errors import ModelNotFound
+from isocompute.app.execute import Backend, Deadline, execute
+from isocompute.app.extras import FeatureCall, ProbeCall, feature_call, probe_call
 from isocompute.app.metrics import Metrics
+from isocompute.app.pricing import BudgetPlan, budget_unit, price_request
+from isocompute.app.readiness import UpstreamHealth
 from isocompute.app.schemas import ChatMessage, IsoComputeInfo, ProbeInfo
+from isocompute.app.serving_policy import PolicyDecision, ServingPolicy, as_serving_policy
 from isocompute.app.settings import Settings
-from isocompute.engines.base import Completion, Engine
-from isocompute.errors import BudgetError, EngineUnavailable, InputError
+from isocompute.engines.base import Completion, Engine, UpstreamBadResponse
+from isocompute.errors import EngineUnavailable, InputError
 
-log = logging.getLogger("isocompute.app")
+__all__ = ["Answer", "FeatureCall", "Gateway", "ProbeCall", "Routing", "Verifier", "policy_text", "render_chat"]
 
 FAILED_REASONS = frozenset({"error", "abort"})
 SEED_MODULUS = 2**31
@@ -76,50 +68,34 @@ class Verifier(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class ProbeCall:
-    """The probe feature's call for a request's prompts: per prompt its value, generated tokens, FLOPs
-    (None without the model's config) and cost in the request's budget unit; the spec's declared cost."""
-
-    name: str
-    values: list[float]
-    tokens: list[int]
-    flops: list[float | None]
-    costs: list[float]
-    declared_cost: float
-
-
-@dataclass(frozen=True, slots=True)
-class FeatureCall:
-    """The policy's extra feature blocks for a request's prompts: their names, per prompt the encoder's
-    FLOPs and the cost in the request's budget unit; the policy's declared cost per request."""
-
-    names: tuple[str, ...]
-    flops: list[float]
-    costs: list[float]
-    declared_cost: float
-
-
-@dataclass(frozen=True, slots=True)
 class Routing:
-    """The decision for one request: per-prompt k (capped and as the policy asked), action indices and
-    expected costs (in the policy's unit, the probe's included), λ (``None`` for a classifier policy,
-    whose knob is the internal budget), the budget bookkeeping the response reports, and the probe call
-    and the extra features when the policy has them."""
+    """The decision for one request: its priced budget; per prompt the samples to draw (k, capped), the
+    k the policy asked for, the action and its expected cost (policy unit, probe included); λ (None for
+    a classifier policy, whose knob is the internal budget); the internal budget handed to the policy and
+    the key's controller; the probe call and the extra features when the policy has them."""
 
+    plan: BudgetPlan
     ks: list[int]
     policy_ks: list[int]
     actions: list[int]
     costs: list[float]
     lam: float | None
     expected_cost: float
-    policy_unit: str
-    budget: float
-    unit: str
     internal_budget: float
-    budget_key: str
-    controller: BudgetController | None
+    controller: BudgetController
     probe: ProbeCall | None = None
     features: FeatureCall | None = None
+
+    @classmethod
+    def of(cls, decision: PolicyDecision, plan: BudgetPlan, n: int, **rest: Any) -> Routing:
+        policy_ks = [int(k) for k in np.asarray(decision.k).reshape(-1)]
+        actions = [int(a) for a in np.asarray(decision.action_index).reshape(-1)]
+        costs = [float(c) for c in np.asarray(decision.costs, dtype=float).reshape(-1)]
+        if not (len(policy_ks) == len(actions) == len(costs) == n):
+            raise RuntimeError(f"policy returned {len(policy_ks)} decisions for {n} prompts")
+        lam = None if decision.lam is None else float(decision.lam)
+        return cls(plan, [max(1, min(k, plan.cap)) for k in policy_ks], policy_ks, actions, costs, lam,
+                   float(decision.expected_cost), **rest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,77 +108,6 @@ class Answer:
     completion_tokens: int
     flops: float | None
     info: IsoComputeInfo
-
-
-def _message_text(i: int, m: ChatMessage) -> str:
-    if isinstance(m.content, list):
-        parts = []
-        for part in m.content:
-            if part.type != "text" or part.text is None:
-                raise InputError(f"messages[{i}] has a {part.type!r} part; only text parts are supported")
-            parts.append(part.text)
-        return "".join(parts)
-    return m.content or ""
-
-
-def policy_text(messages: Sequence[ChatMessage]) -> str:
-    """The text the policy's features are computed from: the last user message.
-
-    Outcome tables hold the bare question in ``prompt`` and the policy was fitted on it, so features of
-    the chat-templated string (role markers, system prompt) would be out of distribution.
-    """
-    for i in range(len(messages) - 1, -1, -1):
-        if messages[i].role == "user":
-            return _message_text(i, messages[i])
-    return _message_text(len(messages) - 1, messages[-1])
-
-
-def render_chat(tokenizer: Any, messages: Sequence[ChatMessage]) -> str:
-    """One prompt string from OpenAI chat messages via the tokenizer's chat template.
-
-    Raises :class:`InputError` for non-text content or a tokenizer without a template.
-    """
-    if not getattr(tokenizer, "chat_template", None):
-        raise InputError("the served model's tokenizer has no chat template; use /v1/completions instead")
-    rendered = [{"role": "system" if m.role == "developer" else m.role, "content": _message_text(i, m)}
-                for i, m in enumerate(messages)]
-    if not any(r["content"].strip() for r in rendered):
-        raise InputError("every message is empty; send at least one message with text content")
-    text = tokenizer.apply_chat_template(rendered, tokenize=False, add_generation_prompt=True)
-    # Templates often render BOS while encoding adds it again; a doubled BOS is out of distribution.
-    bos = getattr(tokenizer, "bos_token", None)
-    if bos and text.startswith(bos):
-        ids = tokenizer("")["input_ids"]
-        if ids and ids[0] == getattr(tokenizer, "bos_token_id", None):
-            text = text[len(bos):]
-    return str(text)
-
-
-def policy_budget_range(policy: Any) -> tuple[float, float]:
-    """The budgets the policy was calibrated for, in :func:`policy_cost_unit`."""
-    lo, hi = policy.budget_range
-    return float(lo), float(hi)
-
-
-def policy_cost_unit(policy: Any) -> str:
-    """``samples`` or ``flops``: the unit of the policy's budgets and costs."""
-    config = getattr(policy, "config", None)
-    return str(getattr(config, "cost_unit", "samples"))
-
-
-def policy_probe(policy: Any) -> Any:
-    """The policy's :class:`~isocompute.policy.policy.ProbeSpec`, or None (policies without a probe)."""
-    return getattr(getattr(policy, "config", None), "probe", None)
-
-
-def policy_extras(policy: Any) -> tuple[str, ...]:
-    """Names of the policy's extra feature blocks (e.g. ``("minilm",)``), empty without."""
-    return tuple(getattr(getattr(policy, "config", None), "feature_extras", ()) or ())
-
-
-def policy_feature_cost(policy: Any) -> float:
-    """The declared cost per request of the policy's extra feature blocks, in its unit (0 without)."""
-    return float(getattr(policy, "feature_cost_", 0.0) or 0.0)
 
 
 class Gateway:
@@ -221,7 +126,7 @@ class Gateway:
         context_limit: int | None = None,
         verifier: Verifier | None = None,
     ) -> None:
-        self.policy = policy
+        self.policy: ServingPolicy | None = None if policy is None else as_serving_policy(policy)
         self.engine = engine
         self.settings = settings
         self.metrics = metrics
@@ -230,27 +135,41 @@ class Gateway:
         self.model_flops = model_flops
         self.context_limit = context_limit
         self.verifier = verifier
-        self.upstream_answered = False
+        self.health = UpstreamHealth()
+        self.backend = Backend(engine, metrics, self.health)
         self.controllers = ControllerBank(max_keys=settings.control_max_keys,
-                                          on_evict=lambda key: metrics.forget(_key_label(key)))
+                                          on_evict=lambda key: metrics.forget(self._labels.pop(key, "")))
+        self._labels: dict[Any, str] = {}
         self._decide_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="isocompute-decide")
 
     def close(self) -> None:
         """Stop the decide worker (requests still running in it finish first)."""
         self._decide_pool.shutdown(wait=True, cancel_futures=True)
 
+    def deadline(self) -> Deadline:
+        """A new request's deadline: ``upstream_timeout_s`` from now."""
+        return Deadline.after(self.settings.upstream_timeout_s)
+
+    async def watch_upstream(self) -> None:
+        """The readiness task (:meth:`UpstreamHealth.watch`); runs until cancelled."""
+        s = self.settings
+        await self.health.watch(self.engine, interval_s=s.ready_interval_s, timeout_s=s.ready_probe_timeout_s)
+
     # ---- policy ---------------------------------------------------------------------------------
 
     def replace_policy(self, policy: Any) -> None:
         """Swap in a reloaded policy; the old controllers' internal budgets no longer apply."""
-        self.policy = policy
+        self.policy = as_serving_policy(policy)
         self.controllers.clear()
+
+    def _loaded_policy(self) -> ServingPolicy:
+        if self.policy is None:
+            raise EngineUnavailable("no policy loaded; start the gateway with --policy DIR or POST /admin/reload")
+        return self.policy
 
     # ---- input checks ---------------------------------------------------------------------------
 
     def check_model(self, model: str | None) -> None:
-        from isocompute.app.errors import ModelNotFound
-
         if model is not None and model != self.settings.served_model:
             raise ModelNotFound(
                 f"model {model!r} is not served here; send model={self.settings.served_model!r} "
@@ -310,150 +229,80 @@ class Gateway:
         unit: str | None,
         max_samples: int | None,
         max_tokens: int,
+        temperature: float,
+        deadline: Deadline,
         prompt_tokens: list[int] | None = None,
         policy_prompts: list[str] | None = None,
     ) -> Routing:
-        """Decide k for every prompt (see the module docstring). Raises BudgetError / PermissionDenied.
+        """Decide k for every prompt (module docstring, steps 1–2). Raises BudgetError / PermissionDenied.
 
         ``policy_prompts`` (default ``prompts``) is the text the policy sees: for chat, the question
         without the chat template (see :func:`policy_text`). A probe policy's probe call happens here,
         after the budget checks, so a refused request costs no model call.
         """
-        s = self.settings
-        policy = self.policy  # one policy for the whole request, whatever /admin/reload does meanwhile
-        if policy is None:
-            raise EngineUnavailable("no policy loaded; start the gateway with --policy DIR or POST /admin/reload")
-        unit = unit or (s.default_budget_unit if budget is None else "samples")
-        B = s.default_budget if budget is None else float(budget)
-        lo, hi = policy_budget_range(policy)
-        p_unit = policy_cost_unit(policy)
-        per_sample = 1.0 if unit == p_unit == "samples" else self._flops_per_sample(prompt_tokens, max_tokens)
-        b_samples = B if unit == "samples" else B / per_sample
-        b_policy = b_samples if p_unit == "samples" else b_samples * per_sample
-        shown = (f"{B:g} samples" if unit == "samples" else
-                 f"{B:g} FLOPs (≈ {b_samples:.3g} samples of up to {max_tokens} tokens here)")
-        if b_samples > s.max_budget:
-            raise BudgetError(f"budget {shown} exceeds this server's max_budget {s.max_budget:g} samples; "
-                              "send a smaller budget")
-        if not (lo <= b_policy <= hi):
-            rng = f"[{lo:g}, {hi:g}] {p_unit}"
-            raise BudgetError(f"budget {shown} is outside the policy's calibrated range {rng} per request; "
-                              "send a budget in that range")
-        principal.check_budget(b_samples)
-        key = (principal.name, B, unit)
-        ctl = None
-        internal = b_policy
-        if s.budget_control:
-            ctl = self.controllers.get(key, lambda: BudgetController(
-                B, lo=lo, hi=hi, gain=s.control_gain, max_step=s.control_max_step, initial=b_policy))
-            internal = ctl.internal
+        policy = self._loaded_policy()  # one policy for the whole request, whatever /admin/reload does
         texts = prompts if policy_prompts is None else policy_prompts
+        plan = self._price(policy, principal, budget, unit, max_samples, max_tokens, temperature, prompt_tokens)
+        ctl = self._controller(plan, policy)
+        internal = ctl.internal if self.settings.budget_control else plan.policy_budget
         probe = None
-        spec = policy_probe(policy)
-        if spec is not None:
-            probe = await self._probe_feature(texts, spec, unit, p_unit, per_sample)
+        if policy.probe is not None:
+            probe = await probe_call(self.backend, texts, policy.probe, plan, deadline, tokenizer=self.tokenizer,
+                                     model_flops=self.model_flops)
+        decision, features = await self._decide(policy, texts, internal, probe, plan)
+        routing = Routing.of(decision, plan, len(prompts), internal_budget=float(internal), controller=ctl,
+                             probe=probe, features=features)
+        self._export(routing)
+        return routing
 
-        def decide() -> tuple[Any, FeatureCall | None]:
+    def _price(self, policy: ServingPolicy, principal: Principal, budget: float | None, unit: str | None,
+               max_samples: int | None, max_tokens: int, temperature: float,
+               prompt_tokens: list[int] | None) -> BudgetPlan:
+        s = self.settings
+        resolved = budget_unit(budget, unit, s.default_budget_unit)
+        flops = (None if resolved == policy.cost_unit == "samples"
+                 else self._sample_flops(policy, prompt_tokens, max_tokens))
+        plan = price_request(budget, resolved, caller=principal.name, policy_range=policy.budget_range,
+                             policy_unit=policy.cost_unit, sample_flops=flops, limits=s, max_samples=max_samples,
+                             temperature=temperature, max_tokens=max_tokens)
+        principal.check_budget(plan.samples)
+        return plan
+
+    def _controller(self, plan: BudgetPlan, policy: ServingPolicy) -> BudgetController:
+        """The key's controller (made on first sight). Kept with control off too, for its mean-cost metric
+        and so that the metric labels stay bounded by the bank's LRU."""
+        s = self.settings
+        lo, hi = policy.budget_range
+
+        def make() -> BudgetController:
+            self._labels[plan.key] = plan.label
+            return BudgetController(plan.budget, lo=lo, hi=hi, gain=s.control_gain, max_step=s.control_max_step,
+                                    initial=plan.policy_budget)
+
+        return self.controllers.get(plan.key, make)
+
+    async def _decide(self, policy: ServingPolicy, texts: list[str], internal: float, probe: ProbeCall | None,
+                      plan: BudgetPlan) -> tuple[PolicyDecision, FeatureCall | None]:
+        def decide() -> tuple[PolicyDecision, FeatureCall | None]:
             t0 = time.perf_counter()
-            if probe is None:
-                decision = policy.decide(texts, internal)
-            else:
-                decision = policy.decide(texts, internal, probe=np.asarray(probe.values))
+            decision = policy.decide(texts, internal, probe=None if probe is None else np.asarray(probe.values))
             self.metrics.decision.observe(time.perf_counter() - t0)
-            return decision, self._feature_call(policy, texts, unit, p_unit, per_sample)
+            return decision, feature_call(policy, texts, plan)
 
-        if policy_extras(policy):
+        if policy.feature_extras:
             # a model call per prompt (milliseconds): off the event loop, one at a time (decide is not
             # written to run concurrently with itself)
-            decision, features = await asyncio.get_running_loop().run_in_executor(self._decide_pool, decide)
-        else:
-            decision, features = decide()  # ~0.5 ms: a thread hop would cost more than it frees
-        policy_ks = [int(k) for k in np.asarray(decision.k).reshape(-1)]
-        actions = [int(a) for a in np.asarray(decision.action_index).reshape(-1)]
-        costs = [float(c) for c in np.asarray(decision.costs, dtype=float).reshape(-1)]
-        if not (len(policy_ks) == len(actions) == len(prompts)):
-            raise RuntimeError(f"policy returned {len(policy_ks)} decisions for {len(prompts)} prompts")
-        cap = min(s.max_samples, max_samples or s.max_samples)
-        ks = [max(1, min(k, cap)) for k in policy_ks]
-        lam = decision.lam
-        label = _key_label(key)
-        if lam is not None:
-            self.metrics.lam.labels(label).set(float(lam))
-        self.metrics.internal_budget.labels(label).set(internal)
-        return Routing(ks, policy_ks, actions, costs, None if lam is None else float(lam),
-                       float(decision.expected_cost), p_unit, B, unit, float(internal), label, ctl, probe, features)
+            return await asyncio.get_running_loop().run_in_executor(self._decide_pool, decide)
+        return decide()  # ~0.5 ms: a thread hop would cost more than it frees
 
-    async def _probe_feature(self, texts: list[str], spec: Any, unit: str, p_unit: str,
-                             per_sample: float) -> ProbeCall:
-        """Run the policy's probe on ``texts`` and price each call in the request's unit ``unit``.
-
-        Samples: the declared cost (converted with ``per_sample`` FLOPs when the policy prices in FLOPs).
-        FLOPs: the call's analytic FLOPs when the model's config is known, else the declared cost.
-        """
-        from isocompute.app.batching import BatchingEngine
-        from isocompute.engines.probe import probe_entropy, probe_flops
-
-        if spec.prompt_format == "chat":
-            if self.tokenizer is None:
-                raise EngineUnavailable("this policy's probe runs on the chat template and this gateway has no "
-                                        "tokenizer; start it with --model DIR (the checkpoint the upstream serves)")
-            from isocompute.engines.transformers_engine import apply_chat_template
-
-            shown = [apply_chat_template(self.tokenizer, t) for t in texts]
-        else:
-            shown = [t + "\n" for t in texts]
-        engine = self.engine.engine if isinstance(self.engine, BatchingEngine) else self.engine
-        try:
-            res = await asyncio.wait_for(probe_entropy(engine, shown, spec.max_tokens),
-                                         timeout=self.settings.upstream_timeout_s)
-        except TimeoutError:
-            self.metrics.upstream_errors.labels("timeout").inc()
-            raise UpstreamTimeout(f"the probe call to {self.engine.name} did not answer within "
-                                  f"{self.settings.upstream_timeout_s:g} s; retry later or raise upstream_timeout_s"
-                                  ) from None
-        except EngineUnavailable:
-            self.metrics.upstream_errors.labels("unavailable").inc()
-            raise
-        flops: list[float | None] = [None] * len(texts)
-        if self.model_flops is not None:
-            flops = [float(f) for f in probe_flops(self.model_flops, res.prompt_tokens, res.completion_tokens)]
-        declared = float(spec.cost)
-        if unit == "samples":
-            c = declared if p_unit == "samples" else declared / per_sample
-            costs = [c] * len(texts)
-        else:
-            fallback = declared if p_unit == "flops" else declared * per_sample
-            costs = [fallback if f is None else f for f in flops]
-        return ProbeCall(spec.name, [float(v) for v in res.values], [int(m) for m in res.completion_tokens],
-                         flops, costs, declared)
-
-    def _feature_call(self, policy: Any, texts: list[str], unit: str, p_unit: str,
-                      per_sample: float) -> FeatureCall | None:
-        """The extra feature blocks' FLOPs per prompt and their cost in the request's unit ``unit`` (None
-        when the policy has none). Samples: the declared cost (converted with ``per_sample`` FLOPs when
-        the policy prices in FLOPs); FLOPs: the encoder's FLOPs for this prompt."""
-        if not policy_extras(policy):
-            return None
-        flops = [float(f) for f in policy.features_.extra_flops(texts)]
-        declared = policy_feature_cost(policy)
-        if unit == "samples":
-            costs = [declared if p_unit == "samples" else declared / per_sample] * len(texts)
-        else:
-            costs = list(flops)
-        return FeatureCall(policy_extras(policy), flops, costs, declared)
-
-    def _flops_per_sample(self, prompt_tokens: list[int] | None, max_tokens: int) -> float:
-        """FLOPs one sample costs, to convert between budget units: the policy's training average when
-        it prices in FLOPs, else this request's prompt with a ``max_tokens`` completion."""
-        if policy_cost_unit(self.policy) == "flops":
-            # the probe's and extra features' costs are in every action's cost, not a sample's
-            paid = float(getattr(policy_probe(self.policy), "cost", 0.0)) + policy_feature_cost(self.policy)
-            per = ((np.asarray(self.policy.action_costs_, dtype=float) - paid)
-                   / np.asarray(self.policy.actions, dtype=float))
-            return float(per.mean())
+    def _sample_flops(self, policy: ServingPolicy, prompt_tokens: list[int] | None, max_tokens: int) -> float | None:
+        """FLOPs of one sample, to convert between budget units: the policy's training average when it
+        prices in FLOPs, else this request's prompt with a ``max_tokens`` completion (None without the
+        model's config)."""
+        if policy.sample_flops is not None:
+            return policy.sample_flops
         if self.model_flops is None:
-            raise BudgetError("budget_unit 'flops' needs the model's config for FLOP accounting; start the "
-                              "gateway with --model DIR, or send the budget in samples")
+            return None
         from isocompute.flops import request_flops
 
         p = int(np.mean(prompt_tokens)) if prompt_tokens else 64
@@ -470,40 +319,14 @@ class Gateway:
         temperature: float,
         seed: int | None,
         strategy: str,
+        deadline: Deadline,
     ) -> list[Answer]:
-        """Sample, vote and account for every prompt of a routed request."""
+        """Sample, vote and account for every prompt of a routed request (module docstring, steps 3–5)."""
         if strategy == "best_of" and self.verifier is None:
             raise InputError("strategy 'best_of' needs a verifier and this server has none configured; "
                              "use strategy 'majority'")
-        groups: dict[int, list[int]] = {}
-        for i, k in enumerate(routing.ks):
-            groups.setdefault(k, []).append(i)
-        results: list[list[Completion]] = [[] for _ in prompts]
-        t0 = time.perf_counter()
-        try:
-            outs = await asyncio.wait_for(
-                asyncio.gather(*(self.engine.generate([prompts[i] for i in idx], k, max_tokens, temperature, seed)
-                                 for k, idx in groups.items())),
-                timeout=self.settings.upstream_timeout_s,
-            )
-        except TimeoutError:
-            self.metrics.upstream_errors.labels("timeout").inc()
-            raise UpstreamTimeout(
-                f"upstream {self.engine.name} did not answer within {self.settings.upstream_timeout_s:g} s; "
-                "retry later, lower max_tokens or budget, or raise upstream_timeout_s"
-            ) from None
-        except EngineUnavailable:
-            self.metrics.upstream_errors.labels("unavailable").inc()
-            raise
-        self.metrics.upstream_latency.observe(time.perf_counter() - t0)
-        for (_k, idx), out in zip(groups.items(), outs, strict=True):
-            if not isinstance(out, list) or len(out) != len(idx):
-                self.metrics.upstream_errors.labels("bad_response").inc()
-                raise UpstreamBadResponse(f"upstream {self.engine.name} returned {len(out)} results for "
-                                          f"{len(idx)} prompts; check the upstream server")
-            for i, comps in zip(idx, out, strict=True):
-                results[i] = list(comps)
-        self.upstream_answered = True
+        results = await execute(self.backend, prompts, routing.ks, max_tokens=max_tokens, temperature=temperature,
+                                seed=seed, deadline=deadline)
         return [self._answer(prompts[i], results[i], routing, i, strategy, seed) for i in range(len(prompts))]
 
     def _answer(self, prompt: str, comps: list[Completion], routing: Routing, i: int, strategy: str,
@@ -524,66 +347,60 @@ class Gateway:
         else:
             vote = majority_vote(answers, tie_break=self.settings.tie_break, seed=seed)
         chosen = ok[vote.index]
-        prompt_tokens = max(c.prompt_tokens for c in comps)
-        completion_tokens = sum(c.completion_tokens for c in comps)
-        flops = None
-        pr, fe = routing.probe, routing.features
-        if self.model_flops is not None:
-            from isocompute.flops import request_flops
-
-            flops = float(request_flops(self.model_flops, prompt_tokens, [c.completion_tokens for c in comps]))
-            if pr is not None and pr.flops[i] is not None:
-                flops += float(pr.flops[i])  # type: ignore[arg-type]
-            if fe is not None:
-                flops += fe.flops[i]
-            self.metrics.flops.inc(flops)
+        drawn = comps[:k]  # what was generated (and paid for): at most k samples
+        prompt_tokens = max(c.prompt_tokens for c in drawn)
+        completion_tokens = sum(c.completion_tokens for c in drawn)
+        flops = self._flops(routing, i, prompt_tokens, [c.completion_tokens for c in drawn])
         self.metrics.k.observe(k)
         self.metrics.samples.inc(k)
-        if routing.controller is not None:
-            # Without the model's config, a FLOP budget is charged the policy's expected cost of the action
-            # (which includes the probe's and extra features' declared costs).
-            paid = (0.0 if pr is None else pr.costs[i]) + (0.0 if fe is None else fe.costs[i])
-            cost = (float(k) + paid if routing.unit == "samples"
-                    else (flops if flops is not None else routing.costs[i]))
-            if math.isfinite(cost):
-                routing.controller.observe(cost)
-                st = routing.controller.state()
-                if st.mean_cost is not None:
-                    self.metrics.mean_cost.labels(routing.budget_key).set(st.mean_cost)
+        self._charge(routing, i, k, flops)
+        pr = routing.probe
         info = IsoComputeInfo(
             action=routing.actions[i], k=k, policy_k=routing.policy_ks[i], strategy=strategy,  # type: ignore[arg-type]
             answer=vote.answer, votes=vote.counts, samples_received=len(ok), partial=len(ok) < k,
-            lambda_=routing.lam, budget=routing.budget, budget_unit=routing.unit,  # type: ignore[arg-type]
+            lambda_=routing.lam, budget=routing.plan.budget, budget_unit=routing.plan.unit,  # type: ignore[arg-type]
             internal_budget=routing.internal_budget, expected_cost=routing.costs[i],
-            policy_unit=routing.policy_unit, flops=flops,  # type: ignore[arg-type]
+            policy_unit=routing.plan.policy_unit, flops=flops,  # type: ignore[arg-type]
             probe=None if pr is None else ProbeInfo(name=pr.name, value=pr.values[i], tokens=pr.tokens[i],
                                                     cost=pr.declared_cost, flops=pr.flops[i]),
         )
         return Answer(chosen.text, chosen.finish_reason, prompt_tokens, completion_tokens, flops, info)
 
-    # ---- readiness ------------------------------------------------------------------------------
+    def _flops(self, routing: Routing, i: int, prompt_tokens: int, completion_tokens: list[int]) -> float | None:
+        """The prompt's FLOPs: its samples (prefill once + every decode), its probe call and extra features."""
+        if self.model_flops is None:
+            return None
+        from isocompute.flops import request_flops
 
-    async def probe(self) -> None:
-        """Make one real 1-token request until the upstream answers (sets ``upstream_answered``)."""
-        deadline = time.monotonic() + self.settings.ready_probe_timeout_s
-        delay = 0.25
-        while not self.upstream_answered:
-            try:
-                out = await asyncio.wait_for(self.engine.generate(["1 + 1 ="], 1, 1, 0.0, 0),
-                                             timeout=self.settings.upstream_timeout_s)
-                if out and out[0]:
-                    self.upstream_answered = True
-                    return
-            except (EngineUnavailable, InputError, TimeoutError) as e:
-                log.info("readiness probe: upstream not ready yet (%s)", e)
-            if time.monotonic() > deadline:
-                log.warning("upstream did not answer a real request within %.0f s; /ready stays 503 until one "
-                            "request succeeds", self.settings.ready_probe_timeout_s)
-                return
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+        flops = float(request_flops(self.model_flops, prompt_tokens, completion_tokens))
+        pr, fe = routing.probe, routing.features
+        if pr is not None and pr.flops[i] is not None:
+            flops += float(pr.flops[i])  # type: ignore[arg-type]
+        if fe is not None:
+            flops += fe.flops[i]
+        self.metrics.flops.inc(flops)
+        return flops
 
+    def _export(self, routing: Routing) -> None:
+        """The key's gauges — unless its controller was evicted while the request awaited (then its labels
+        were removed, and re-creating them would grow the label set without bound)."""
+        plan = routing.plan
+        if not self.controllers.holds(plan.key, routing.controller):
+            return
+        if routing.lam is not None:
+            self.metrics.lam.labels(plan.label).set(routing.lam)
+        self.metrics.internal_budget.labels(plan.label).set(routing.internal_budget)
+        st = routing.controller.state()
+        if st.mean_cost is not None:
+            self.metrics.mean_cost.labels(plan.label).set(st.mean_cost)
 
-def _key_label(key: Any) -> str:
-    name, budget, unit = key
-    return f"{name}:{budget:g}{unit}"
+    def _charge(self, routing: Routing, i: int, k: int, flops: float | None) -> None:
+        """Charge the key's controller what the prompt cost, in the request's unit. Without the model's
+        config a FLOP budget is charged the action's expected cost (probe and extras included)."""
+        plan, pr, fe = routing.plan, routing.probe, routing.features
+        paid = (0.0 if pr is None else pr.costs[i]) + (0.0 if fe is None else fe.costs[i])
+        cost = float(k) + paid if plan.unit == "samples" else (flops if flops is not None else routing.costs[i])
+        if not math.isfinite(cost):
+            return
+        routing.controller.observe(cost)
+        self._export(routing)

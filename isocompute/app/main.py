@@ -3,9 +3,10 @@
 The lifespan (not the import, not ``create_app``) reads the API keys, loads the policy
 (``Policy.load(policy_dir)``), builds the engine (``engines.registry.make_engine``), finds the model's
 tokenizer (for chat templates and prompt-length checks) and its config (for FLOP accounting), and
-starts a background readiness probe that makes one real request upstream. Shutdown closes what the
-lifespan built. Tests can pass an already-built ``policy``/``engine`` (they are then not closed) or
-override the route dependencies.
+starts the readiness task (:mod:`isocompute.app.readiness`), which keeps checking the upstream with real
+requests. Shutdown stops that task and closes the gateway and the engine it built — each step even when
+an earlier one fails or the shutdown itself is cancelled. Tests can pass an already-built
+``policy``/``engine`` (they are then not closed) or override the route dependencies.
 
 Run it with ``isocompute serve`` or ``uvicorn --factory isocompute.app.main:create_app`` (settings then
 come from the environment and ``ISOCOMPUTE_CONFIG``; see ``app.settings``).
@@ -138,19 +139,23 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     # Move what startup loaded (policy, features, tokenizer) out of the GC's young generations: rare
     # 50-70 ms full collections traversing them were seen inside decide.
     gc.freeze()
-    probe = asyncio.create_task(gw.probe())
+    watch = asyncio.create_task(gw.watch_upstream())
     log.info("isocompute gateway ready to accept requests (engine %s, policy %s)", engine.name,
              "loaded" if policy is not None else "missing")
     try:
         yield
     finally:
-        probe.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await probe
-        gw.close()
-        app.state.gateway = None
-        if owned:
-            await engine.aclose()
+        watch.cancel()
+        try:
+            # never re-raises what the task died of; a cancelled shutdown still reaches the closes below
+            await asyncio.wait([watch], timeout=5.0)
+        finally:
+            app.state.gateway = None
+            try:
+                gw.close()
+            finally:
+                if owned:
+                    await engine.aclose()
 
 
 def create_app(

@@ -5,7 +5,7 @@ metric                                 kind       labels / meaning
 =====================================  =========  ====================================================
 isocompute_requests_total              counter    route, status: requests answered
 isocompute_request_latency_seconds     histogram  route: wall time from request to response
-isocompute_upstream_latency_seconds    histogram  the one upstream call of a request
+isocompute_upstream_latency_seconds    histogram  the sampling call of a request
 isocompute_policy_decision_seconds     histogram  ``Policy.decide`` inside a request
 isocompute_k_chosen                    histogram  samples k per prompt after caps
 isocompute_samples_total               counter    samples requested upstream
@@ -13,11 +13,14 @@ isocompute_flops_total                 counter    FLOPs spent (prefill once + ev
 isocompute_lambda                      gauge      budget_key: λ of the last decision
 isocompute_internal_budget             gauge      budget_key: the controller's internal budget
 isocompute_mean_cost                   gauge      budget_key: realised mean cost per request
-isocompute_upstream_errors_total       counter    kind (timeout, unavailable, bad_response, partial)
+isocompute_upstream_errors_total       counter    kind (timeout, circuit_open, unavailable, misconfigured,
+                                                  bad_response, partial)
 =====================================  =========  ====================================================
 
-``budget_key`` is ``"<key name>:<budget><unit>"`` (e.g. ``anonymous:4samples``); labels of keys the
-controller bank evicts are removed, so the label set stays bounded.
+``budget_key`` is ``"<key name>:<budget><unit>"`` (e.g. ``anonymous:4samples``), with ``:max<cap>`` when
+the request's cap on samples is below the server's (``anonymous:4samples:max2``; greedy requests are
+capped at 1); labels of keys the controller bank evicts are removed and never set again by a request
+still in flight, so the label set stays bounded by ``control_max_keys``.
 """
 
 from __future__ import annotations

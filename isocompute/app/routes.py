@@ -8,13 +8,18 @@ POST /v1/completions   text prompt(s) → one aggregated choice per prompt + ``i
 POST /v1/route         the decision alone (k per prompt, λ, internal budget): a dry run
 GET  /v1/models        the served model id (so OpenAI clients can list it)
 GET  /health           the process is alive
-GET  /ready            policy loaded and an upstream answered a real request (else 503)
+GET  /ready            policy loaded and the upstream answers real requests now (else 503)
 GET  /metrics          Prometheus text format
 POST /admin/reload     reload the policy (admin key); resets the budget controllers
 =====================  ======================================================================
 
 Dependencies come in as ``Annotated[..., Depends(...)]`` (:data:`GatewayDep`, :data:`CallerDep`) so tests
 can override them with ``app.dependency_overrides``.
+
+A generation request runs as a task raced against the client's disconnect (:func:`unless_disconnected`,
+the pattern of vLLM's ``with_cancellation``): a client that goes away cancels the task, and with it the
+upstream calls it awaits; the server logs a 499. Each request gets its deadline when it arrives
+(:meth:`Gateway.deadline`), shared by everything it awaits upstream.
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ import gc
 import logging
 import time
 import uuid
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Body, Depends, Header, Request
 from fastapi.responses import JSONResponse, Response
@@ -33,7 +39,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
 from isocompute.app.auth import KeyStore, Principal
-from isocompute.app.errors import error_responses
+from isocompute.app.errors import ClientDisconnected, error_responses
 from isocompute.app.gateway import Answer, Gateway, policy_text
 from isocompute.app.schemas import (
     ChatChoice,
@@ -57,9 +63,10 @@ from isocompute.errors import ArtifactError, EngineUnavailable, InputError
 
 log = logging.getLogger("isocompute.app")
 router = APIRouter()
+T = TypeVar("T")
 
 GENERATE_ERRORS = error_responses(400, 401, 403, 404, 422, 429, 502, 503, 504)
-ROUTE_ERRORS = error_responses(400, 401, 403, 404, 422, 429, 503)
+ROUTE_ERRORS = error_responses(400, 401, 403, 404, 422, 429, 502, 503, 504)  # 5xx: a probe policy's probe call
 
 
 async def get_gateway(request: Request) -> Gateway:
@@ -143,12 +150,49 @@ def _usage(answers: list[Answer]) -> Usage:
     return Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c, flops=flops)
 
 
+async def _disconnected(request: Request) -> None:
+    # The body has been read, so the next ASGI message is the disconnect (or never comes).
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """``work``'s result, unless the client disconnects first: then ``work`` is cancelled (its upstream
+    calls with it) and :class:`ClientDisconnected` raised (499 in the log; nobody reads the answer).
+
+    ``work`` runs in this task — only the watcher is a task of its own, which on a disconnect cancels this
+    one — so a request pays no extra scheduling hop when its work is done.
+    """
+    me = asyncio.current_task()
+    assert me is not None
+    done = False
+
+    def on_disconnect(watch: asyncio.Future[None]) -> None:
+        if not done and not watch.cancelled():
+            me.cancel()
+
+    watch = asyncio.ensure_future(_disconnected(request))
+    watch.add_done_callback(on_disconnect)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if not (watch.done() and not watch.cancelled()):
+            raise  # cancelled for another reason (shutdown): let it go
+        me.uncancel()
+        raise ClientDisconnected("the client closed the connection; its upstream work was cancelled") from None
+    finally:
+        done = True
+        watch.cancel()
+
+
 # ---- endpoints ---------------------------------------------------------------------------------
 
 
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=GENERATE_ERRORS)
-async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, caller: CallerDep) -> ChatCompletionResponse:
+async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, caller: CallerDep,
+                           request: Request) -> ChatCompletionResponse:
     """Answer a chat under a compute budget: k samples, one vote, one assistant message."""
+    deadline = gw.deadline()
     _log_unknown(req)
     _refuse_unsupported(req)
     gw.check_model(req.model)
@@ -156,11 +200,16 @@ async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, caller: C
                                                 req.seed)
     prompts = [gw.chat_prompt(req.messages)]
     counts = gw.check_prompts(prompts, max_tokens)
-    routing = await gw.route(prompts, principal=caller, budget=req.budget, unit=req.budget_unit,
-                             max_samples=req.max_samples, max_tokens=max_tokens, prompt_tokens=counts,
-                             policy_prompts=[policy_text(req.messages)])
-    [ans] = await gw.complete(prompts, routing, max_tokens=max_tokens, temperature=temperature, seed=seed,
-                              strategy=req.strategy)
+
+    async def answer() -> Answer:
+        routing = await gw.route(prompts, principal=caller, budget=req.budget, unit=req.budget_unit,
+                                 max_samples=req.max_samples, max_tokens=max_tokens, temperature=temperature,
+                                 deadline=deadline, prompt_tokens=counts, policy_prompts=[policy_text(req.messages)])
+        [ans] = await gw.complete(prompts, routing, max_tokens=max_tokens, temperature=temperature, seed=seed,
+                                  strategy=req.strategy, deadline=deadline)
+        return ans
+
+    ans = await unless_disconnected(request, answer())
     return ChatCompletionResponse(
         id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()), model=gw.settings.served_model,
         choices=[ChatChoice(index=0, message=ChatMessageOut(content=ans.text), finish_reason=ans.finish_reason)],
@@ -169,18 +218,25 @@ async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, caller: C
 
 
 @router.post("/v1/completions", response_model=CompletionResponse, responses=GENERATE_ERRORS)
-async def completions(req: CompletionRequest, gw: GatewayDep, caller: CallerDep) -> CompletionResponse:
+async def completions(req: CompletionRequest, gw: GatewayDep, caller: CallerDep,
+                      request: Request) -> CompletionResponse:
     """Complete one prompt (or a list: one choice each) under a compute budget."""
+    deadline = gw.deadline()
     _log_unknown(req)
     _refuse_unsupported(req)
     gw.check_model(req.model)
     max_tokens, temperature, seed = gw.sampling(req.max_tokens, req.temperature, req.seed)
     prompts = _text_prompts(req.prompt)
     counts = gw.check_prompts(prompts, max_tokens)
-    routing = await gw.route(prompts, principal=caller, budget=req.budget, unit=req.budget_unit,
-                             max_samples=req.max_samples, max_tokens=max_tokens, prompt_tokens=counts)
-    answers = await gw.complete(prompts, routing, max_tokens=max_tokens, temperature=temperature, seed=seed,
-                                strategy=req.strategy)
+
+    async def answer() -> list[Answer]:
+        routing = await gw.route(prompts, principal=caller, budget=req.budget, unit=req.budget_unit,
+                                 max_samples=req.max_samples, max_tokens=max_tokens, temperature=temperature,
+                                 deadline=deadline, prompt_tokens=counts)
+        return await gw.complete(prompts, routing, max_tokens=max_tokens, temperature=temperature, seed=seed,
+                                 strategy=req.strategy, deadline=deadline)
+
+    answers = await unless_disconnected(request, answer())
     return CompletionResponse(
         id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=gw.settings.served_model,
         choices=[CompletionChoice(index=i, text=a.text, finish_reason=a.finish_reason, isocompute=a.info)
@@ -190,21 +246,24 @@ async def completions(req: CompletionRequest, gw: GatewayDep, caller: CallerDep)
 
 
 @router.post("/v1/route", response_model=RouteResponse, responses=ROUTE_ERRORS)
-async def route(req: RouteRequest, gw: GatewayDep, caller: CallerDep) -> RouteResponse:
+async def route(req: RouteRequest, gw: GatewayDep, caller: CallerDep, request: Request) -> RouteResponse:
     """The decision alone: k per prompt under the budget, without sampling (a dry run)."""
+    deadline = gw.deadline()
     _log_unknown(req)
     gw.check_model(req.model)
     if (req.prompt is None) == (req.messages is None):
         raise InputError("send exactly one of prompt (string or list of strings) or messages")
     prompts = [gw.chat_prompt(req.messages)] if req.messages is not None else _text_prompts(req.prompt)
-    max_tokens = gw.settings.default_max_tokens
+    max_tokens, temperature, _ = gw.sampling(None, req.temperature, None)
     counts = gw.check_prompts(prompts, max_tokens)
-    # A dry run must not move the controller, so it reads the internal budget without observing a cost.
-    r = await gw.route(prompts, principal=caller, budget=req.budget, unit=req.budget_unit,
-                       max_samples=req.max_samples, max_tokens=max_tokens, prompt_tokens=counts,
-                       policy_prompts=None if req.messages is None else [policy_text(req.messages)])
+    # A dry run must not move the controller, so it reads the internal budget without observing a cost;
+    # a probe policy's probe call is upstream work, which a client that goes away cancels.
+    r = await unless_disconnected(request, gw.route(
+        prompts, principal=caller, budget=req.budget, unit=req.budget_unit, max_samples=req.max_samples,
+        max_tokens=max_tokens, temperature=temperature, deadline=deadline, prompt_tokens=counts,
+        policy_prompts=None if req.messages is None else [policy_text(req.messages)]))
     return RouteResponse(
-        model=gw.settings.served_model, budget=r.budget, budget_unit=r.unit,  # type: ignore[arg-type]
+        model=gw.settings.served_model, budget=r.plan.budget, budget_unit=r.plan.unit,  # type: ignore[arg-type]
         internal_budget=r.internal_budget, lambda_=r.lam,
         decisions=[RouteDecision(action=a, k=k, policy_k=pk, expected_cost=c)
                    for a, k, pk, c in zip(r.actions, r.ks, r.policy_ks, r.costs, strict=True)],
@@ -226,16 +285,19 @@ async def health() -> HealthResponse:
 
 @router.get("/ready", response_model=ReadyResponse, responses={503: {"model": ReadyResponse}})
 async def ready(request: Request) -> Any:
-    """Readiness: a policy is loaded and the upstream has answered a real request."""
+    """Readiness: a policy is loaded and the upstream answers real requests now (see ``app.readiness``)."""
     gw: Gateway | None = getattr(request.app.state, "gateway", None)
     policy_loaded = gw is not None and gw.policy is not None
-    answered = gw is not None and gw.upstream_answered
-    body = ReadyResponse(
-        ready=policy_loaded and answered, policy_loaded=policy_loaded, upstream_answered=answered,
-        engine=None if gw is None else gw.engine.name,
-        detail=None if policy_loaded and answered else
-        ("no policy loaded" if not policy_loaded else "waiting for the upstream to answer a real request"),
-    )
+    answered = gw is not None and gw.health.ok
+    detail = None
+    if gw is None:
+        detail = "the gateway is starting"
+    elif not answered:
+        detail = gw.health.detail
+    elif not policy_loaded:
+        detail = "no policy loaded; start the gateway with --policy DIR or POST /admin/reload"
+    body = ReadyResponse(ready=policy_loaded and answered, policy_loaded=policy_loaded, upstream_answered=answered,
+                         engine=None if gw is None else gw.engine.name, detail=detail)
     return JSONResponse(body.model_dump(), status_code=200 if body.ready else 503)
 
 

@@ -116,6 +116,7 @@ class RouteRequest(_Open):
     model: str | None = None
     prompt: str | list[str] | None = None
     messages: list[ChatMessage] | None = None
+    temperature: float | None = Field(None, ge=0, le=2)  # 0 caps k at 1, as in a real request
     # --- isocompute extensions -------------------------------------------------------------------
     budget: float | None = Field(None, gt=0, allow_inf_nan=False)
     budget_unit: BudgetUnit | None = None

@@ -55,7 +55,8 @@ class Settings(BaseSettings):
     max_batch_prompts: int = Field(32, ge=1)
     upstream_timeout_s: float = Field(120.0, gt=0)
     retry_after_s: int = Field(5, ge=0)
-    ready_probe_timeout_s: float = Field(120.0, gt=0)
+    ready_probe_timeout_s: float = Field(30.0, gt=0)
+    ready_interval_s: float = Field(5.0, gt=0)
     tie_break: Literal["first", "seeded"] = "first"
     batch_requests: bool = True
     batch_max_rows: int = Field(64, ge=1)

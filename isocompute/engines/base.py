@@ -8,14 +8,25 @@ work in a thread.
 
 ``probe_entropy(prompts, max_tokens)`` is the policy's probe feature, one greedy answer per prompt and its
 mean token entropy (:mod:`isocompute.engines.probe`); each back-end computes it its own way.
+
+A caller's deadline reaches the engine in :data:`REQUEST_DEADLINE` (a context variable, so the protocol's
+signature does not change). Failures an engine raises are :class:`~isocompute.errors.EngineUnavailable`
+or one of its subclasses here, so the gateway can tell a caller *why* (and map each to an HTTP status in
+one table): :class:`CircuitOpen` (every upstream is known down; fail fast, come back after
+``retry_after`` s), :class:`UpstreamBadResponse` (it answered with something unusable) and
+:class:`UpstreamMisconfigured` (it answered, but says the *server* is set up wrong, e.g. it does not
+serve the model asked for).
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from isocompute.errors import InputError
+from isocompute.errors import EngineUnavailable, InputError
 
 if TYPE_CHECKING:
     from isocompute.engines.probe import ProbeResult
@@ -35,6 +46,31 @@ class Completion:
     finish_reason: str = "stop"
 
 
+REQUEST_DEADLINE: ContextVar[float | None] = ContextVar("isocompute_request_deadline", default=None)
+"""When the caller needs the answer by (``time.monotonic()`` seconds), or None. A caller with a deadline
+(the gateway) sets it around its call; an engine that waits on the network ends each wait a little before
+it, so the engine sees — and counts against that upstream — a timeout that would otherwise only cancel it.
+Engines that ignore it are bounded by the caller's own cancellation."""
+
+
+class CircuitOpen(EngineUnavailable):
+    """Every upstream is cooling down after failures: the request was not sent. ``retry_after``: seconds
+    until the next upstream is probed again."""
+
+    def __init__(self, message: str, retry_after: float):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class UpstreamBadResponse(EngineUnavailable):
+    """The upstream answered, but with nothing usable (not JSON, missing fields, wrong number of results)."""
+
+
+class UpstreamMisconfigured(UpstreamBadResponse):
+    """The upstream refuses what this server is configured to ask (an unknown model name, a missing API
+    key): an operator's fix, not the caller's; the message says which setting to change."""
+
+
 def check_generate_args(n: int, max_tokens: int, temperature: float) -> None:
     """Every engine's argument check, so a bad request fails the same way on every back-end."""
     if n < 1 or max_tokens < 1 or temperature < 0:
@@ -42,6 +78,18 @@ def check_generate_args(n: int, max_tokens: int, temperature: float) -> None:
             f"need n >= 1, max_tokens >= 1 and temperature >= 0; got n={n}, "
             f"max_tokens={max_tokens}, temperature={temperature}"
         )
+
+
+async def gather_or_cancel(aws: list[Awaitable[Any]]) -> list[Any]:
+    """``asyncio.gather`` that cancels the others when one fails, so no orphaned request keeps a server busy
+    for an answer nobody will read."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        raise
 
 
 @runtime_checkable

@@ -1,12 +1,7 @@
 """Sampling through vLLM's (or any OpenAI-compatible server's) ``/v1/completions`` over HTTP.
 
 One request per prompt asks for all ``n`` samples (``"n": n``), so vLLM prefills the shared prompt once.
-Token counts: ``prompt_tokens`` is the request's ``usage.prompt_tokens`` (one prompt, counted once);
-per-sample ``completion_tokens`` is ``len(choice.token_ids)``, which vLLM returns when asked with
-``"return_token_ids": true`` (vLLM ≥ 0.10.2; its usage only carries totals). A server that ignores that
-field (plain OpenAI-compatible servers) gets ``usage.completion_tokens`` split evenly over the choices,
-remainder to the first ones — a last resort, logged once as a warning, since then the per-sample counts
-are only right on average. Example: usage 10 over 4 choices → ``[3, 3, 2, 2]``.
+Token counts and the reading of replies and HTTP statuses: :mod:`isocompute.engines.openai_replies`.
 
 Greedy decoding (``temperature == 0``) asks for one sample and repeats it ``n`` times, since vLLM
 rejects ``n > 1`` without sampling and the samples would be identical anyway.
@@ -14,20 +9,28 @@ rejects ``n > 1`` without sampling and the samples would be identical anyway.
 Seeds: vLLM gives sample ``j`` of a request with seed ``s`` the seed ``s + j``; this engine sends prompt
 ``i`` of a call the seed ``seed + i·n`` so no two samples of one call share a random stream.
 
-Several upstreams are load-balanced least-outstanding-first (ties broken round-robin). An upstream that
-fails (connection error, timeout, HTTP 5xx) is marked down for a cooldown that doubles with each
-consecutive failure (``cooldown``, ``2·cooldown``, … up to ``max_cooldown``); after it, one probe
-request at a time goes there (half-open), so a restarted server rejoins by itself without taking the
-whole backlog at once; a success clears its record. Each request is retried
-``retries`` times with exponential backoff (``backoff · 2^attempt``, capped at ``max_backoff``, with
-jitter), each retry going to the best upstream at that moment. When every upstream is down the
-request still probes the one whose cooldown ends first rather than failing at once; when all attempts
-fail it raises :class:`~isocompute.errors.EngineUnavailable` with the command that starts a server.
-HTTP 4xx answers are the caller's fault and raise :class:`~isocompute.errors.InputError` unretried.
+Several upstreams are load-balanced least-outstanding-first (ties broken round-robin), each behind a
+circuit breaker (:mod:`isocompute.engines.circuit`): a refused or reset connection opens an upstream at
+once; ``errors_to_trip`` HTTP 5xx answers or timeouts in a row open it too
+(:class:`~isocompute.engines.openai_replies.Retryable` tabulates the kinds). Only closed upstreams get
+traffic. An open one is probed by the engine itself — one 1-token completion after a cooldown of
+``cooldown · 2^level`` (capped at ``max_cooldown``, jittered) — and closes as soon as the probe is
+answered, so a restarted server rejoins by itself within one cooldown; a failed probe raises the level.
+A request that fails on one upstream is retried on the best closed one (``retries`` times; after a 429
+or a 5xx with exponential backoff ``backoff · 2^attempt`` capped at ``max_backoff``, jittered); when an
+upstream's connection fails, the other requests still waiting on it are retried elsewhere at once.
+When no upstream is closed the request fails at once with :class:`~isocompute.engines.base.CircuitOpen`
+(its ``retry_after`` is when the next probe goes out), naming each upstream's last error and the command
+that starts a server. A 401/403/404 (this server misconfigured) skips the upstream like a down one and,
+when every upstream says so, raises :class:`~isocompute.engines.base.UpstreamMisconfigured` saying what
+to change; other 4xx answers are the caller's and raise :class:`~isocompute.errors.InputError` unretried.
 
 ``max_concurrency`` bounds requests in flight across all upstreams (an ``asyncio.Semaphore``). Every
-call has explicit connect and read timeouts. The HTTP client and semaphore are created on first use
-inside the running event loop; use one engine within one event loop and ``await aclose()`` at the end.
+call has explicit connect and read timeouts and a deadline on the whole attempt (``connect_timeout +
+timeout``; the probe's ``probe_timeout``), shortened to end just before the caller's deadline when it
+sets one (``engines.base.REQUEST_DEADLINE``), so that a timeout is counted here rather than only
+cancelled by the caller. The HTTP client, semaphore and probe tasks live in the running event loop; use
+one engine within one event loop and ``await aclose()`` at the end.
 
 ``request(body)`` sends any completions body through the same balancer and retries and returns the raw
 JSON (the entropy probe, :mod:`isocompute.engines.probe`, asks for ``logprobs`` that way).
@@ -39,20 +42,35 @@ strings.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import random
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from isocompute.engines.base import Completion, check_generate_args
+from isocompute.engines.base import (
+    REQUEST_DEADLINE,
+    Completion,
+    UpstreamBadResponse,
+    UpstreamMisconfigured,
+    check_generate_args,
+    gather_or_cancel,
+)
+from isocompute.engines.circuit import Upstream, UpstreamPool
+from isocompute.engines.openai_replies import (
+    Retryable,
+    check_status,
+    describe,
+    parse_completions,
+    split_evenly,
+)
 from isocompute.engines.probe import TOP_LOGPROBS, ProbeResult, completion_logprobs_entropy
 from isocompute.errors import EngineUnavailable, InputError
 
-__all__ = ["Upstream", "VLLMHTTPEngine", "split_evenly", "START_HINT"]
+__all__ = ["START_HINT", "Upstream", "VLLMHTTPEngine", "split_evenly"]
+
+DEADLINE_MARGIN_S = 0.05  # end an attempt this long before the caller's deadline, to count its timeout
 
 log = logging.getLogger(__name__)
 
@@ -63,41 +81,6 @@ START_HINT = (
 )
 
 
-def split_evenly(total: int, parts: int) -> list[int]:
-    """Split ``total`` into ``parts`` integers differing by at most one, larger ones first.
-
-    >>> split_evenly(10, 4)
-    [3, 3, 2, 2]
-    """
-    q, r = divmod(total, parts)
-    return [q + 1] * r + [q] * (parts - r)
-
-
-@dataclass
-class Upstream:
-    """One server and what the balancer knows about it (times are ``time.monotonic()`` seconds)."""
-
-    url: str
-    outstanding: int = 0
-    failures: int = 0
-    down_until: float = 0.0
-    last_error: str = ""
-    served: int = 0
-
-    def is_up(self, now: float) -> bool:
-        """Past its cooldown, and — while it is still on probation after failures — not already being
-        probed, so a recovering server gets one request, not the whole backlog at once."""
-        return now >= self.down_until and not (self.failures and self.outstanding)
-
-
-class _Retryable(Exception):
-    """Internal: an upstream failure worth another attempt (connection, timeout, 5xx, 429)."""
-
-    def __init__(self, message: str, *, mark_down: bool = True) -> None:
-        super().__init__(message)
-        self.mark_down = mark_down
-
-
 class VLLMHTTPEngine:
     """vLLM's OpenAI completions API, load-balanced over ``upstreams`` (base URLs like
     ``http://127.0.0.1:8000``, with or without a trailing ``/v1``).
@@ -105,8 +88,10 @@ class VLLMHTTPEngine:
     ``model`` is the served model name; ``None`` asks the first reachable upstream's ``/v1/models``.
     ``timeout`` bounds each wait on the server — and so a whole generation, since vLLM answers a
     non-streaming request only when it is done (on CPU that can take minutes); ``connect_timeout``
-    bounds the TCP connect. ``transport`` replaces httpx's network transport (tests use a small in-memory
-    server to provoke failures a real vLLM will not produce on demand).
+    bounds the TCP connect; ``probe_timeout`` the recovery probe. ``cooldown``/``max_cooldown``: the
+    first and the longest wait before an open upstream is probed; ``errors_to_trip``: HTTP 5xx answers in
+    a row that open an upstream. ``transport`` replaces httpx's network transport (tests use a small
+    in-memory server to provoke failures a real vLLM will not produce on demand).
     """
 
     name = "vllm-http"
@@ -122,32 +107,37 @@ class VLLMHTTPEngine:
         retries: int = 3,
         backoff: float = 0.5,
         max_backoff: float = 8.0,
-        cooldown: float = 2.0,
-        max_cooldown: float = 60.0,
+        cooldown: float = 0.5,
+        max_cooldown: float = 5.0,
+        probe_timeout: float = 10.0,
+        errors_to_trip: int = 3,
         return_token_ids: bool = True,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         urls = [upstreams] if isinstance(upstreams, str) else list(upstreams)
         if not urls:
             raise InputError(f"no upstream given; {START_HINT}")
-        if max_concurrency < 1 or retries < 0 or timeout <= 0 or connect_timeout <= 0:
+        if (max_concurrency < 1 or retries < 0 or errors_to_trip < 1
+                or min(timeout, connect_timeout, probe_timeout, cooldown, max_cooldown) <= 0):
             raise InputError(
-                "need max_concurrency >= 1, retries >= 0 and positive timeouts; got "
-                f"max_concurrency={max_concurrency}, retries={retries}, timeout={timeout}, "
-                f"connect_timeout={connect_timeout}"
+                "need max_concurrency >= 1, retries >= 0, errors_to_trip >= 1 and positive timeouts and "
+                f"cooldowns; got max_concurrency={max_concurrency}, retries={retries}, "
+                f"errors_to_trip={errors_to_trip}, timeout={timeout}, connect_timeout={connect_timeout}, "
+                f"probe_timeout={probe_timeout}, cooldown={cooldown}, max_cooldown={max_cooldown}"
             )
-        self.upstreams = [Upstream(_base_url(u)) for u in urls]
+        self.pool = UpstreamPool([_base_url(u) for u in urls], cooldown=cooldown, max_cooldown=max_cooldown,
+                                 errors_to_trip=errors_to_trip, probe=self._probe_upstream, hint=START_HINT)
+        self.upstreams = self.pool.upstreams
         self.model = model
         self.max_concurrency = max_concurrency
         self.timeout = httpx.Timeout(timeout, connect=connect_timeout)
+        self.attempt_timeout = connect_timeout + timeout
+        self.probe_timeout = probe_timeout
         self.retries = retries
         self.backoff = backoff
         self.max_backoff = max_backoff
-        self.cooldown = cooldown
-        self.max_cooldown = max_cooldown
         self.return_token_ids = return_token_ids
         self._transport = transport
-        self._rr = itertools.count()
         self._client: httpx.AsyncClient | None = None
         self._sem: asyncio.Semaphore | None = None
         self._warned_split = False
@@ -175,9 +165,10 @@ class VLLMHTTPEngine:
             )
             for i, p in enumerate(prompts)
         ]
-        return [comps * (n // n_req) for comps in await asyncio.gather(*tasks)]
+        return [comps * (n // n_req) for comps in await gather_or_cancel(tasks)]
 
     async def aclose(self) -> None:
+        await self.pool.aclose()
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -185,11 +176,11 @@ class VLLMHTTPEngine:
     # ---- readiness ------------------------------------------------------------------------------
 
     async def wait_ready(self, timeout: float = 120.0, poll: float = 0.5) -> list[str]:
-        """Wait until upstreams answer ``/health`` *and* one real 1-token completion; return the ready URLs.
+        """Wait until upstreams answer one real 1-token completion; return the ready URLs.
 
         vLLM answers ``/health`` before its engine can serve, hence the real request. Upstreams not
-        ready by ``timeout`` are marked down (they rejoin after a cooldown); raises
-        :class:`EngineUnavailable` when none is ready.
+        ready by ``timeout`` are opened (the engine probes them and they rejoin when they answer);
+        raises :class:`EngineUnavailable` when none is ready.
         """
         deadline = time.monotonic() + timeout
         ready = await asyncio.gather(*(self._wait_one(u, deadline, poll) for u in self.upstreams))
@@ -200,46 +191,49 @@ class VLLMHTTPEngine:
         return urls
 
     async def _wait_one(self, up: Upstream, deadline: float, poll: float) -> bool:
-        client = self._ensure_client()
         while True:
+            epoch = up.breaker.epoch
             try:
-                health = await client.get(f"{up.url}/health")
-                if health.status_code != 200:
-                    raise _Retryable(f"/health answered {health.status_code}")
-                model = self.model or await self._fetch_model(up)
-                r = await client.post(
-                    f"{up.url}/v1/completions",
-                    json={"model": model, "prompt": "1", "max_tokens": 1, "temperature": 0.0},
-                )
-                if r.status_code != 200:
-                    raise _Retryable(f"test completion answered {r.status_code}: {r.text[:200]}")
-                if self.model is None:
-                    self.model = model
-                up.failures, up.down_until, up.last_error = 0, 0.0, ""
+                await self._check(up, max(0.1, min(self.probe_timeout, deadline - time.monotonic())))
+                self.pool.answered(up)
                 return True
-            except (httpx.HTTPError, _Retryable, ValueError) as e:
-                up.last_error = _describe(e)
+            except Exception as e:  # whatever the upstream does, keep waiting until the deadline
+                up.last_error = describe(e)
             if time.monotonic() + poll > deadline:
-                self._mark_down(up, up.last_error)
+                self.pool.failed(up, up.last_error, epoch)
                 return False
             await asyncio.sleep(poll)
 
     # ---- status ---------------------------------------------------------------------------------
 
     def upstream_status(self) -> list[dict[str, Any]]:
-        """Per upstream: url, up (bool), outstanding requests, consecutive failures, served, last error."""
-        now = time.monotonic()
-        return [
-            {
-                "url": u.url,
-                "up": u.is_up(now),
-                "outstanding": u.outstanding,
-                "failures": u.failures,
-                "served": u.served,
-                "last_error": u.last_error,
-            }
-            for u in self.upstreams
-        ]
+        """Per upstream: url, up (closed: gets traffic), state (closed/open/half_open), seconds until its
+        next probe, outstanding requests, consecutive failures, served, last error, misconfigured."""
+        return self.pool.status()
+
+    # ---- the probe that closes an open upstream ---------------------------------------------
+
+    async def _probe_upstream(self, up: Upstream) -> None:
+        await self._check(up, self.probe_timeout)
+
+    async def _check(self, up: Upstream, timeout: float) -> None:
+        """One real 1-token completion on ``up`` (its model's name first, when unknown), within ``timeout``.
+        Raises whatever went wrong; ``Retryable`` for a misconfiguration becomes UpstreamMisconfigured."""
+        client = self._ensure_client()
+        async with asyncio.timeout(timeout):
+            model = self.model or await self._fetch_model(up)
+            r = await client.post(f"{up.url}/v1/completions",
+                                  json={"model": model, "prompt": "1", "max_tokens": 1, "temperature": 0.0})
+        try:
+            check_status(up.url, r, model)
+        except Retryable as e:
+            if e.kind == "wrong":
+                raise UpstreamMisconfigured(str(e)) from None
+            raise
+        except InputError as e:  # our own 1-token request refused: the upstream wants something else
+            raise UpstreamMisconfigured(str(e)) from None
+        if self.model is None:
+            self.model = model
 
     # ---- internals ------------------------------------------------------------------------------
 
@@ -259,25 +253,36 @@ class VLLMHTTPEngine:
     async def _model_name(self) -> str:
         if self.model is not None:
             return self.model
-        errors = []
-        for up in self._ordered():
+        while True:
+            up = self.pool.pick()  # no closed upstream: fail fast
+            epoch = up.breaker.epoch
             try:
-                self.model = await self._fetch_model(up)
+                async with asyncio.timeout(self.probe_timeout):
+                    self.model = await self._fetch_model(up)
                 return self.model
-            except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
-                errors.append(f"{up.url}: {_describe(e)}")
-                self._mark_down(up, _describe(e))
-        raise EngineUnavailable(f"could not ask any upstream for its model ({'; '.join(errors)}); {START_HINT}")
+            except (httpx.HTTPError, TimeoutError, ValueError, LookupError, TypeError, AttributeError) as e:
+                self.pool.failed(up, f"GET /v1/models: {describe(e)}", epoch)
 
     async def model_info(self) -> dict[str, Any]:
         """The first served model's ``/v1/models`` entry (vLLM: ``id``, ``root`` = the model path,
-        ``max_model_len``) from the best upstream that answers."""
-        errors = []
-        for up in self._ordered():
-            try:
+        ``max_model_len``) from whichever upstream answers first (all are asked at once, so a hung one
+        does not hold up the others)."""
+
+        async def ask(up: Upstream) -> dict[str, Any]:
+            async with asyncio.timeout(self.probe_timeout):
                 return await self._fetch_model_entry(up)
-            except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
-                errors.append(f"{up.url}: {_describe(e)}")
+
+        tasks = {asyncio.ensure_future(ask(up)): up for up in self.upstreams}
+        errors = []
+        try:
+            for next_done in asyncio.as_completed(tasks):
+                try:
+                    return await next_done
+                except (httpx.HTTPError, TimeoutError, ValueError, LookupError, TypeError, AttributeError) as e:
+                    errors.append(describe(e))
+        finally:
+            for t in tasks:
+                t.cancel()
         raise EngineUnavailable(f"no upstream listed its model ({'; '.join(errors)}); {START_HINT}")
 
     async def _fetch_model_entry(self, up: Upstream) -> dict[str, Any]:
@@ -287,22 +292,6 @@ class VLLMHTTPEngine:
 
     async def _fetch_model(self, up: Upstream) -> str:
         return str((await self._fetch_model_entry(up))["id"])
-
-    def _ordered(self) -> list[Upstream]:
-        """Upstreams best-first: up ones by fewest outstanding (round-robin among ties), then down ones
-        by the end of their cooldown (the earliest is the one worth probing)."""
-        now = time.monotonic()
-        shift = next(self._rr)
-        k = len(self.upstreams)
-        order = [self.upstreams[(shift + i) % k] for i in range(k)]
-        up = sorted((u for u in order if u.is_up(now)), key=lambda u: u.outstanding)
-        down = sorted((u for u in order if not u.is_up(now)), key=lambda u: u.down_until)
-        return up + down
-
-    def _mark_down(self, up: Upstream, error: str) -> None:
-        up.failures += 1
-        up.last_error = error
-        up.down_until = time.monotonic() + min(self.cooldown * 2 ** (up.failures - 1), self.max_cooldown)
 
     async def _complete_one(
         self, model: str, prompt: str, n: int, max_tokens: int, temperature: float, seed: int | None
@@ -325,83 +314,101 @@ class VLLMHTTPEngine:
 
         Generation builds its bodies in ``generate``; other callers (the entropy probe, which asks for
         ``logprobs``) send their own; a body without ``model`` gets the served one. Raises
-        :class:`EngineUnavailable` when every attempt fails.
+        :class:`CircuitOpen` at once when no upstream is closed, :class:`EngineUnavailable` when every
+        attempt fails, :class:`UpstreamBadResponse` for a reply that is not a JSON object.
         """
+        self.pool.fail_fast()  # before queueing for the semaphore
         if "model" not in body:
             body = {"model": await self._model_name(), **body}
         client = self._ensure_client()
         assert self._sem is not None
         failures: list[str] = []  # why each attempt failed, for the final message
+        backoff = False
+        deadline = REQUEST_DEADLINE.get()
         async with self._sem:
             for attempt in range(self.retries + 1):
-                if attempt:
-                    delay = min(self.backoff * 2 ** (attempt - 1), self.max_backoff)
-                    await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-                up = self._ordered()[0]
-                up.outstanding += 1
+                if backoff:
+                    delay = min(self.backoff * 2 ** min(attempt - 1, 30), self.max_backoff)
+                    await asyncio.sleep(min(delay * random.uniform(0.5, 1.0), self._budget(deadline) or 0.0))
+                budget = self._budget(deadline)
+                if budget is None:
+                    raise TimeoutError(f"the request's deadline passed after {attempt} attempts "
+                                       f"({'; '.join(failures[-3:])})")
+                up = self.pool.pick()
+                epoch = self.pool.sent(up)
                 try:
-                    data = await self._post(client, up, body)
-                except _Retryable as e:
+                    data = await self._post(client, up, body, budget)
+                except Retryable as e:
                     failures.append(f"{up.url}: {e}")
-                    if e.mark_down:
-                        self._mark_down(up, str(e))
+                    backoff = e.kind in ("error", "busy")
+                    if e.kind != "busy":
+                        self.pool.failed(up, str(e), epoch, hard=e.hard, abandon=e.kind == "dead",
+                                         misconfigured=e.kind == "wrong")
+                    continue
+                except asyncio.CancelledError:
+                    if not self.pool.was_abandoned(up):
+                        raise
+                    failures.append(f"{up.url}: it failed while this request was waiting there")
                     continue
                 finally:
-                    up.outstanding -= 1
-                up.failures, up.down_until, up.last_error = 0, 0.0, ""
+                    self.pool.settled(up)
+                self.pool.answered(up)
                 up.served += 1
                 return data
         raise EngineUnavailable(
             f"all {self.retries + 1} attempts failed ({'; '.join(failures[-3:])}); {START_HINT}"
         )
 
-    async def _post(self, client: httpx.AsyncClient, up: Upstream, body: dict[str, Any]) -> dict[str, Any]:
+    def _budget(self, deadline: float | None) -> float | None:
+        """Seconds the next attempt may take: ``attempt_timeout``, or less to end ``DEADLINE_MARGIN_S``
+        before the caller's deadline (so this engine, not the caller, sees the timeout and counts it);
+        None when that leaves nothing."""
+        if deadline is None:
+            return self.attempt_timeout
+        left = deadline - DEADLINE_MARGIN_S - time.monotonic()
+        return min(self.attempt_timeout, left) if left > 0 else None
+
+    async def _post(self, client: httpx.AsyncClient, up: Upstream, body: dict[str, Any],
+                    budget: float) -> dict[str, Any]:
         try:
-            r = await client.post(f"{up.url}/v1/completions", json=body)
-        except httpx.TransportError as e:  # connect/read errors and timeouts
-            raise _Retryable(_describe(e)) from e
-        if r.status_code >= 500:
-            raise _Retryable(f"HTTP {r.status_code}: {r.text[:200]}")
-        if r.status_code == 429:
-            raise _Retryable("HTTP 429 (overloaded)", mark_down=False)
-        if r.status_code >= 400:
-            raise InputError(f"upstream {up.url} rejected the request (HTTP {r.status_code}): {r.text[:500]}")
+            async with asyncio.timeout(budget):  # httpx's read timeout is per chunk; this bounds the whole
+                r = await client.post(f"{up.url}/v1/completions", json=body)
+        except TimeoutError:
+            raise Retryable(f"no answer within {budget:.3g} s", "slow") from None
+        except httpx.ConnectTimeout as e:  # nobody accepts the connection
+            raise Retryable(describe(e), "down") from e
+        except httpx.TimeoutException as e:  # slow is not dead: the others waiting there may still be answered
+            raise Retryable(describe(e), "slow") from e
+        except httpx.TransportError as e:  # refused, reset, closed mid-answer: the server is gone
+            raise Retryable(describe(e), "dead") from e
+        except httpx.HTTPError as e:  # it answered, but httpx cannot read the reply (DecodingError, …)
+            raise UpstreamBadResponse(f"upstream {up.url} sent a reply that cannot be read ({describe(e)}); "
+                                      "check that it is an OpenAI-compatible server") from e
+        check_status(up.url, r, body.get("model"))
         try:
-            return r.json()
-        except ValueError as e:
-            raise _Retryable(f"response is not JSON: {r.text[:200]}") from e
+            data = r.json()
+        except ValueError:
+            raise UpstreamBadResponse(f"upstream {up.url} answered with a body that is not JSON: {r.text[:200]!r}; "
+                                      "check that --upstream points at an OpenAI-compatible server") from None
+        if not isinstance(data, dict):
+            raise UpstreamBadResponse(f"upstream {up.url} sent a completions reply this engine cannot read "
+                                      f"(a JSON {type(data).__name__}, not an object)")
+        return data
 
     def _parse(self, data: dict[str, Any], n: int) -> list[Completion]:
-        choices = sorted(data.get("choices") or [], key=lambda c: c.get("index", 0))
-        if len(choices) != n:
-            raise EngineUnavailable(
-                f"upstream returned {len(choices)} choices for n={n}; is it an OpenAI-compatible "
-                "completions server that supports n? (vLLM does)"
-            )
-        usage = data.get("usage") or {}
-        prompt_tokens = int(usage.get("prompt_tokens", 0))
-        if all(c.get("token_ids") is not None for c in choices):
-            counts = [len(c["token_ids"]) for c in choices]
-        else:
-            if not self._warned_split:
-                log.warning(
-                    "upstream returned no per-choice token_ids; splitting usage.completion_tokens "
-                    "evenly over the %d choices (per-sample counts are then only right on average)",
-                    n,
-                )
-                self._warned_split = True
-            counts = split_evenly(int(usage.get("completion_tokens", 0)), n)
-        return [
-            Completion(c.get("text") or "", prompt_tokens, k, c.get("finish_reason") or "stop")
-            for c, k in zip(choices, counts, strict=True)
-        ]
+        comps, split = parse_completions(data, n)
+        if split and not self._warned_split:
+            log.warning("upstream returned no per-choice token_ids; splitting usage.completion_tokens evenly over "
+                        "the choices (per-sample counts are then only right on average)")
+            self._warned_split = True
+        return comps
 
     async def probe_entropy(self, prompts: list[str], max_tokens: int) -> ProbeResult:
         """Mean top-20 entropy of one greedy answer per prompt, from ``/v1/completions`` with
         ``"logprobs": 20`` (:mod:`isocompute.engines.probe`), through the balancer like any request."""
         bodies = [{"prompt": p, "n": 1, "max_tokens": max_tokens, "temperature": 0.0, "logprobs": TOP_LOGPROBS}
                   for p in prompts]
-        answers = await asyncio.gather(*(self.request(b) for b in bodies))
+        answers = await gather_or_cancel([self.request(b) for b in bodies])
         parsed = [completion_logprobs_entropy(a) for a in answers]  # (entropy, generated, prompt tokens)
         return ProbeResult.of([h for h, _, _ in parsed], [p for _, _, p in parsed], [m for _, m, _ in parsed],
                               f"top{TOP_LOGPROBS}")
@@ -412,7 +419,3 @@ def _base_url(url: str) -> str:
     if not url.startswith(("http://", "https://")):
         raise InputError(f"upstream {url!r} is not an http(s) URL; pass e.g. http://127.0.0.1:8000")
     return url[: -len("/v1")] if url.endswith("/v1") else url
-
-
-def _describe(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__

@@ -14,11 +14,12 @@ A :class:`ModelFlops` holds the numbers every FLOP formula in this room needs:
   conventions such as RACE (:mod:`isocompute.flops.race`). Tied embeddings are counted once.
 * ``layer_linears`` — (name, d_in, d_out) of one block's projections, for LoRA adapter counts.
 
-Three ways in: :meth:`ModelFlops.from_config` (a ``transformers`` ``PretrainedConfig`` or the dict of a
+Four ways in: :meth:`ModelFlops.from_config` (a ``transformers`` ``PretrainedConfig`` or the dict of a
 config.json), :func:`load_model_flops` (a config.json path, a model directory, a config object, or a
-ModelFlops) and :meth:`ModelFlops.from_params` (explicit counts, e.g. "a 1.5B model": every parameter
+ModelFlops), :meth:`ModelFlops.from_params` (explicit counts, e.g. "a 1.5B model": every parameter
 is then treated as a matmul weight and the attention term is dropped unless ``n_layers``/``d_attn`` are
-given).
+given) and :meth:`ModelFlops.from_active_params` (only the parameters a token passes through are known,
+e.g. a mixture-of-experts model's active count: 2 FLOPs per active parameter per token).
 
 Supported families: llama, mistral, qwen2, qwen3, gemma, phi3 (gated MLP: 3 matrices) and gpt2 (plain
 MLP: 2 matrices); multimodal configs are read through their ``text_config``. Mixture-of-experts configs
@@ -104,6 +105,33 @@ class ModelFlops:
             )
         return cls(int(n_params) - int(head_params), int(head_params), int(n_layers), int(d_attn),
                    int(n_params), (), name)
+
+    @classmethod
+    def from_active_params(cls, active_params: float, *, total_params: float | None = None,
+                           name: str = "") -> ModelFlops:
+        """A model known only by the parameters each token passes through: FLOPs = 2 · active per token,
+        prefill and decode alike (the 2N convention of Kaplan et al. 2020).
+
+        For a mixture-of-experts model pass the *active* count (gpt-oss-20b: 3.6e9 of 21e9 total;
+        ``total_params`` is kept as :attr:`n_params`, for parameter–token conventions, and costs nothing
+        per token). What this ignores: attention's context-dependent QK^T and AV products, 4·L·d_attn·ctx
+        per token (the number of layers and the attention width are unknown) — on long reasoning traces
+        that is not small: for Qwen3-14B (L = 40, d_attn = 5,120) at its MATH-500 mean of 11,859
+        completion tokens it would add about 16% to 2·14.8e9 per token; also the embedding lookup, which
+        is no matmul but is usually inside a published count (for Qwen3-14B 0.78e9, about 5%), and
+        everything :mod:`isocompute.flops.analytic` ignores.
+
+        >>> m = ModelFlops.from_active_params(3.6e9, total_params=21e9)
+        >>> m.matmul_params, m.n_params, m.n_layers
+        (3600000000, 21000000000, 0)
+        """
+        active = float(active_params)
+        total = active if total_params is None else float(total_params)
+        if not (0 < active < float("inf")) or not total >= active:
+            raise InputError(f"active parameters must be a positive number and total_params (if given) at least as "
+                             f"large; got active_params={active_params!r}, total_params={total_params!r}. For a "
+                             "mixture-of-experts model pass the active count, e.g. 3.6e9 for gpt-oss-20b.")
+        return cls(int(round(active)), 0, 0, 0, int(round(total)), (), name)
 
     @classmethod
     def from_config(cls, config: Any, *, name: str = "") -> ModelFlops:

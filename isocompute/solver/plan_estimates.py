@@ -29,6 +29,13 @@ Worked example: answers [a, a, b], a correct, plan ``lead:m=2@1x3``. The first t
 E[samples] = (2·2 + 4·3)/6 = 8/3, E[waves] = 8/3. With ``none@2`` instead U = maj@2 = (1 + ½ + ½)/3 = 2/3
 (of the three pairs, only {a, a} avoids a tie).
 
+Stop reasons (``split=True``): the same contraction over only the stops where the rule fired
+(:func:`~isocompute.solver.vote_lattice.stop_counts` with ``part="fired"``) gives P(fired) and the fired
+part of every expectation, E[X·1{fired}] (:class:`FiredPart`); the rest, E[X] − E[X·1{fired}], is where
+the plan ran out. A cascade needs exactly this: it escalates to the next model only when the plan ran out.
+In the example, ``lead:m=2@1x3`` fires in the 2 orders a a … only: P(fired) = 1/3, E[U·1{fired}] = 1/3,
+E[samples·1{fired}] = 2/3.
+
 Cost (:meth:`PlanEstimates.cost`): samples, completion tokens, or FLOPs — each wave is one request with
 n = wave size; the prompt is prefilled once per plan with prefix caching, once per wave without. The
 solver prices plans unchanged as columns of U and C; :func:`by_cost` sorts each prompt's columns by its
@@ -58,13 +65,36 @@ TOKENS, DECODE = "completion_tokens", "decode_flops"
 
 
 @dataclass(frozen=True, eq=False)
+class FiredPart:
+    """The part of each expectation where the plan's rule fired (module docstring), each (N, P):
+    ``prob`` = P(fired); ``utility``, ``samples``, ``waves`` and ``channels[name]`` are E[X·1{fired}];
+    ``*_se`` their standard errors (0 for exact plans)."""
+
+    prob: np.ndarray
+    utility: np.ndarray
+    samples: np.ndarray
+    waves: np.ndarray
+    channels: dict[str, np.ndarray]
+    prob_se: np.ndarray
+    utility_se: np.ndarray
+    samples_se: np.ndarray
+    waves_se: np.ndarray
+    channels_se: dict[str, np.ndarray]
+
+    def subset(self, idx: np.ndarray) -> FiredPart:
+        return FiredPart(**{k: ({c: v[idx] for c, v in x.items()} if isinstance(x, dict) else x[idx])
+                            for k, x in vars(self).items()})
+
+
+@dataclass(frozen=True, eq=False)
 class PlanEstimates:
     """Result of :func:`estimate_plans`: (N, P) arrays for N prompts and P plans.
 
     ``utility``, ``samples``, ``waves`` and each ``channels[name]`` hold expectations; the ``*_se``
     arrays their standard errors (0 for exact plans). ``method[j]`` says how plan j was estimated
     (``"exact"`` or ``"monte-carlo"``, then with ``n_orders`` orders per prompt from ``seed``).
-    ``prompt_tokens`` (N,) is kept for FLOP costs (NaN when unknown).
+    ``prompt_tokens`` (N,) is kept for FLOP costs (NaN when unknown). ``fired`` holds the split by stop
+    reason when estimated with ``split=True`` (else None).
     """
 
     plans: tuple[Plan, ...]
@@ -80,6 +110,7 @@ class PlanEstimates:
     n_orders: int
     seed: int
     prompt_tokens: np.ndarray | None = None
+    fired: FiredPart | None = None
 
     @property
     def names(self) -> list[str]:
@@ -119,7 +150,8 @@ class PlanEstimates:
             plans=self.plans, channels={k: v[idx] for k, v in self.channels.items()},
             channels_se={k: v[idx] for k, v in self.channels_se.items()}, method=self.method,
             n_orders=self.n_orders, seed=self.seed,
-            prompt_tokens=None if self.prompt_tokens is None else self.prompt_tokens[idx], **rows,
+            prompt_tokens=None if self.prompt_tokens is None else self.prompt_tokens[idx],
+            fired=None if self.fired is None else self.fired.subset(idx), **rows,
         )
 
 
@@ -147,10 +179,11 @@ def by_cost(utility: np.ndarray, cost: np.ndarray) -> CostOrder:
 def estimate_plans(answer_codes: np.ndarray, correct: np.ndarray, plans: Sequence[Plan | str], *,
                    channels: Mapping[str, np.ndarray] | None = None, method: Method = "auto",
                    n_orders: int = 100, seed: int = 0, exact_max_samples: int = 24, chunk: int = 2048,
-                   prompt_tokens: np.ndarray | None = None) -> PlanEstimates:
+                   prompt_tokens: np.ndarray | None = None, split: bool = False) -> PlanEstimates:
     """Estimates for N prompts: ``answer_codes`` (N, n_max) as in an :class:`OutcomeTable` (classes ≥ 0,
-    −1 null, −2 padding), ``correct`` (N, n_max); ``channels`` name → (N, n_max) per-sample values
-    (e.g. completion tokens; NaN makes that prompt's channel NaN). Plans may be given by name."""
+    −1 null, −2 padding; a row's codes need not be dense), ``correct`` (N, n_max); ``channels`` name →
+    (N, n_max) per-sample values (e.g. completion tokens; NaN makes that prompt's channel NaN). Plans may
+    be given by name. ``split``: also the part where each plan's rule fired (:class:`FiredPart`)."""
     plan_list = tuple(p if isinstance(p, Plan) else parse_plan(p) for p in plans)
     if not plan_list:
         raise InputError("estimate_plans needs at least one plan (e.g. default_plans()).")
@@ -182,23 +215,39 @@ def estimate_plans(answer_codes: np.ndarray, correct: np.ndarray, plans: Sequenc
     N, P, C = codes.shape[0], len(plan_list), len(names)
     out = {k: np.zeros((N, P)) for k in ("u", "s", "w", "u_se", "s_se", "w_se")}
     ch, ch_se = np.zeros((N, P, C)), np.zeros((N, P, C))
+    fo = {k: np.zeros((N, P)) for k in ("p", "u", "s", "w", "p_se", "u_se", "s_se", "w_se")}
+    fch, fch_se = np.zeros((N, P, C)), np.zeros((N, P, C))
     ex = [j for j in range(P) if exact[j]]
     if ex:
-        u, s, w, c = _exact(cls, [plan_list[j] for j in ex], chunk)
+        u, s, w, c, _ = _exact(cls, [plan_list[j] for j in ex], chunk)
         out["u"][:, ex], out["s"][:, ex], out["w"][:, ex], ch[:, ex] = u, s, w, c
+        if split:
+            u, s, w, c, p = _exact(cls, [plan_list[j] for j in ex], chunk, part="fired")
+            fo["u"][:, ex], fo["s"][:, ex], fo["w"][:, ex], fch[:, ex], fo["p"][:, ex] = u, s, w, c, p
     mc = [j for j in range(P) if not exact[j]]
     if mc:
         labels = np.where(codes >= 0, cls.rank_of_code(codes), codes)
-        res = simulate_plans(labels, cls.values, per_sample, [plan_list[j] for j in mc], n_orders=n_orders, seed=seed)
+        res = simulate_plans(labels, cls.values, per_sample, [plan_list[j] for j in mc], n_orders=n_orders,
+                             seed=seed, split=split)
         out["u"][:, mc], out["s"][:, mc], out["w"][:, mc], ch[:, mc] = res.utility, res.samples, res.waves, res.channels
         out["u_se"][:, mc], out["s_se"][:, mc], out["w_se"][:, mc] = res.utility_se, res.samples_se, res.waves_se
         ch_se[:, mc] = res.channels_se
+        if split and res.fired is not None and res.fired_prob is not None and res.fired_prob_se is not None:
+            f = res.fired
+            fo["u"][:, mc], fo["s"][:, mc], fo["w"][:, mc], fch[:, mc] = f.utility, f.samples, f.waves, f.channels
+            fo["u_se"][:, mc], fo["s_se"][:, mc], fo["w_se"][:, mc] = f.utility_se, f.samples_se, f.waves_se
+            fo["p"][:, mc], fo["p_se"][:, mc], fch_se[:, mc] = res.fired_prob, res.fired_prob_se, f.channels_se
+    fired = FiredPart(
+        prob=fo["p"], utility=fo["u"], samples=fo["s"], waves=fo["w"],
+        channels={k: fch[:, :, i] for i, k in enumerate(names)}, prob_se=fo["p_se"], utility_se=fo["u_se"],
+        samples_se=fo["s_se"], waves_se=fo["w_se"], channels_se={k: fch_se[:, :, i] for i, k in enumerate(names)},
+    ) if split else None
     return PlanEstimates(
         plans=plan_list, utility=out["u"], samples=out["s"], waves=out["w"],
         channels={k: ch[:, :, i] for i, k in enumerate(names)}, utility_se=out["u_se"], samples_se=out["s_se"],
         waves_se=out["w_se"], channels_se={k: ch_se[:, :, i] for i, k in enumerate(names)},
         method=tuple("exact" if e else "monte-carlo" for e in exact), n_orders=n_orders, seed=seed,
-        prompt_tokens=None if prompt_tokens is None else np.asarray(prompt_tokens, dtype=np.float64),
+        prompt_tokens=None if prompt_tokens is None else np.asarray(prompt_tokens, dtype=np.float64), fired=fired,
     )
 
 
@@ -265,8 +314,10 @@ def _classes(codes: np.ndarray, correct: np.ndarray, per_sample: np.ndarray) -> 
     )
 
 
-def _exact(cls: _Classes, plans: Sequence[Plan], chunk: int) -> tuple[np.ndarray, ...]:
-    """(N, P) utility, samples, waves and (N, P, C) channels of every plan, exactly."""
+def _exact(cls: _Classes, plans: Sequence[Plan], chunk: int,
+           part: Literal["all", "fired"] = "all") -> tuple[np.ndarray, ...]:
+    """(N, P) utility, samples, waves, (N, P, C) channels and (N, P) probability of every plan's stops
+    in ``part`` (all of them, or where the rule fired), exactly: E[X·1{part}] and P(part)."""
     k = max(p.max_samples for p in plans)
     lat = partitions(k)
     P = len(plans)
@@ -278,12 +329,12 @@ def _exact(cls: _Classes, plans: Sequence[Plan], chunk: int) -> tuple[np.ndarray
     for j, plan in enumerate(plans):
         for wave, K in enumerate(plan.boundaries, start=1):
             wave_of[j, K] = wave
-        counts = stop_counts(plan, k)
+        counts = stop_counts(plan, k, part)
         for s in range(k + 1):
             A_s[s][:, :, j] = counts[sizes_idx[s], : k + 1 - s]
     N, C = cls.sizes.shape[0], cls.weights.shape[2]
     Q = 2 + C  # contracted quantities: M0, MU / ties, MW per channel
-    res_u, res_s, res_w = np.zeros((N, P)), np.zeros((N, P)), np.zeros((N, P))
+    res_u, res_s, res_w, res_p = np.zeros((N, P)), np.zeros((N, P)), np.zeros((N, P)), np.zeros((N, P))
     res_c = np.zeros((N, P, C))
     by_nulls = np.argsort(cls.nulls, kind="stable")  # chunks of similar null counts skip more columns
     for lo in range(0, N, chunk):
@@ -309,8 +360,9 @@ def _exact(cls: _Classes, plans: Sequence[Plan], chunk: int) -> tuple[np.ndarray
         tot = (z * inv_n[:, None, None, :]).sum(axis=0)  # (P, Q, n)
         prob = z[:, :, 0] * inv_n[:, None, :]  # (K, P, n): P(stop at K samples)
         res_u[rows] = tot[:, 1].T
+        res_p[rows] = tot[:, 0].T
         res_s[rows] = (prob * np.arange(k + 1)[:, None, None]).sum(axis=0).T
         res_w[rows] = (prob * wave_of.T[:, :, None]).sum(axis=0).T
         nulls_drawn = (znu * inv_n[:, None, :]).sum(axis=0).T  # (n, P) expected nulls drawn
         res_c[rows] = tot[:, 2:].transpose(2, 0, 1) + nulls_drawn[:, :, None] * cls.null_w[rows][:, None, :]
-    return res_u, res_s, res_w, res_c
+    return res_u, res_s, res_w, res_c, res_p

@@ -30,6 +30,13 @@ Worked example: two samples, no nulls. Type (2): one sequence (a a); type (1, 1)
 classes a, b the sequences ab and ba, so a = 2 — and a prompt with m = (2, 1), n = 3 reaches (1, 1) with
 probability 2 · (2·1)/(3·2) = 2/3, as hypergeometric sampling says.
 
+Stop reasons. A cascade moves to the next model only when a plan *ran out* (its rule never fired, not
+even after the last wave), so the counts split by reason: ``part="fired"`` keeps the sequences whose
+rule fired at some boundary (the last included), and ``"all"`` minus ``"fired"`` is those that ran out.
+Example, ``lead:m=2@1x3`` without nulls: type (2) fires at K = 2;
+every sequence still going at K = 3 has votes (2, 1) or (1, 1, 1), leads below 2, so it ran out. Under
+``lead:m=1@1x3`` every state with a vote fires, and only three nulls run out.
+
 Ignored: states beyond the largest boundary; everything about correctness and cost (the prompt side).
 """
 
@@ -37,6 +44,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -132,24 +140,33 @@ def partitions(k: int) -> Partitions:
     )
 
 
-@functools.lru_cache(maxsize=128)
-def stop_counts(plan: Plan, k: int) -> np.ndarray:
+def stop_counts(plan: Plan, k: int, part: Literal["all", "fired"] = "all") -> np.ndarray:
     """(P, k+1) array S[λ, ν] over the lattice :func:`partitions(k) <partitions>`: how many sequences per
     labelled representative of type (λ, ν) stop with those votes and nulls, at K = |λ| + ν samples (zero
-    unless K is one of the plan's boundaries); k ≥ the plan's samples. Cached (read-only; 0.12 MB at
-    k = 16, 1.5 MB at k = 24): cross-validation asks for the same plans again."""
+    unless K is one of the plan's boundaries); k ≥ the plan's samples. ``part="fired"`` counts only the
+    stops where the rule fired (module docstring). Cached (read-only; 0.24 MB per plan at k = 16, 3 MB
+    at k = 24, both parts): cross-validation asks for the same plans again."""
+    if part not in ("all", "fired"):
+        raise ValueError(f"part must be 'all' or 'fired', not {part!r}")
+    return _both_parts(plan, k)[part == "fired"]
+
+
+@functools.lru_cache(maxsize=128)
+def _both_parts(plan: Plan, k: int) -> tuple[np.ndarray, np.ndarray]:
     if plan.max_samples > k:
         raise ValueError(f"lattice of size {k} is too small for {plan.name}")
     lattice = partitions(k)
     out = _stop_counts_run(plan, lattice) if plan.rule.uses_run else _stop_counts(plan, lattice)
-    out.setflags(write=False)
+    for x in out:
+        x.setflags(write=False)
     return out
 
 
-def _stop_counts(plan: Plan, lattice: Partitions) -> np.ndarray:
+def _stop_counts(plan: Plan, lattice: Partitions) -> tuple[np.ndarray, np.ndarray]:
     k, P = lattice.k, len(lattice)
     stop_here = _rule_stops(plan, lattice)  # (P,) bool: a rule reads the counts (and the run) only
     out = np.zeros((P, k + 1))
+    fired = np.zeros((P, k + 1))
     alive = np.zeros((P, k + 1))
     alive[0, 0] = 1.0
     bounds = set(plan.boundaries)
@@ -163,13 +180,15 @@ def _stop_counts(plan: Plan, lattice: Partitions) -> np.ndarray:
                 nxt[dst] += lattice.dec_mult[p][:, None] * alive[lattice.dec_src[p]]
         alive = nxt
         if t in bounds:
-            stopping = alive * stop_here[:, None] if t < last else alive
-            out += stopping  # states at time t are those with |λ| + ν = t: supports never overlap
+            firing = alive * stop_here[:, None]
+            fired += firing  # states at time t are those with |λ| + ν = t: supports never overlap
+            stopping = firing if t < last else alive
+            out += stopping
             alive = alive - stopping
-    return out
+    return out, fired
 
 
-def _stop_counts_run(plan: Plan, lattice: Partitions) -> np.ndarray:
+def _stop_counts_run(plan: Plan, lattice: Partitions) -> tuple[np.ndarray, np.ndarray]:
     """:func:`stop_counts` for rules that read the trailing run (ESC's window); see the module doc."""
     k, P = lattice.k, len(lattice)
     w = plan.rule.run_cap
@@ -181,6 +200,7 @@ def _stop_counts_run(plan: Plan, lattice: Partitions) -> np.ndarray:
     for p in range(1, k + 1):
         mult[lattice.dec_dst[p], p] = lattice.dec_mult[p]
     out = np.zeros((P, k + 1))
+    fired = np.zeros((P, k + 1))
     bounds = set(plan.boundaries)
     last = plan.max_samples
 
@@ -204,13 +224,12 @@ def _stop_counts_run(plan: Plan, lattice: Partitions) -> np.ndarray:
                 nxt[dst, :, q, 1] += prev[:, :, 0]
         a = nxt
         if t in bounds:
-            if t < last:
-                stopping = a * np.where(stop_here[:, None, None, :], 1.0, 0.0)
-            else:
-                stopping = a
+            firing = a * np.where(stop_here[:, None, None, :], 1.0, 0.0)
+            fired += total(firing)
+            stopping = firing if t < last else a
             out += total(stopping)
             a = a - stopping
-    return out
+    return out, fired
 
 
 def _rule_stops(plan: Plan, lattice: Partitions) -> np.ndarray:

@@ -1,0 +1,61 @@
+"""Chat requests as the model and the policy see them: one prompt rendered with the model's chat template,
+and the bare question the policy's features are computed from.
+
+The template is the served model's tokenizer's (the transformers engine's, or the tokenizer in
+``model_dir`` for vLLM upstreams — the same template vLLM's own chat endpoint applies). Ignores: images,
+audio and tool calls (non-text content is refused with 400).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from isocompute.app.schemas import ChatMessage
+from isocompute.errors import InputError
+
+__all__ = ["policy_text", "render_chat"]
+
+
+def _message_text(i: int, m: ChatMessage) -> str:
+    if isinstance(m.content, list):
+        parts = []
+        for part in m.content:
+            if part.type != "text" or part.text is None:
+                raise InputError(f"messages[{i}] has a {part.type!r} part; only text parts are supported")
+            parts.append(part.text)
+        return "".join(parts)
+    return m.content or ""
+
+
+def policy_text(messages: Sequence[ChatMessage]) -> str:
+    """The text the policy's features are computed from: the last user message.
+
+    Outcome tables hold the bare question in ``prompt`` and the policy was fitted on it, so features of
+    the chat-templated string (role markers, system prompt) would be out of distribution.
+    """
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].role == "user":
+            return _message_text(i, messages[i])
+    return _message_text(len(messages) - 1, messages[-1])
+
+
+def render_chat(tokenizer: Any, messages: Sequence[ChatMessage]) -> str:
+    """One prompt string from OpenAI chat messages via the tokenizer's chat template.
+
+    Raises :class:`InputError` for non-text content or a tokenizer without a template.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise InputError("the served model's tokenizer has no chat template; use /v1/completions instead")
+    rendered = [{"role": "system" if m.role == "developer" else m.role, "content": _message_text(i, m)}
+                for i, m in enumerate(messages)]
+    if not any(r["content"].strip() for r in rendered):
+        raise InputError("every message is empty; send at least one message with text content")
+    text = tokenizer.apply_chat_template(rendered, tokenize=False, add_generation_prompt=True)
+    # Templates often render BOS while encoding adds it again; a doubled BOS is out of distribution.
+    bos = getattr(tokenizer, "bos_token", None)
+    if bos and text.startswith(bos):
+        ids = tokenizer("")["input_ids"]
+        if ids and ids[0] == getattr(tokenizer, "bos_token_id", None):
+            text = text[len(bos):]
+    return str(text)
