@@ -58,7 +58,7 @@ def read_solution(out):
 def test_writes_a_verified_solution_artifact(table, tmp_path, capsys):
     out = tmp_path / "sol"
     assert main(["solve", str(table), "--actions", "1,2,4,8,16", "--strategy", "majority", "--budget", "4",
-                 "--out", str(out)]) == 0
+                 "--plans", "none", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "λ*" in printed and "uniform k" in printed
 
@@ -85,6 +85,34 @@ def test_writes_a_verified_solution_artifact(table, tmp_path, capsys):
     uniform4 = next(u for u in summary["uniform"] if u["k"] == 4)
     assert uniform4["mean_utility"] == pytest.approx(U[:, 2].mean())
     assert summary["mean_utility"] >= uniform4["mean_utility"]  # the oracle beats uniform k at equal cost
+
+
+def test_plans_solution_is_the_lp_optimum_over_plan_columns(table, tmp_path, capsys):
+    """The default: plans as actions. Adaptive plans' costs differ per prompt, the solver takes each
+    prompt's columns in its own cost order, and the answer is still the LP optimum (HiGHS)."""
+    from isocompute.solver.plans import parse_plan
+
+    out = tmp_path / "sol"
+    assert main(["solve", str(table), "--budget", "3", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "plans (" in printed and "expected samples / waves" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    rows = read_solution(out)
+    U = np.array([r["utilities"] for r in rows])
+    C = np.array([r["costs"] for r in rows])
+    names = summary["plans"]
+    assert U.shape == (N_PROMPTS, len(names)) and len(names) > 30 and "lead:m=2@1x16" in names
+    assert not (np.diff(C, axis=1) >= 0).all()  # some prompt's columns are not in cost order
+    assert summary["mean_utility"] == pytest.approx(lp_value(U, C, 3.0), rel=1e-9)
+    exp_cost = sum(r["p"] * C[i, r["action"]] + r.get("p_hi", 0) * C[i, r.get("action_hi", 0)]
+                   for i, r in enumerate(rows)) / N_PROMPTS
+    assert exp_cost == pytest.approx(3.0, rel=1e-9)
+    for r in rows:
+        assert r["plan"] == names[r["action"]] and r["k"] == parse_plan(r["plan"]).max_samples
+    assert sum(summary["plan_share"].values()) == pytest.approx(1.0)
+    assert 1.0 <= summary["expected_waves"] <= summary["expected_samples"] == pytest.approx(3.0, rel=1e-9)
+    uniform4 = next(u for u in summary["uniform"] if u["k"] == 4)
+    assert uniform4["plan"] == "none@4" and uniform4["mean_cost"] == pytest.approx(4.0)
 
 
 def test_json_frontier_and_plot(table, tmp_path, capsys):
@@ -156,6 +184,13 @@ def test_deterministic_rounding_stays_within_budget(table, tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out)
     rows = read_solution(out)
     assert not any("k_hi" in r for r in rows) and summary["n_mixed"] == 0
+    # plans (the default): a prompt's cost is its chosen plan's expected samples, not k
+    assert sum(r["costs"][r["action"]] for r in rows) / N_PROMPTS == pytest.approx(summary["mean_cost"])
+    assert summary["mean_cost"] <= 3.3 and summary["mean_utility"] <= summary["lp_utility"]
+    assert main(["solve", str(table), "--budget", "3.3", "--rounding", "deterministic", "--plans", "none",
+                 "--out", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    rows = read_solution(out)
     assert sum(r["k"] for r in rows) / N_PROMPTS == pytest.approx(summary["mean_cost"])
     assert summary["mean_cost"] <= 3.3 and summary["mean_utility"] <= summary["lp_utility"]
 

@@ -8,6 +8,7 @@ import pytest
 
 from isocompute.errors import InputError
 from isocompute.policy.fallback import (
+    FIXED_PLAN,
     LEARNED,
     UNIFORM,
     RuleChain,
@@ -106,7 +107,7 @@ def test_a_baseline_that_never_answers_needs_an_absolute_gain():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(fallback=("fixed",)), "fallback must list distinct rules among uniform"),
+    (dict(fallback=("fixed",)), "fallback must list distinct rules among fixed_plan, uniform"),
     (dict(fallback_level=1.0), "fallback_level"),
     (dict(fallback_margin=2.0), "fallback_margin"),
 ])
@@ -222,15 +223,17 @@ MOT_GSM8K = SHARED / "real" / "mot" / "llama2_13b_gsm8k_pot1.json"
 @pytest.mark.data
 @pytest.mark.slow
 def test_on_gsm8k_llama2_the_policy_falls_back_and_is_never_worse(tmp_path, capsys):
-    """Llama-2-13B on GSM8K: the learned rule alone loses ~4% to uniform at budgets 4 and 8 (its features
-    predict nothing here); the fitted policy must serve uniform there and match it in cross-validation."""
+    """Llama-2-13B on GSM8K, k samples at once (``--plans none``): the learned rule alone loses ~4% to
+    uniform at budgets 4 and 8 (its features predict nothing here); the fitted policy must serve uniform
+    there and match it in cross-validation. With plans (the default) the fixed stopping rule serves and
+    the policy is never below it or uniform."""
     if not MOT_GSM8K.is_file():
         pytest.skip(f"{MOT_GSM8K} is absent (real data lives in <repo>/../shared/data)")
     from isocompute.cli import main
 
     table = tmp_path / "gsm8k.jsonl"
     assert main(["import", "mot", str(MOT_GSM8K), "--task", "gsm8k", "--out", str(table), "--no-progress"]) == 0
-    assert main(["fit", str(table), "--out", str(tmp_path / "pol")]) == 0
+    assert main(["fit", str(table), "--out", str(tmp_path / "pol"), "--plans", "none"]) == 0
     assert "never-worse chain (learned → uniform)" in capsys.readouterr().out
     pol = Policy.load(tmp_path / "pol")
     from isocompute.solver.outcomes import read_outcomes
@@ -247,3 +250,31 @@ def test_on_gsm8k_llama2_the_policy_falls_back_and_is_never_worse(tmp_path, caps
         assert m["learned"]["accuracy"] >= m["uniform"]["accuracy"] * (1 - 0.001)
         assert m["learned"]["cost"] == pytest.approx(e["budget"], rel=0.02)
         assert m["learned_no_fallback"]["accuracy"] < m["uniform"]["accuracy"]  # what the fallback avoided
+    # plans, the default: the chain learned → fixed plan → uniform serves the fixed stopping rule
+    assert main(["fit", str(table), "--out", str(tmp_path / "plans")]) == 0
+    assert "never-worse chain (learned → fixed_plan → uniform)" in capsys.readouterr().out
+    pol = Policy.load(tmp_path / "plans")
+    for b in (2.0, 4.0, 8.0):
+        d = pol.decide(prompts, b)
+        assert d.rule == FIXED_PLAN and len(set(d.plan_names)) <= 2 and "fixed_plan beats uniform" in d.rule_evidence["why"]
+    assert main(["report", str(table), "--policy", str(tmp_path / "plans"), "--out", str(tmp_path / "rep-plans"),
+                 "--folds", "3", "--seeds", "1", "--budgets", "4", "--bootstrap", "200"]) == 0
+    e = json.loads((tmp_path / "rep-plans" / "report.json").read_text())["budgets"][0]
+    m = e["methods"]
+    assert m["learned"]["accuracy"] >= m["fixed_best"]["accuracy"] * (1 - 0.002)
+    assert m["learned"]["accuracy"] > m["uniform"]["accuracy"] * 1.01 and e["gain_vs_uniform"]["ci95"][0] > 0
+    assert m["learned"]["cost"] == pytest.approx(4.0, rel=0.02)
+
+
+def test_a_rule_can_have_its_own_level():
+    """z ≈ 2 for the fixed plan's gain: past the one-sided 95% bound (1.64), short of the 99% one (2.33)."""
+    n = 400
+    d = np.where(np.arange(n) < 0.55 * n, 0.1, -0.1)
+    scores = {"fixed_plan": (0.5 + d)[None], "uniform": np.full((1, n), 0.5)}
+    assert choose_rules(scores, [1.0], level=0.99).choices[0].rule == UNIFORM
+    chain = choose_rules(scores, [1.0], level=0.99, rule_levels={"fixed_plan": 0.95})
+    assert chain.choices[0].rule == "fixed_plan" and chain.rule_levels == {"fixed_plan": 0.95}
+    back = RuleChain.from_dict(json.loads(json.dumps(chain.to_dict())))
+    assert back.rule_levels == {"fixed_plan": 0.95} and back.choices[0].rule == "fixed_plan"
+    with pytest.raises(InputError, match="level must be in"):
+        choose_rules(scores, [1.0], rule_levels={"fixed_plan": 1.5})

@@ -173,22 +173,61 @@ def test_cross_validate_invariants():
 
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory):
+    """A policy over plans (the default menu, capped at 8 samples) and one with ``--plans none``."""
     d = tmp_path_factory.mktemp("cli")
     train = write_synthetic_outcomes(d / "train.jsonl", 120, 8, seed=0, noise=0.3)
     other = write_synthetic_outcomes(d / "other.jsonl", 60, 8, seed=9, noise=0.3)
     assert main(["fit", str(train), "--out", str(d / "pol"), *FIT_FLAGS]) == 0
+    assert main(["fit", str(train), "--out", str(d / "pol1"), *FIT_FLAGS, "--plans", "none"]) == 0
     return d, train, other
+
+
+REPORT_FILES = {"report.json", "report.md", "accuracy.png", "accuracy_cost.png", "actions.png", "confusion.png"}
+
+
+@pytest.mark.slow
+def test_cli_fit_then_cv_report_over_plans(fitted):
+    """The default: plans. The report scores the policy as served against its fixed plan, every rule
+    family's best fixed plan and uniform, with waves, and draws accuracy against realised cost."""
+    d, train, _ = fitted
+    pol = json.loads((d / "pol" / "policy.json").read_text())
+    assert len(pol["plans"]) > 30 and pol["config"]["fallback"] == ["fixed_plan", "uniform"]
+    out = d / "rep-plans"
+    assert main(["report", "--policy", str(d / "pol"), str(train), "--out", str(out), "--folds", "3",
+                 "--seeds", "1", "--budgets", "1,2,4,8", "--bootstrap", "200"]) == 0
+    m = load_manifest(out, kind="report", schema_version=1)
+    assert set(m["files"]) == REPORT_FILES
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["plans"] == pol["plans"] and rep["actions"] == [1, 2, 4, 8]
+    fixed = ("fixed_plan", "fixed_lead", "fixed_window", "fixed_beta", "fixed_dirichlet", "fixed_bayes", "fixed_best")
+    for e in rep["budgets"]:
+        assert set(e["methods"]) >= {"oracle", "learned", "uniform", *fixed}
+        assert all(e["methods"][k]["waves"] >= 1 for k in fixed) and e["methods"]["uniform"]["waves"] == 1
+        assert e["methods"]["uniform"]["cost"] == pytest.approx(e["budget"])
+        assert e["methods"]["oracle"]["cost"] <= e["budget"] + 1e-9
+        assert {"relative", "ci95", "significant"} <= set(e["gain_vs_fixed"]["fixed_best"])
+        assert set(e["rules"]) <= {"learned", "fixed_plan", "uniform"} and sum(e["rules"].values()) == pytest.approx(1)
+        assert "imitation_ceiling" not in e  # k-sample label redraws do not apply to plans
+    assert [c["budget"] for c in rep["baseline_choices"]] == [1.0, 2.0, 4.0, 8.0]
+    assert set(rep["baseline_choices"][0]["plays"]) == {"lead", "window", "beta", "dirichlet", "bayes", "best"}
+    md = (out / "report.md").read_text()
+    assert "## Plans: fixed stopping rules and latency" in md and "best ESC window" in md
+    assert "## Never worse than the fixed plan and uniform" in md and "![accuracy vs realised cost" in md
+    same = rep["same_accuracy"]
+    assert same["reference"]["k"] == 8 and same["methods"]["uniform"]["cost"] == pytest.approx(8.0)
+    assert (out / "accuracy_cost.png").read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.slow
 def test_cli_fit_then_cv_report(fitted):
+    """``--plans none``: k samples at once, the report as before plans."""
     d, train, _ = fitted
-    load_manifest(d / "pol", kind="policy", schema_version=1)
+    load_manifest(d / "pol1", kind="policy", schema_version=1)
     out = d / "rep"
-    assert main(["report", "--policy", str(d / "pol"), str(train), "--out", str(out), "--folds", "3",
+    assert main(["report", "--policy", str(d / "pol1"), str(train), "--out", str(out), "--folds", "3",
                  "--seeds", "1", "--budgets", "1,2,4,8", "--bootstrap", "200"]) == 0
     m = load_manifest(out, kind="report", schema_version=1)
-    assert set(m["files"]) == {"report.json", "report.md", "accuracy.png", "actions.png", "confusion.png"}
+    assert set(m["files"]) == REPORT_FILES
     rep = json.loads((out / "report.json").read_text())
     assert [e["budget"] for e in rep["budgets"]] == [1.0, 2.0, 4.0, 8.0]
     for e in rep["budgets"]:
@@ -209,13 +248,14 @@ def test_cli_fit_then_cv_report(fitted):
     assert same["reference"]["k"] == 8 and same["alt_unit"] is None
     assert same["methods"]["uniform"]["cost"] == pytest.approx(8.0)  # uniform reaches uniform k = 8 at k = 8
     assert rep["policy"]["fallback"]["ranges"][0][1] == 1.0
+    assert rep["plans"] is None and all("fixed_best" not in e["methods"] for e in rep["budgets"])
 
 
 @pytest.mark.slow
 def test_cli_holdout_report(fitted, capsys):
     d, _, other = fitted
     out = d / "hold"
-    assert main(["report", "--policy", str(d / "pol"), str(other), "--out", str(out), "--holdout",
+    assert main(["report", "--policy", str(d / "pol1"), str(other), "--out", str(out), "--holdout",
                  "--bootstrap", "100"]) == 0
     rep = json.loads((out / "report.json").read_text())
     assert rep["mode"] == "holdout" and rep["folds"] == 1
@@ -228,6 +268,18 @@ def test_cli_holdout_report(fitted, capsys):
                    if line.startswith("│") and line.split("│")[1].strip() == f"{e['budget']:.3g}")
         assert all(f"{e['methods'][m]['accuracy']:.4f}" in row for m in ("oracle", "learned", "uniform"))
         assert f"{e['imitation_ceiling']:.3f}" in row
+    # a plan policy's holdout: its own table, with the fixed plan and the waves
+    out = d / "hold-plans"
+    assert main(["report", "--policy", str(d / "pol"), str(other), "--out", str(out), "--holdout",
+                 "--bootstrap", "100"]) == 0
+    rep = json.loads((out / "report.json").read_text())
+    printed = capsys.readouterr().out
+    for e in rep["budgets"]:
+        row = next(line for line in printed.splitlines()
+                   if line.startswith("│") and line.split("│")[1].strip() == f"{e['budget']:.3g}")
+        assert all(f"{e['methods'][m]['accuracy']:.4f}" in row for m in ("oracle", "learned", "fixed_plan", "uniform"))
+        assert f"{e['methods']['learned']['waves']:.2f}" in row
+        assert "fixed_best" not in e["methods"]  # the families' baselines need training prompts: none in a holdout
 
 
 def _schema_2(d):
@@ -252,6 +304,11 @@ def _schema_2(d):
         (lambda d, t, o: ["fit", str(t), "--out", "{out}", "--actions", "1,2,4,16"], "infeasible"),
         (lambda d, t, o: ["fit", str(t), "--out", "{out}", "--actions", "1,2,4,8", "--budgets", "8:1"], "--budgets"),
         (lambda d, t, o: ["fit", str(d / "missing.jsonl"), "--out", "{out}"], "does not exist"),
+        (lambda d, t, o: ["fit", str(t), "--out", "{out}", "--plans", "everything"], "--plans must be one of"),
+        (lambda d, t, o: ["fit", str(t), "--out", "{out}", "--plans", "default", "--strategy", "pass"],
+         "plans vote by majority"),
+        (lambda d, t, o: ["fit", str(t), "--out", "{out}", "--actions", "1,2,4,8", "--plans", "lead:m=2@1x16"],
+         "infeasible"),
         (lambda d, t, o: ["report", "--policy", str(d / "pol"), str(t), "--out", "{out}", "--budgets", "0.5,2"],
          r"outside the range \[1, 8\]"),
         (lambda d, t, o: ["report", "--policy", str(d / "pol"), str(o), "--out", "{out}", "--folds", "40"],

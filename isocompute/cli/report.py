@@ -14,6 +14,14 @@ fitted policy's declared cost per request (``feature_cost`` in its artifact: re-
 training part would move it by a fraction of a percent and could push the policy's budget range out
 of a fold's reach), and the learned methods pay it.
 
+A policy over plans (``isocompute fit --plans …``, the default) is scored on its menu's plan arrays
+(:mod:`isocompute.policy.plan_arrays`: every plan's utility, cost and waves per prompt); the report then
+also carries the best fixed plan of every stopping-rule family chosen on each training part
+(:mod:`isocompute.policy.baselines`: lead, ESC window, Adaptive-Consistency Beta and Dirichlet,
+Best-of-∞ Bayes factor, and the best of all), each method's expected waves, and the policy's gain over
+the best fixed plan. The imitation ceiling (``--label-reps``) redraws k-sample labels and is computed for
+one-wave actions only.
+
 Ignores: serving and latency (``bench/bench_policy.py``).
 """
 
@@ -47,11 +55,10 @@ def run(args: argparse.Namespace) -> int:
     from isocompute.artifacts import sha256_file
     from isocompute.cli.fit import model_flops_for, parse_budgets, read_table
     from isocompute.policy.evaluate import check_targets, cross_validate, default_budgets, holdout, summarise
+    from isocompute.policy.plan_arrays import table_arrays
     from isocompute.policy.policy import Policy
     from isocompute.policy.report import write_report
     from isocompute.solver.allocate import feasible_range
-    from isocompute.solver.costs import cost_table
-    from isocompute.solver.ragged import prepare
 
     policy = Policy.load(args.policy)
     cfg = policy.config
@@ -72,11 +79,17 @@ def run(args: argparse.Namespace) -> int:
     if cfg.cost_unit == "flops":
         model, extra = model_flops_for(table, args.model_config)
         inputs.update(extra)
-    prep = prepare(table, cfg.actions, cfg.strategy, min_samples=cfg.min_samples, ragged=cfg.ragged)
+    prep = table_arrays(table, cfg, model=model)
     table = prep.table  # the prompts the policy's config keeps (ragged tables: solver.ragged)
-    C = cost_table(table.prompt_tokens, table.mean_completion_tokens, cfg.actions, unit=cfg.cost_unit, model=model)
-    alt = _alt_costs(args, table, policy, model, inputs)
-    U = prep.utilities
+    C, U = prep.cost, prep.utility
+    alt = _alt_costs(args, table, policy, model, inputs, prep)
+    plan_kw: dict[str, Any] = {}
+    if cfg.plans:
+        plan_kw = {"samples": prep.samples, "waves": prep.waves}
+        if not args.holdout:
+            plan_kw["baselines"] = _baselines(policy, table, model)
+    else:
+        plan_kw = {"waves": prep.waves}
     probe, probe_info = None, None
     if cfg.probe is not None:
         probe, probe_info = _probe_values(args, cfg.probe, table.prompts, U)
@@ -89,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
 
         cv_cfg = dataclasses.replace(cfg, feature_cost=policy.feature_cost_)
     if args.holdout:
-        ev = holdout(policy, table.prompts, U, C, budgets, probe=probe, **alt)
+        ev = holdout(policy, table.prompts, U, C, budgets, probe=probe, **alt, **plan_kw)
         seeds: tuple[int, ...] = (cfg.seed,)
     else:
         seeds = parse_seeds(args.seeds)
@@ -101,20 +114,24 @@ def run(args: argparse.Namespace) -> int:
             shrink = {"label_var": sampling_variance(table, cfg.actions, cfg.strategy, seed=cfg.seed),
                       "groups": task_groups(table)}
         ev = cross_validate(table.prompts, U, C, cv_cfg, budgets, folds=args.folds, seeds=seeds, probe=probe,
-                            progress=True, **alt, **shrink)
+                            progress=True, **alt, **shrink, **plan_kw)
     summary = summarise(ev, n_boot=args.bootstrap, seed=args.seed)
-    from isocompute.policy.label_noise import oracle_label_agreement
+    if not cfg.plans:
+        from isocompute.policy.label_noise import oracle_label_agreement
 
-    # The oracle labels imitation is scored against: at each budget clipped to what the samples alone can
-    # spend (a probe policy's range reaches past it by the probe's cost), as evaluate's oracle is.
-    f_lo, f_hi = feasible_range(C)
-    noise = oracle_label_agreement(table, U, C, cfg.actions, cfg.strategy,
-                                   [float(np.clip(b, f_lo, f_hi)) for b in budgets], reps=args.label_reps,
-                                   seed=args.seed)
-    for j, e in enumerate(summary["budgets"]):
-        e["imitation_ceiling"], e["label_agreement"] = noise["ceiling"][j], noise["agreement"][j]
+        # The oracle labels imitation is scored against: at each budget clipped to what the samples alone can
+        # spend (a probe policy's range reaches past it by the probe's cost), as evaluate's oracle is.
+        f_lo, f_hi = feasible_range(C)
+        noise = oracle_label_agreement(table, U, C, cfg.actions, cfg.strategy,
+                                       [float(np.clip(b, f_lo, f_hi)) for b in budgets], reps=args.label_reps,
+                                       seed=args.seed)
+        for j, e in enumerate(summary["budgets"]):
+            e["imitation_ceiling"], e["label_agreement"] = noise["ceiling"][j], noise["agreement"][j]
     report = {
         "mode": ev.mode, "folds": ev.n_folds, "seeds": list(seeds), "actions": list(cfg.actions),
+        "plans": [p.name for p in policy.plans] if cfg.plans else None,
+        "plan_stats": {"samples": policy.plan_samples_.tolist(), "waves": policy.plan_waves_.tolist()},
+        "baseline_choices": _baseline_choices(plan_kw.get("baselines"), budgets),
         "strategy": cfg.strategy, "cost_unit": cfg.cost_unit, "inputs": inputs,
         "policy": {"path": str(args.policy), "default_learner": policy.default_learner_,
                    "selection": policy.selection_, "config": cfg.to_dict(),
@@ -123,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
         "probe": probe_info,
         "ragged": {"dropped": len(prep.dropped), "min_samples": prep.min_samples, "ragged_prompts": prep.n_ragged,
                    "summary": prep.summary()},
+        "fixed_plans": [{"budget": float(b), "plays": policy.fixed_plan_at(float(b)).describe(
+            [p.name for p in policy.plans])} for b in budgets] if cfg.plans else None,
         "features": None if not cfg.feature_extras else {
             "extras": list(cfg.feature_extras), "extra_components": cfg.extra_components,
             "fitted_policy_cost": policy.feature_cost_, "declared": cfg.feature_cost,
@@ -139,23 +158,27 @@ def run(args: argparse.Namespace) -> int:
     from isocompute.cli.console import console
 
     con = console()
-    t = Table(title=f"held-out accuracy ({ev.mode}, {len(table)} prompts) → {args.out}")
-    for col in ("budget", "oracle", "learned", "uniform", "heuristic", "random", "cost", "gain vs uniform [CI]",
-                "served learned", "imitation", "ceiling"):
-        t.add_column(col, justify="right")
-    for e in report["budgets"]:
-        m, g = e["methods"], e["gain_vs_uniform"]
-        sig = "" if g["significant"] else " n.s."
-        t.add_row(f"{e['budget']:.3g}", *(f"{m[k]['accuracy']:.4f}" for k in ("oracle", "learned", "uniform",
-                                                                             "heuristic", "random")),
-                  f"{m['learned']['cost']:.4g}",
-                  f"{100 * g['relative']:+.1f}% [{100 * g['ci95'][0]:+.1f}, {100 * g['ci95'][1]:+.1f}]{sig}",
-                  f"{100 * (e['rules'] or {}).get('learned', 0.0):.0f}%",
-                  f"{e['imitation_accuracy']:.3f}", f"{e['imitation_ceiling']:.3f}")
-    con.print(t)
+    if cfg.plans:
+        _print_plans_table(con, report, ev.mode, len(table), args.out)
+    else:
+        t = Table(title=f"held-out accuracy ({ev.mode}, {len(table)} prompts) → {args.out}")
+        for col in ("budget", "oracle", "learned", "uniform", "heuristic", "random", "cost", "gain vs uniform [CI]",
+                    "served learned", "imitation", "ceiling"):
+            t.add_column(col, justify="right")
+        for e in report["budgets"]:
+            m, g = e["methods"], e["gain_vs_uniform"]
+            sig = "" if g["significant"] else " n.s."
+            t.add_row(f"{e['budget']:.3g}", *(f"{m[k]['accuracy']:.4f}" for k in ("oracle", "learned", "uniform",
+                                                                                 "heuristic", "random")),
+                      f"{m['learned']['cost']:.4g}",
+                      f"{100 * g['relative']:+.1f}% [{100 * g['ci95'][0]:+.1f}, {100 * g['ci95'][1]:+.1f}]{sig}",
+                      f"{100 * (e['rules'] or {}).get('learned', 0.0):.0f}%",
+                      f"{e['imitation_accuracy']:.3f}", f"{e['imitation_ceiling']:.3f}")
+        con.print(t)
     con.print("learned = the policy as served: at each budget its never-worse chain serves the learned rule "
-                    "only where it beat uniform out of fold, else uniform ('served learned': share of the refitted "
-                    "policies that served the learned rule).")
+              "only where it beat the next rule out of fold" + (" (the fixed plan, then uniform)" if cfg.plans
+                                                                 else ", else uniform")
+              + " ('served learned': share of the refitted policies that served the learned rule).")
     con.print(report["learner_comparison"]["why"])
     _print_same_accuracy(con, report["same_accuracy"], cfg.cost_unit)
     if probe_info is not None:
@@ -169,16 +192,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _alt_costs(args: argparse.Namespace, table: Any, policy: Any, model: Any, inputs: dict[str, str]) -> dict[str, Any]:
+def _alt_costs(args: argparse.Namespace, table: Any, policy: Any, model: Any, inputs: dict[str, str],
+               arrays: Any) -> dict[str, Any]:
     """The cost table in a second unit for "same accuracy for less": FLOPs when the table's model is known
     (``--model-config`` or its meta; the probe's and extra features' FLOPs paid per request), samples
-    when the policy's unit is FLOPs; {} when neither is known."""
+    when the policy's unit is FLOPs; {} when neither is known. ``arrays``: the table's plan arrays."""
+    import dataclasses
+
     from isocompute.cli.fit import model_flops_for
-    from isocompute.solver.costs import cost_table
+    from isocompute.policy.plan_arrays import table_arrays
 
     cfg = policy.config
     if cfg.cost_unit == "flops":
-        return {"C_alt": cost_table(table.prompt_tokens, None, cfg.actions, unit="samples"), "alt_unit": "samples"}
+        return {"C_alt": arrays.samples, "alt_unit": "samples"}
     if model is None:
         try:
             model, extra = model_flops_for(table, args.model_config)
@@ -189,8 +215,53 @@ def _alt_costs(args: argparse.Namespace, table: Any, policy: Any, model: Any, in
         return {}
     paid = ((cfg.probe.flops or 0.0) if cfg.probe is not None else 0.0) + (
         policy.features_.extra_flops_per_prompt_ if cfg.feature_extras else 0.0)
-    return {"C_alt": cost_table(table.prompt_tokens, table.mean_completion_tokens, cfg.actions, unit="flops",
-                                model=model), "paid_alt": float(paid), "alt_unit": "flops"}
+    flops = table_arrays(table, dataclasses.replace(cfg, cost_unit="flops", min_samples=0), model=model)
+    return {"C_alt": flops.cost, "paid_alt": float(paid), "alt_unit": "flops"}
+
+
+def _baselines(policy: Any, table: Any, model: Any) -> Any:
+    """The rule families' plan arrays on the policy's kept prompts (:mod:`isocompute.policy.baselines`)."""
+    from isocompute.policy.baselines import FixedBaselines, baseline_plans
+    from isocompute.policy.plan_arrays import plan_arrays
+
+    cfg = policy.config
+    plans, columns = baseline_plans(policy.plans, cfg.actions)
+    arr = plan_arrays(table, plans, cost_unit=cfg.cost_unit, model=model, ragged=cfg.ragged)
+    return FixedBaselines(plans, arr.utility, arr.cost, arr.waves, columns)
+
+
+def _baseline_choices(baselines: Any, budgets: Any) -> list[dict[str, Any]] | None:
+    """What each baseline plays at each budget when chosen on every prompt (the report names it)."""
+    if baselines is None:
+        return None
+    from isocompute.policy.baselines import describe_choices
+
+    return [{"budget": float(b), "plays": describe_choices(baselines, float(b))} for b in budgets]
+
+
+def _print_plans_table(con: Any, report: dict[str, Any], mode: str, n: int, out: Any) -> None:
+    """The held-out table of a plan policy: the policy as served against its fixed plan, the best fixed
+    plan of every rule family and uniform, with costs, waves and the two gains."""
+    from rich.table import Table
+
+    t = Table(title=f"held-out accuracy over plans ({mode}, {n} prompts) → {out}")
+    for col in ("budget", "oracle", "learned", "fixed plan", "best fixed", "uniform", "cost", "waves",
+                "gain vs uniform [CI]", "vs best fixed [CI]", "served learned / fixed"):
+        t.add_column(col, justify="right")
+
+    def gain(g: dict[str, Any] | None) -> str:
+        if not g:
+            return "—"
+        return f"{100 * g['relative']:+.2f}% [{100 * g['ci95'][0]:+.2f}, {100 * g['ci95'][1]:+.2f}]"
+
+    for e in report["budgets"]:
+        m, rules = e["methods"], e["rules"] or {}
+        acc = [f"{m[k]['accuracy']:.4f}" if k in m else "—" for k in ("oracle", "learned", "fixed_plan", "fixed_best",
+                                                                       "uniform")]
+        t.add_row(f"{e['budget']:.3g}", *acc, f"{m['learned']['cost']:.4g}", f"{m['learned'].get('waves', 1.0):.2f}",
+                  gain(e["gain_vs_uniform"]), gain(e["gain_vs_fixed"].get("fixed_best")),
+                  f"{100 * rules.get('learned', 0.0):.0f}% / {100 * rules.get('fixed_plan', 0.0):.0f}%")
+    con.print(t)
 
 
 def _print_same_accuracy(con: Any, same: dict[str, Any] | None, unit: str) -> None:
@@ -246,7 +317,8 @@ def register(subparsers: Any) -> None:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("outcomes", type=Path, help="outcome table to evaluate on (.jsonl)")
     p.add_argument("--label-reps", type=int, default=50,
-                   help="bootstrap redraws of each prompt's samples for the imitation ceiling (policy.label_noise)")
+                   help="bootstrap redraws of each prompt's samples for the imitation ceiling (policy.label_noise; "
+                        "one-wave actions only)")
     p.add_argument("--policy", type=Path, required=True, help="policy artifact directory (from isocompute fit)")
     p.add_argument("--out", type=Path, required=True, help="report artifact directory to write")
     p.add_argument("--folds", type=int, default=5, help="cross-validation folds over prompts")

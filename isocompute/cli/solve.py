@@ -20,6 +20,14 @@ and writes a ``solution`` artifact (schema version 1) with :func:`isocompute.art
 ``frontier.json``   with ``--budgets``: the optimal mean utility and λ at each requested budget, every
 ``frontier.png``    breakpoint of the frontier, and the uniform-k points (plotted for comparison)
 
+Actions are **plans** by default (``--plans default``, :mod:`isocompute.policy.plan_menu`; ``--plans none``
+for k samples at once, the default for strategies other than majority): U[i, p] and C[i, p] are each
+plan's expected accuracy and cost over random orders of the prompt's samples
+(:mod:`isocompute.policy.plan_arrays`), C differs per prompt for adaptive plans, and the solver takes
+each prompt's columns in its own cost order. Then ``solution.jsonl`` names the plan (``plan``,
+``plan_hi``; ``k`` is its maximum samples) and ``summary.json`` has ``plans``, ``plan_share`` and the
+allocation's ``expected_samples`` / ``expected_waves``.
+
 A ragged table (prompts with fewer samples than the largest action) is refused unless ``--min-samples N``
 drops the shorter prompts or ``--ragged infeasible`` marks the actions above a prompt's sample count
 infeasible for that prompt (:mod:`isocompute.solver.ragged`); ``summary.json`` says how many of each.
@@ -92,6 +100,7 @@ class SolveConfig:
     rounding: str = "mix"
     min_samples: int = 0
     ragged: str = "error"
+    plans: str | None = None
 
     def __post_init__(self) -> None:
         self.outcomes, self.out = Path(self.outcomes), Path(self.out)
@@ -107,31 +116,22 @@ class SolveConfig:
 
 def solve(cfg: SolveConfig) -> dict[str, Any]:
     """Run the whole stage and write the artifact; return the summary (what summary.json holds)."""
+    from isocompute.cli.fit import parse_plans
+
+    names = parse_plans(cfg.plans, tuple(cfg.actions), cfg.strategy)
+    if names:
+        return _solve_plans(cfg, names)
     import numpy as np
 
-    from isocompute.artifacts import artifact_writer, sha256_file
-    from isocompute.flops import load_model_flops
+    from isocompute.artifacts import artifact_writer
     from isocompute.solver.allocate import allocate, check_budget, feasible_range
     from isocompute.solver.costs import cost_table
     from isocompute.solver.frontier import frontier
-    from isocompute.solver.outcomes import read_outcomes
     from isocompute.solver.ragged import drop_short, ragged_utilities
 
-    table = read_outcomes(cfg.outcomes)
-    inputs = {"outcomes": table.sha256 or sha256_file(cfg.outcomes)}
+    table, inputs, model = _load(cfg)
     full = len(table)
     table, _, dropped, floor = drop_short(table, cfg.actions, min_samples=cfg.min_samples, ragged=cfg.ragged)
-    model = None
-    if cfg.cost_unit == "flops":
-        if cfg.model_config is not None:
-            model = load_model_flops(cfg.model_config)
-            inputs["model_config"] = sha256_file(cfg.model_config if cfg.model_config.is_file()
-                                                 else cfg.model_config / "config.json")
-        elif isinstance(table.meta.get("model_config"), dict):  # written by `isocompute sample`
-            model = load_model_flops(table.meta["model_config"])
-        else:
-            raise InputError("--cost-unit flops needs the policy model's config: pass --model-config "
-                             "PATH (a config.json or model directory); this table's meta has none.")
     C = cost_table(table.prompt_tokens, table.mean_completion_tokens, cfg.actions, unit=cfg.cost_unit,
                    model=model, prefix_sharing=cfg.prefix_sharing)
     # Check budgets before the (slower) utilities, so a typo fails fast with the feasible range.
@@ -179,14 +179,108 @@ def solve(cfg: SolveConfig) -> dict[str, Any]:
     return summary
 
 
-def _write_solution(path: Path, ids: list[str], res: Any, ks: Any, U: Any, C: Any) -> None:
+def _load(cfg: SolveConfig) -> tuple[Any, dict[str, str], Any]:
+    """(the table, its inputs' checksums, the FLOP model or None) for ``cfg``."""
+    from isocompute.artifacts import sha256_file
+    from isocompute.flops import load_model_flops
+    from isocompute.solver.outcomes import read_outcomes
+
+    table = read_outcomes(cfg.outcomes)
+    inputs = {"outcomes": table.sha256 or sha256_file(cfg.outcomes)}
+    model = None
+    if cfg.cost_unit == "flops":
+        if cfg.model_config is not None:
+            model = load_model_flops(cfg.model_config)
+            inputs["model_config"] = sha256_file(cfg.model_config if cfg.model_config.is_file()
+                                                 else cfg.model_config / "config.json")
+        elif isinstance(table.meta.get("model_config"), dict):
+            model = load_model_flops(table.meta["model_config"])
+        else:
+            raise InputError("--cost-unit flops needs the policy model's config: pass --model-config "
+                             "PATH (a config.json or model directory); this table's meta has none.")
+    return table, inputs, model
+
+
+def _solve_plans(cfg: SolveConfig, names: tuple[str, ...]) -> dict[str, Any]:
+    """:func:`solve` over a plan menu (module docstring)."""
+    import numpy as np
+
+    from isocompute.artifacts import artifact_writer
+    from isocompute.policy.plan_arrays import allocate_plans, plan_arrays
+    from isocompute.solver.allocate import check_budget, feasible_range
+    from isocompute.solver.frontier import frontier
+    from isocompute.solver.plan_estimates import by_cost
+    from isocompute.solver.plans import parse_plan
+
+    table, inputs, model = _load(cfg)
+    menu = [parse_plan(n) for n in names]
+    arr = plan_arrays(table, menu, cost_unit=cfg.cost_unit, model=model, min_samples=cfg.min_samples,
+                      ragged=cfg.ragged, prefix_caching=cfg.prefix_sharing)
+    U, C = arr.utility, arr.cost
+    for b in [cfg.budget, *(cfg.budgets or [])]:
+        check_budget(b, C)  # feasible_range is per-prompt min/max, so plan columns need no sorting here
+    res = allocate_plans(U, C, cfg.budget, rounding=cfg.rounding)
+    a = res.allocation
+    probs = res.action_probs()
+    ks = np.array([p.max_samples for p in menu])
+    lad = [names.index(f"none@{k}") for k in cfg.actions]
+    summary: dict[str, Any] = {
+        "budget": a.budget, "lambda": a.lam, "mean_cost": a.mean_cost, "mean_utility": a.mean_utility,
+        "lp_utility": a.lp_utility, "n_prompts": a.n_prompts, "n_mixed": int(a.mixed.size), "mix_prob": a.mix_prob,
+        "status": a.status, "message": a.message, "plans": list(names),
+        "plan_share": {n: float(x) for n, x in zip(names, probs.mean(axis=0), strict=True) if x > 0},
+        "k_share": {str(int(k)): float(probs[:, ks == k].sum(axis=1).mean()) for k in np.unique(ks)},
+        "expected_samples": float((probs * arr.samples).sum(axis=1).mean()),
+        "expected_waves": float((probs * arr.waves).sum(axis=1).mean()),
+        "uniform": [{"k": int(k), "plan": names[j], "mean_cost": float(C[:, j].mean()),
+                     "mean_utility": float(U[:, j].mean())} for k, j in zip(cfg.actions, lad, strict=True)],
+        "feasible_range": list(feasible_range(C)), "actions": [int(k) for k in cfg.actions],
+        "strategy": cfg.strategy, "cost_unit": cfg.cost_unit, "rounding": cfg.rounding,
+        "prompts_in_table": len(table), "dropped": len(arr.dropped), "min_samples": arr.min_samples,
+        "ragged_prompts": arr.n_ragged,
+    }
+    front = None
+    if cfg.budgets:
+        order = by_cost(U, C)
+        f = frontier(order.utility, order.cost)
+        front = {
+            "budgets": list(cfg.budgets), "utility": np.atleast_1d(f.utility_at(cfg.budgets)).tolist(),
+            "lambda": np.atleast_1d(f.lam_at(cfg.budgets)).tolist(),
+            "breakpoints": {"cost": f.cost.tolist(), "utility": f.utility.tolist(), "lambda": f.lam.tolist()},
+            "max_cost": f.max_cost, "uniform": summary["uniform"], "strategy": cfg.strategy,
+            "cost_unit": cfg.cost_unit,
+        }
+    params = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items() if k not in ("out",)}
+    params["plans"] = list(names)
+    with artifact_writer(cfg.out, kind=KIND, schema_version=SCHEMA_VERSION, inputs=inputs, params=params) as d:
+        _write_solution(d / "solution.jsonl", arr.table.ids, a, ks, U, C, res.order, names)
+        (d / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if front is not None:
+            (d / "frontier.json").write_text(json.dumps(front) + "\n")
+            _plot(d / "frontier.png", front, cfg)
+    summary["out"] = str(cfg.out)
+    if front is not None:
+        summary["frontier"] = {"budgets": front["budgets"], "utility": front["utility"]}
+    return summary
+
+
+def _write_solution(path: Path, ids: list[str], res: Any, ks: Any, U: Any, C: Any, order: Any = None,
+                    names: Any = None) -> None:
+    """One line per prompt; with plans (``order``: each prompt's cost-sorted columns → plan indices,
+    ``names``) the actions are plan indices and each line names its plan."""
     mixed = set(res.mixed.tolist())
     p = res.mix_prob
     with open(path, "w", encoding="utf-8") as f:
         for i, (rid, a, a_hi) in enumerate(zip(ids, res.actions.tolist(), res.actions_hi.tolist(), strict=True)):
+            if order is not None:
+                a, a_hi = int(order[i, a]), int(order[i, a_hi])
             row: dict[str, Any] = {"id": rid, "action": a, "k": int(ks[a]), "p": 1.0 - p if i in mixed else 1.0}
+            if names is not None:
+                row["plan"] = names[a]
             if i in mixed:
                 row.update(action_hi=a_hi, k_hi=int(ks[a_hi]), p_hi=p)
+                if names is not None:
+                    row["plan_hi"] = names[a_hi]
             row.update(utilities=U[i].tolist(), costs=C[i].tolist())
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
@@ -240,7 +334,12 @@ def _print_table(summary: dict[str, Any]) -> None:
     t.add_row(f"mean utility ({summary['strategy']})", f"{summary['mean_utility']:.4f}")
     t.add_row("LP bound", f"{summary['lp_utility']:.4f}")
     t.add_row("mixed prompts", f"{summary['n_mixed']} (p = {summary['mix_prob']:.3g})")
-    t.add_row("share of k", "  ".join(f"{k}:{s:.2f}" for k, s in summary["k_share"].items()))
+    t.add_row("share of k" + (" (plans' most samples)" if "plans" in summary else ""),
+              "  ".join(f"{k}:{s:.2f}" for k, s in summary["k_share"].items()))
+    if "plans" in summary:
+        top = sorted(summary["plan_share"].items(), key=lambda x: -x[1])[:6]
+        t.add_row(f"plans ({len(summary['plans'])} in the menu)", "  ".join(f"{n}:{s:.2f}" for n, s in top))
+        t.add_row("expected samples / waves", f"{summary['expected_samples']:.4g} / {summary['expected_waves']:.3g}")
     console.print(t)
     u = Table(title="uniform k (same k for every prompt)")
     for col in ("k", "mean cost", "mean utility"):
@@ -266,6 +365,10 @@ def register(subparsers: Any) -> None:
                    help="sample counts k to choose from, comma-separated")
     p.add_argument("--strategy", default="majority", choices=STRATEGIES,
                    help="how k samples become one answer (utility = its expected accuracy)")
+    p.add_argument("--plans",
+                   help="the plan menu: default, a rule family (lead, window, beta, dirichlet, bayes), a comma list "
+                        "of plan names, or none for k samples at once (default: default for --strategy majority, "
+                        "none otherwise)")
     p.add_argument("--budget", type=float, required=True,
                    help="mean cost per prompt, in the cost unit (e.g. 4 = four samples on average)")
     p.add_argument("--budgets",

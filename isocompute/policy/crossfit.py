@@ -11,7 +11,12 @@ its text, and that member never saw it either.
   members; each decides its fold at every grid budget, and the mixed-grid calibration maps a requested
   budget to an internal budget b'.
 * :func:`fit_learner` ``("utility", …)`` — :class:`~isocompute.policy.learners.UtilityRegressor`
-  members; each predicts its fold's utilities Û, and bisection on λ maps a budget to a price.
+  members; each predicts its fold's utilities Û, and bisection on λ maps a budget to a price. With a
+  plan menu (``job.plans``) the action column is each plan's descriptors, computed on the member's own
+  training prompts (:func:`~isocompute.policy.plan_menu.plan_descriptors`), and each member has a cost
+  head (:mod:`isocompute.policy.cost_head`, ``plan_costs="predicted"``) that prices adaptive plans per
+  prompt: decisions are ``argmax Û − λĈ``, while the calibration measures the *true* cost C of those
+  decisions on the fold, as for k samples.
 
 Both return the fitted learner and ``oof(b)``: the out-of-fold action of every training prompt at
 budget b. Example: 800 prompts, 3 folds → 3 members per learner trained on 533–534 prompts each, and
@@ -55,7 +60,9 @@ class FittedLearner:
 class CrossFit:
     """What every learner's cross-fit shares: features X, U and C (paid costs included), the mixing
     uniforms u, the calibration folds, the calibration grid's requested budgets and spend targets, and
-    the learners' training labels (U itself, or its shrunk version: :mod:`isocompute.policy.shrinkage`)."""
+    the learners' training labels (U itself, or its shrunk version: :mod:`isocompute.policy.shrinkage`);
+    with a plan menu, the ``plans``, their expected ``samples`` (N, P) and what every request pays first
+    (``paid``: probe and extra features, already in C)."""
 
     X: np.ndarray
     U: np.ndarray
@@ -65,6 +72,9 @@ class CrossFit:
     requested: np.ndarray
     targets: np.ndarray
     labels: np.ndarray
+    plans: tuple[Any, ...] | None = None
+    samples: np.ndarray | None = None
+    paid: float = 0.0
 
     @property
     def rows(self) -> np.ndarray:
@@ -112,33 +122,54 @@ def _fit_classifier(job: CrossFit, cfg: PolicyConfig, tick: Callable[[int], Any]
     return FittedLearner(clfs, cal), oof
 
 
+def _utility_member(job: CrossFit, cfg: PolicyConfig, tr: np.ndarray) -> UtilityRegressor:
+    """One utility member trained on rows ``tr``: on k's, or on plan descriptors with a cost head."""
+    if job.plans is None or job.samples is None:
+        return UtilityRegressor(**_hyper(cfg)).fit(job.X[tr], job.labels[tr], np.asarray(cfg.actions))
+    from isocompute.policy.cost_head import SampleCostRegressor
+    from isocompute.policy.plan_menu import plan_descriptors
+
+    desc = plan_descriptors(job.plans, job.U[tr], job.samples[tr])
+    head = None
+    if cfg.plan_costs == "predicted":
+        head = SampleCostRegressor(**_hyper(cfg)).fit(
+            job.X[tr], job.samples[tr], job.C[tr], desc, np.array([p.waves[0] for p in job.plans]),
+            np.array([p.max_samples for p in job.plans]), paid=job.paid)
+    return UtilityRegressor(**_hyper(cfg)).fit(job.X[tr], job.labels[tr], desc, cost_head=head)
+
+
 def _fit_utility(job: CrossFit, cfg: PolicyConfig, costs: np.ndarray,
                  tick: Callable[[int], Any]) -> tuple[FittedLearner, OutOfFold]:
-    ks = np.asarray(cfg.actions)
     models = []
     for tr, _ in job.folds:
-        models.append(UtilityRegressor(**_hyper(cfg)).fit(job.X[tr], job.labels[tr], ks))
+        models.append(_utility_member(job, cfg, tr))
         tick(1)
     Uh = np.empty_like(job.U)
+    Ch = np.empty_like(job.U)  # the costs each prompt is priced at: Ĉ, or the actions' mean costs
     for m, (_, ho) in zip(models, job.folds, strict=True):
         Uh[ho] = m.predict_utilities(job.X[ho])
+        Ch[ho] = m.predict_costs(job.X[ho], costs)
 
     def cost_at(lam: float) -> float:
-        return float(job.C[job.rows, price(Uh, lam, costs, job.u)].mean())
+        return float(job.C[job.rows, price(Uh, lam, Ch, job.u)].mean())
 
-    cal = calibrate_by_bisection(job.requested, job.targets, cost_at, max_useful_price(Uh, costs),
+    cal = calibrate_by_bisection(job.requested, job.targets, cost_at, max_useful_price(Uh, Ch),
                                  n_validation=job.rows.size)
 
     def oof(b: float) -> np.ndarray:
-        return price(Uh, cal(b), costs, job.u)
+        return price(Uh, cal(b), Ch, job.u)
 
     return FittedLearner(models, cal), oof
 
 
 def max_useful_price(U_hat: np.ndarray, action_costs: np.ndarray) -> float:
-    """A price at which every prompt takes its cheapest action: above every pairwise utility slope."""
+    """A price at which every prompt takes its cheapest action: above every pairwise utility slope.
+    ``action_costs``: (A,) per action, or (N, A) per prompt; the smallest positive cost step counts."""
     du = float(U_hat.max() - U_hat.min()) if U_hat.size else 0.0
-    dc = float(np.diff(action_costs).min()) if action_costs.size > 1 else 1.0
+    c = np.asarray(action_costs, dtype=np.float64)
+    steps = np.diff(np.sort(c.reshape(-1, c.shape[-1]) if c.size else c.reshape(1, -1), axis=1), axis=1)
+    steps = steps[steps > 0]
+    dc = float(steps.min()) if steps.size else 1.0
     return (du + 1.0) / max(dc, 1e-300)
 
 

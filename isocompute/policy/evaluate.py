@@ -8,19 +8,27 @@ never saw it. **Holdout** (``holdout``): a fitted policy is scored on a table it
 Methods, each scored per held-out prompt i at requested budget B (U, C: the held-out prompts' utility
 and cost tables; expectations are exact, nothing is sampled):
 
+Actions are the policy's plans (columns of U and C; the one-wave ``none@k`` without a plan menu);
+every method also has its expected waves per prompt (latency: upstream requests), from W.
+
 * ``oracle`` — the solver on the held-out prompts in hindsight (``allocate(U, C, B,
-  rounding="deterministic")``: cost ≤ B, within one prompt's gap of the LP bound, which is reported
-  as ``oracle_lp``). Not achievable; the upper reference.
+  rounding="deterministic")`` over each prompt's cost-sorted plan columns: cost ≤ B, within one
+  prompt's gap of the LP bound, which is reported as ``oracle_lp``). Not achievable; the upper reference.
 * ``learned`` — the policy *as served*: its default learner where its never-worse chain keeps the
-  learned rule at this budget, the hashed uniform mix where it falls back (then nothing is paid for the
-  probe or extra features); ``learned_no_fallback`` — the default learner everywhere;
+  learned rule at this budget, the fixed plan or the uniform mix (hashed per prompt) where it falls
+  back (then nothing is paid for the probe or extra features); ``learned_no_fallback`` — the default learner everywhere;
   ``learned_classifier`` / ``learned_utility`` — each learner, no fallback. Each prompt is decided alone
   through the calibration table, so the held-out part's realised cost carries the sampling noise of which
   prompts it holds (about ±4% at budget 4 on 160 arith prompts).
 * ``learned_batch`` — ``learned`` with the knob (or the uniform mix) solved on the held-out part itself
   (``Policy.decide(..., match="batch")``): what an offline batch job spends, on budget to one prompt's step.
-* ``uniform`` — every prompt gets the same k, mixing the two actions adjacent to B so the mean cost
-  is B: with mean action costs c̄_j ≤ B ≤ c̄_{j+1}, q = (B − c̄_j)/(c̄_{j+1} − c̄_j) and prompt i scores
+* ``fixed_plan`` — the policy's own fixed-plan rule (:mod:`isocompute.policy.fixed_rule`: one plan
+  of its menu, or a mix of two, chosen on the training part), whether or not its chain serves it;
+  ``fixed_<family>`` / ``fixed_best`` — the best fixed plan of each rule family and of all of them
+  (:mod:`isocompute.policy.baselines`, chosen on the training part: the ESC, Adaptive-Consistency and
+  Best-of-∞ baselines), when the caller passes their plan arrays.
+* ``uniform`` — every prompt gets the same k (the ladder ``none@k``), mixing the two actions adjacent
+  to B so the mean cost is B: with mean action costs c̄_j ≤ B ≤ c̄_{j+1}, q = (B − c̄_j)/(c̄_{j+1} − c̄_j) and prompt i scores
   (1 − q)·U[i, j] + q·U[i, j+1]. Example: k ∈ {1, 2, 4, 8}, B = 3 → half k = 2, half k = 4.
 * ``heuristic`` — "longer prompts get more samples": the same two actions as uniform, but the top
   q-share of prompts by character length (threshold from the *training* prompts, ties split in
@@ -54,7 +62,9 @@ from typing import Any
 import numpy as np
 
 from isocompute.errors import InputError
-from isocompute.policy.fallback import LEARNED, UNIFORM, uniform_actions, uniform_mix
+from isocompute.policy.baselines import FixedBaselines, score_baselines
+from isocompute.policy.fallback import FIXED_PLAN, LEARNED, uniform_mix
+from isocompute.policy.plan_arrays import allocate_plans
 from isocompute.policy.policy import LEARNERS, Policy, PolicyConfig
 from isocompute.policy.shrinkage import shrink_utilities
 from isocompute.policy.summary import (  # noqa: F401  (re-exported: evaluation's public names)
@@ -68,7 +78,7 @@ from isocompute.policy.summary import (  # noqa: F401  (re-exported: evaluation'
     same_accuracy,
     summarise,
 )
-from isocompute.solver.allocate import allocate, feasible_range
+from isocompute.solver.allocate import feasible_range
 
 
 def default_budgets(lo: float, hi: float) -> list[float]:
@@ -122,10 +132,10 @@ def _method_probs(policy: Policy, X: np.ndarray, u: np.ndarray, route: np.ndarra
     # With per-prompt (FLOP) costs the held-out part's feasible range can be narrower than the
     # trained range; the oracle then takes the cheapest (or dearest) action everywhere.
     b_oracle = float(np.clip(b, f_lo, f_hi))
-    o = allocate(U, C, b_oracle, rounding="deterministic").actions
+    o = allocate_plans(U, C, b_oracle, rounding="deterministic").actions
     out: dict[str, tuple[np.ndarray, bool]] = {
         "oracle": (_one_hot(o, A), False),
-        "oracle_lp": (allocate(U, C, b_oracle, rounding="mix").action_probs(), False)}
+        "oracle_lp": (allocate_plans(U, C, b_oracle, rounding="mix").action_probs(), False)}
     served = o  # replaced below: the default learner is always among the policy's learners
     rule = LEARNED
     for name in policy.learners_:
@@ -135,30 +145,34 @@ def _method_probs(policy: Policy, X: np.ndarray, u: np.ndarray, route: np.ndarra
             continue
         out["learned_no_fallback"] = (_one_hot(a, A), True)
         rule = policy.rule_at(b, name).rule
-        if rule == UNIFORM:
-            served = uniform_actions(u, policy.sample_action_costs, b)
-            batch = uniform_actions(u, policy.sample_action_costs, b, match="batch")
+        if rule != LEARNED:
+            served = policy.fallback_actions(rule, u, b)
+            batch = policy.fallback_actions(rule, u, b, match="batch")
         else:
             served = a
             batch, _ = policy.decide_features(X, u, route, b, name, match="batch")
-        out["learned"] = (_one_hot(served, A), rule != UNIFORM)
-        out["learned_batch"] = (_one_hot(batch, A), rule != UNIFORM)
-    lo, hi, q = uniform_mix(C.mean(axis=0), b)
-    out["uniform"] = (_two_point(lo, hi, q, n, A), False)
+        out["learned"] = (_one_hot(served, A), rule == LEARNED)
+        out["learned_batch"] = (_one_hot(batch, A), rule == LEARNED)
+    if policy.config.plans:
+        out["fixed_plan"] = (_one_hot(policy.fallback_actions(FIXED_PLAN, u, b), A), False)
+    lad = policy.ladder
+    lo, hi, q = uniform_mix(C[:, lad].mean(axis=0), b)
+    out["uniform"] = (_two_point(int(lad[lo]), int(lad[hi]), q, n, A), False)
     # The heuristic decides from training data only: its two actions and share come from the policy's
     # per-action training costs (without the probe and extra features it does not use), its threshold
     # from the training lengths.
-    hlo, hhi, hq = uniform_mix(policy.sample_action_costs, b)
-    out["heuristic"] = (_two_point(hlo, hhi, length_rule(train_lengths, lengths, hq), n, A), False)
+    hlo, hhi, hq = uniform_mix(policy.sample_action_costs[lad], b)
+    out["heuristic"] = (_two_point(int(lad[hlo]), int(lad[hhi]), length_rule(train_lengths, lengths, hq), n, A),
+                        False)
     out["random"] = (np.broadcast_to(np.bincount(o, minlength=A) / n, (n, A)), False)
     return out, o, served, rule
 
 
 def _score(policy: Policy, prompts: Sequence[str], U: np.ndarray, C: np.ndarray, budgets: np.ndarray,
            train_lengths: np.ndarray, default: str, probe: np.ndarray | None = None,
-           C_alt: np.ndarray | None = None, paid_alt: float = 0.0) -> dict[str, Any]:
+           C_alt: np.ndarray | None = None, paid_alt: float = 0.0, W: np.ndarray | None = None) -> dict[str, Any]:
     """Scores of every method on one held-out part: dict of arrays (M, B, n) / (B, n), and the rule
-    served per budget.
+    served per budget. ``W``: each plan's expected waves per prompt (default 1: one-wave plans).
 
     ``C`` is the samples' cost; the learned methods also pay the policy's probe and extra features
     (``C + c_p + c_f``) where the learned rule serves, the baselines do not. ``C_alt``: the same costs
@@ -172,6 +186,8 @@ def _score(policy: Policy, prompts: Sequence[str], U: np.ndarray, C: np.ndarray,
     util = np.full((len(METHODS), budgets.size, n), np.nan)
     cost = np.full_like(util, np.nan)
     cost_alt = np.full_like(util, np.nan)
+    waves = np.full_like(util, np.nan)
+    W = np.ones_like(U) if W is None else W
     o_act = np.empty((budgets.size, n), dtype=np.intp)
     l_act = np.empty((budgets.size, n), dtype=np.intp)
     per_learner = np.full((len(LEARNERS), budgets.size, n), -1, dtype=np.intp)
@@ -184,14 +200,15 @@ def _score(policy: Policy, prompts: Sequence[str], U: np.ndarray, C: np.ndarray,
         for m, (P, pays) in probs.items():
             util[M[m], bi] = (P * U).sum(axis=1)
             cost[M[m], bi] = (P * C).sum(axis=1) + (policy.paid_per_request if pays else 0.0)
+            waves[M[m], bi] = (P * W).sum(axis=1)
             if C_alt is not None:
                 cost_alt[M[m], bi] = (P * C_alt).sum(axis=1) + (paid_alt if pays else 0.0)
         for name in policy.learners_:
             per_learner[LEARNERS.index(name), bi] = probs[f"learned_{name}"][0].argmax(axis=1)
         o_act[bi], l_act[bi], gap[bi] = o, served, U[rows, o] - U.min(axis=1)
         rules.append(rule)
-    return {"utility": util, "cost": cost, "cost_alt": cost_alt, "oracle_actions": o_act, "learned_actions": l_act,
-            "learner_actions": per_learner, "gap": gap, "rules": rules}
+    return {"utility": util, "cost": cost, "cost_alt": cost_alt, "waves": waves, "oracle_actions": o_act,
+            "learned_actions": l_act, "learner_actions": per_learner, "gap": gap, "rules": rules}
 
 
 def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config: PolicyConfig,
@@ -199,14 +216,18 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
                    probe: np.ndarray | None = None, sample_flops: np.ndarray | None = None,
                    C_alt: np.ndarray | None = None, paid_alt: float = 0.0, alt_unit: str = "flops",
                    label_var: np.ndarray | None = None, groups: Sequence[str] | None = None,
-                   progress: bool = False) -> Evaluation:
+                   samples: np.ndarray | None = None, waves: np.ndarray | None = None,
+                   baselines: FixedBaselines | None = None, progress: bool = False) -> Evaluation:
     """k-fold CV over prompts for each seed, refitting ``config`` (both learners) on each training part;
     ``probe``: the probe's value per prompt when ``config`` has a probe (split with the prompts);
     ``sample_flops``: one sample's FLOPs per prompt, to price extra features in samples (split likewise);
     ``C_alt``: the cost table in ``alt_unit`` too (FLOPs), ``paid_alt`` the per-request payment in it;
     ``label_var``: each utility's sampling variance, needed when the config shrinks the learners' labels
     (``shrinkage="eb"``: each training part is shrunk toward its own ``groups``' means, so nothing of the
-    held-out part leaks into the labels)."""
+    held-out part leaks into the labels); ``samples`` / ``waves``: each plan's expected samples and waves
+    per prompt (adaptive plans; :func:`~isocompute.policy.plan_arrays.plan_arrays`); ``baselines``: the
+    rule families' plan arrays, whose best fixed plans are chosen on each training part and scored on
+    its held-out part (:mod:`isocompute.policy.baselines`)."""
     from tqdm.auto import tqdm
 
     prompts = list(prompts)
@@ -239,6 +260,7 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
     gap = np.empty((S, budgets_arr.size, N))
     fold_of = np.empty((S, N), dtype=np.intp)
     cost_alt = np.full_like(util, np.nan)
+    wav = np.full_like(util, np.nan)
     defaults: list[list[str]] = []
     selections: list[list[dict[str, Any]]] = []
     rules: list[list[list[str]]] = []
@@ -261,13 +283,16 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
                                           None if groups is None else [groups[i] for i in train])
             pol = Policy(dataclasses.replace(refit, seed=config.seed + 1000 * seed + f)).fit_arrays(
                 [prompts[i] for i in train], U[train], C[train], probe=None if pv is None else pv[train],
-                sample_flops=None if sf is None else sf[train], labels=labels)
+                sample_flops=None if sf is None else sf[train], labels=labels,
+                samples=None if samples is None else samples[train], waves=None if waves is None else waves[train])
             default = config.learner if config.learner in LEARNERS else pol.default_learner_
             sc = _score(pol, [prompts[i] for i in test], U[test], C[test], budgets_arr,
                         pol.train_lengths_, default, None if pv is None else pv[test],
-                        None if C_alt is None else C_alt[test], paid_alt)
+                        None if C_alt is None else C_alt[test], paid_alt, None if waves is None else waves[test])
+            if baselines is not None:
+                score_baselines(baselines, train, test, budgets_arr, sc, METHODS)
             util[si][:, :, test], cost[si][:, :, test] = sc["utility"], sc["cost"]
-            cost_alt[si][:, :, test] = sc["cost_alt"]
+            cost_alt[si][:, :, test], wav[si][:, :, test] = sc["cost_alt"], sc["waves"]
             rules[si].append(sc["rules"])
             o_act[si][:, test], l_act[si][:, test], gap[si][:, test] = (
                 sc["oracle_actions"], sc["learned_actions"], sc["gap"])
@@ -277,29 +302,35 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
             selections[si].append(pol.selection_)
             bar.update(1)
     bar.close()
-    return Evaluation("cv", budgets_arr, config.actions, tuple(seeds), folds, util, cost, o_act, l_act,
+    menu = Policy(config)
+    return Evaluation("cv", budgets_arr, menu.actions, tuple(seeds), folds, util, cost, o_act, l_act,
                       per_learner, gap, fold_of, defaults, selections, rules,
                       None if C_alt is None else cost_alt, None if C_alt is None else alt_unit,
-                      _reference(U, C, C_alt, config.actions))
+                      _reference(U, C, C_alt, config.actions, menu.ladder), wav, tuple(p.name for p in menu.plans))
 
 
-def _reference(U: np.ndarray, C: np.ndarray, C_alt: np.ndarray | None, actions: Sequence[int]) -> dict[str, Any]:
-    """The uniform rule at the largest action: what "same accuracy for less" is measured against."""
-    return {"k": int(actions[-1]), "accuracy": float(U[:, -1].mean()), "cost": float(C[:, -1].mean()),
-            "cost_alt": None if C_alt is None else float(np.asarray(C_alt)[:, -1].mean())}
+def _reference(U: np.ndarray, C: np.ndarray, C_alt: np.ndarray | None, actions: Sequence[int],
+               ladder: np.ndarray) -> dict[str, Any]:
+    """The uniform rule at the largest action (``none@k`` for the largest k of the ladder): what "same
+    accuracy for less" is measured against."""
+    j = int(ladder[-1])
+    return {"k": int(actions[-1]), "accuracy": float(U[:, j].mean()), "cost": float(C[:, j].mean()),
+            "cost_alt": None if C_alt is None else float(np.asarray(C_alt)[:, j].mean())}
 
 
 def holdout(policy: Policy, prompts: Sequence[str], U: np.ndarray, C: np.ndarray,
             budgets: Sequence[float], *, probe: np.ndarray | None = None, C_alt: np.ndarray | None = None,
-            paid_alt: float = 0.0, alt_unit: str = "flops") -> Evaluation:
+            paid_alt: float = 0.0, alt_unit: str = "flops", waves: np.ndarray | None = None,
+            **_: Any) -> Evaluation:
     """Score a fitted policy on prompts it never saw (one part, no refitting); ``probe`` as for decide,
-    ``C_alt`` / ``paid_alt`` as for :func:`cross_validate`."""
+    ``C_alt`` / ``paid_alt`` / ``waves`` as for :func:`cross_validate` (the rule families' baselines
+    need training prompts to be chosen on, so a holdout has none)."""
     prompts = list(prompts)
     if len(prompts) < 2:
         raise InputError(f"a holdout table needs at least 2 prompts; it has {len(prompts)}.")
     budgets_arr = np.asarray(budgets, dtype=np.float64)
     sc = _score(policy, prompts, U, C, budgets_arr, policy.train_lengths_, policy.default_learner_, probe,
-                C_alt, paid_alt)
+                C_alt, paid_alt, waves)
     n = len(prompts)
     return Evaluation("holdout", budgets_arr, policy.actions, (policy.config.seed,), 1,
                       sc["utility"][None], sc["cost"][None], sc["oracle_actions"][None],
@@ -307,4 +338,5 @@ def holdout(policy: Policy, prompts: Sequence[str], U: np.ndarray, C: np.ndarray
                       np.zeros((1, n), dtype=np.intp),
                       [[policy.default_learner_]], [[policy.selection_]], [[sc["rules"]]],
                       None if C_alt is None else sc["cost_alt"][None], None if C_alt is None else alt_unit,
-                      _reference(U, C, C_alt, policy.actions))
+                      _reference(U, C, C_alt, policy.config.actions, policy.ladder), sc["waves"][None],
+                      tuple(p.name for p in policy.plans))

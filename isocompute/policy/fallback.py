@@ -2,8 +2,10 @@
 
 A policy holds a chain of candidate rules, most ambitious first, ending in the budget-matched
 **uniform** rule (every prompt the same k, mixing the two actions adjacent to the budget so the mean
-cost is exactly the budget). Today the chain is ``learned → uniform``; a fixed plan (an adaptive
-stopping rule the same for every prompt) slots in between as ``learned → fixed plan → uniform``.
+cost is exactly the budget). With plans the chain is ``learned → fixed_plan → uniform``: the fixed
+plan is the best budget-matched mix of two plans played for every prompt (an adaptive stopping rule
+the same for everyone, :mod:`isocompute.policy.fixed_rule`); with one-wave actions it is
+``learned → uniform``.
 
 Each rule is scored on the training prompts out of fold (the learned rule by the cross-fitted member
 that never saw the prompt — the process that serves new prompts), giving per budget b and prompt i the
@@ -23,7 +25,9 @@ a finite table the held-out gain is anti-correlated with the training gain (trai
 test the other 1/5). Measured on Date Understanding (Llama-2-13B, 369 prompts, 5-fold CV × 3 seeds)
 at budget 8: the learned rule alone +0.61%; served with the 95% test (3 of 15 refits admitted it, all
 three lost on their held-out fold) −0.22% [−0.49, +0.05]; with 97.5% −0.09%; with 99% 0.00% (uniform).
-The demo table's gain at budget 4 (+12.8%) passes either. A rule that does not
+The demo table's gain at budget 4 (+12.8%) passes either. A test can have its own level
+(``rule_levels``): the fixed plan's test against uniform uses 0.95 (``PolicyConfig.fixed_plan_level``),
+since two numbers chosen on the training prompts carry far less selection optimism. A rule that does not
 beat the one after it does not serve: the learned rule must beat the fixed plan, the fixed plan must
 beat uniform. Every test is kept as evidence (gain, CI, n, accepted), in the policy artifact and on
 each decision.
@@ -46,7 +50,7 @@ the learner selection's own small optimism (the default learner is the better of
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -55,6 +59,7 @@ from isocompute.errors import InputError
 
 UNIFORM = "uniform"
 LEARNED = "learned"
+FIXED_PLAN = "fixed_plan"
 
 
 def uniform_mix(mean_costs: np.ndarray, budget: float) -> tuple[int, int, float]:
@@ -81,7 +86,13 @@ def uniform_utilities(U: np.ndarray, mean_costs: np.ndarray, budgets: Sequence[f
 def uniform_actions(u: np.ndarray, mean_costs: np.ndarray, budget: float, *, match: str = "calibrated") -> np.ndarray:
     """Action index per prompt under the uniform rule (module docstring): hashed mixing of the two
     actions adjacent to the budget, exact in expectation (``calibrated``) or on the batch (``batch``)."""
-    lo, hi, q = uniform_mix(mean_costs, budget)
+    return mix_actions(u, *uniform_mix(mean_costs, budget), match=match)
+
+
+def mix_actions(u: np.ndarray, lo: int, hi: int, q: float, *, match: str = "calibrated") -> np.ndarray:
+    """Action ``hi`` for a share q of the prompts, ``lo`` for the rest, by each prompt's hash uniform u:
+    ``hi`` iff u < q (``calibrated``: exact in expectation over prompts), or for the round(q·N) prompts
+    of smallest u (``batch``: exact on the batch up to one prompt)."""
     u = np.asarray(u, dtype=np.float64)
     if match == "batch":
         up = np.zeros(u.size, dtype=bool)
@@ -161,6 +172,7 @@ class RuleChain:
     level: float
     margin: float
     n_boot: int
+    rule_levels: dict[str, float] = field(default_factory=dict)
 
     def at(self, budget: float) -> RuleChoice:
         """The choice at the grid budget nearest ``budget`` (in log scale when the grid is positive)."""
@@ -183,7 +195,7 @@ class RuleChain:
 
     def to_dict(self) -> dict[str, Any]:
         return {"rules": list(self.rules), "level": self.level, "margin": self.margin, "n_boot": self.n_boot,
-                "budgets": self.budgets.tolist(),
+                "rule_levels": dict(self.rule_levels), "budgets": self.budgets.tolist(),
                 "choices": [{"rule": c.rule, "tests": [t.to_dict() for t in c.tests]} for c in self.choices]}
 
     @staticmethod
@@ -192,7 +204,7 @@ class RuleChain:
         choices = tuple(RuleChoice(float(b), str(c["rule"]), tuple(RuleTest.from_dict(t) for t in c["tests"]))
                         for b, c in zip(budgets, d["choices"], strict=True))
         return RuleChain(tuple(d["rules"]), budgets, choices, float(d["level"]), float(d["margin"]),
-                         int(d["n_boot"]))
+                         int(d["n_boot"]), {str(k): float(v) for k, v in (d.get("rule_levels") or {}).items()})
 
     @staticmethod
     def single(rule: str, budgets: np.ndarray) -> RuleChain:
@@ -210,18 +222,22 @@ def _bootstrap_weights(n: int, n_boot: int, seed: int) -> np.ndarray:
 
 
 def choose_rules(scores: Mapping[str, np.ndarray], budgets: Sequence[float], *, level: float = 0.99,
-                 margin: float = 0.0, n_boot: int = 1000, seed: int = 0) -> RuleChain:
+                 margin: float = 0.0, n_boot: int = 1000, seed: int = 0,
+                 rule_levels: Mapping[str, float] | None = None) -> RuleChain:
     """The rule chain's choice at each budget (module docstring).
 
     ``scores``: rule name → (B, N) out-of-fold expected correctness per budget and training prompt, in
     chain order (head first, the simplest rule last; insertion order of the mapping). ``level``: the
-    one-sided confidence level whose lower bound must clear ``margin`` (a relative gain, e.g. 0.01 = 1%).
+    one-sided confidence level whose lower bound must clear ``margin`` (a relative gain, e.g. 0.01 = 1%);
+    ``rule_levels``: another level for the test that admits a given rule (e.g. ``{"fixed_plan": 0.95}``).
     """
     names = list(scores)
     if len(names) < 1:
         raise InputError("choose_rules needs at least one rule.")
-    if not 0 < level < 1:
-        raise InputError(f"the fallback's CI level must be in (0, 1), e.g. 0.99; you passed {level}.")
+    levels = dict(rule_levels or {})
+    for lv in (level, *levels.values()):
+        if not 0 < lv < 1:
+            raise InputError(f"the fallback's CI level must be in (0, 1), e.g. 0.99; you passed {lv}.")
     arrays = [np.asarray(scores[r], dtype=np.float64) for r in names]
     B = len(budgets)
     n = arrays[0].shape[1] if arrays[0].ndim == 2 else 0
@@ -231,7 +247,7 @@ def choose_rules(scores: Mapping[str, np.ndarray], budgets: Sequence[float], *, 
     W = _bootstrap_weights(n, n_boot, seed)
     means = [a.mean(axis=1) for a in arrays]  # (B,)
     boots = [W @ a.T for a in arrays]  # (n_boot, B): each resample's mean, per budget
-    alpha = 100 * (1 - level)  # one-sided lower bound
+    alphas = [100 * (1 - levels.get(r, level)) for r in names]  # one-sided lower bound, per admitted rule
     choices = []
     for bi, b in enumerate(budgets):
         current = len(names) - 1
@@ -244,15 +260,15 @@ def choose_rules(scores: Mapping[str, np.ndarray], budgets: Sequence[float], *, 
                     rel = (boots[r][:, bi] - base_boot) / base_boot
                 rel = rel[np.isfinite(rel)]
                 ci = (float(np.percentile(rel, 2.5)), float(np.percentile(rel, 97.5)))
-                lower = float(np.percentile(rel, alpha))
+                lower = float(np.percentile(rel, alphas[r]))
                 accepted = lower > margin
                 tests.append(RuleTest(names[r], names[current], gain, ci, lower, n, accepted))
             else:  # the baseline never answers right: no relative gain; the absolute one must clear 0
                 diff = boots[r][:, bi] - base_boot
-                accepted = bool(np.percentile(diff, alpha) > 0)
+                accepted = bool(np.percentile(diff, alphas[r]) > 0)
                 tests.append(RuleTest(names[r], names[current], None, None, None, n, accepted))
             if accepted:
                 current = r
         choices.append(RuleChoice(float(b), names[current], tuple(tests)))
     return RuleChain(tuple(names), np.asarray(budgets, dtype=np.float64), tuple(choices), float(level),
-                     float(margin), int(n_boot))
+                     float(margin), int(n_boot), {r: float(v) for r, v in levels.items()})

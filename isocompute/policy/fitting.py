@@ -11,8 +11,11 @@ Default budget range: with mean action costs c̄_1 < … < c̄_A on the table an
 *inwards* to 4 significant digits of the upper end, so a report's rounded budget grid stays inside.
 Example: actions 1…16 in samples, a probe of 0.4321 samples → [1.433, 16.43].
 
-A ragged table (prompts with fewer samples than the largest action) is first cut to the prompts the
-config keeps (:func:`training_table`, :mod:`isocompute.solver.ragged`).
+With a plan menu (``config.plans``) the plans are estimated on the table once
+(:func:`isocompute.policy.plan_arrays.table_arrays`) and those arrays give both the default budget range
+(what the plans can spend: from every prompt on its cheapest plan to every prompt on its dearest) and
+the fit. A ragged table (prompts with fewer samples than the largest action or plan) is first cut to
+the prompts the config keeps (:func:`training_table`, :mod:`isocompute.solver.ragged`).
 
 Ignores: computing the probe's values (a model call: :mod:`isocompute.engines.probe_cache`; the
 caller passes them) and reading files (the CLI reads the table and the model config).
@@ -57,11 +60,12 @@ def expected_feature_cost(config: PolicyConfig, prompts: Sequence[str], sample_f
 
 
 def default_budget_range(table: Any, config: PolicyConfig, *, model_flops: Any = None,
-                         sample_flops: Any = None) -> tuple[float, float]:
+                         sample_flops: Any = None, costs: np.ndarray | None = None) -> tuple[float, float]:
     """Everything the actions can spend on ``table``, the probe and extra features included, rounded
-    inwards to 4 significant digits (see the module docstring)."""
-    C = cost_table(table.prompt_tokens, table.mean_completion_tokens, config.actions, unit=config.cost_unit,
-                   model=model_flops)
+    inwards to 4 significant digits (see the module docstring); ``costs``: the table's (N, P) plan costs
+    when already estimated (default: the actions' cost table)."""
+    C = costs if costs is not None else cost_table(table.prompt_tokens, table.mean_completion_tokens,
+                                                   config.actions, unit=config.cost_unit, model=model_flops)
     paid = ((config.probe.cost if config.probe is not None else 0.0)
             + expected_feature_cost(config, table.prompts, sample_flops))
     lo, hi = feasible_range(C + paid)
@@ -74,8 +78,18 @@ def training_table(table: Any, config: PolicyConfig) -> tuple[Any, list[str], in
     """(the prompts the config keeps, the ids it drops, the threshold): prompts with fewer samples than
     ``config.min_samples`` (or than the smallest action, with ``ragged="infeasible"``) are dropped, and
     a ragged rest without ``ragged="infeasible"`` is an InputError naming both ways to keep it."""
-    sub, _, dropped, floor = drop_short(table, config.actions, min_samples=config.min_samples, ragged=config.ragged)
+    sub, _, dropped, floor = drop_short(table, sample_counts(config), min_samples=config.min_samples,
+                                        ragged=config.ragged)
     return sub, dropped, floor
+
+
+def sample_counts(config: PolicyConfig) -> list[int]:
+    """The sample counts a config's actions may draw, ascending: its actions' k, or its plans' maxima."""
+    if not config.plans:
+        return list(config.actions)
+    from isocompute.solver.plans import parse_plan
+
+    return sorted({parse_plan(n).max_samples for n in config.plans})
 
 
 def fit_policy(table: Any, config: PolicyConfig, *, feasible_budgets: bool = False, model_flops: Any = None,
@@ -99,11 +113,17 @@ def fit_policy(table: Any, config: PolicyConfig, *, feasible_budgets: bool = Fal
                              "needs the table's model: pass --model-config PATH, or declare the cost per request "
                              "with --feature-cost.")
         sample_flops = sample_flops_for(table, model)
+    arrays = None
+    if config.plans:
+        from isocompute.policy.plan_arrays import table_arrays
+
+        arrays = table_arrays(table, config, model=model_flops if config.cost_unit == "flops" else None)
     if feasible_budgets:
         config = dataclasses.replace(config, budget_range=default_budget_range(
-            table, config, model_flops=model_flops, sample_flops=sample_flops))
+            table, config, model_flops=model_flops, sample_flops=sample_flops,
+            costs=None if arrays is None else arrays.cost))
     policy = Policy(config).fit(table, model_flops=model_flops, probe=probe, sample_flops=sample_flops,
-                                progress=progress)
+                                progress=progress, arrays=arrays)
     policy.training_data_.update(prompts_in_table=len(full), dropped=len(dropped), dropped_ids=dropped[:20],
                                  min_samples=floor)
     if dropped:

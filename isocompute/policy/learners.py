@@ -13,6 +13,10 @@ served by letting a hash-chosen share of prompts play the upper one (see the cal
 stacked rows ``[x_i, k_a] → U[i, a]`` (cross-entropy objective: utilities are probabilities in [0, 1]),
 which is one model file and one ``predict`` call per batch. Decisions price the predictions like the
 oracle prices the truth: ``argmax_a Û(x, a) − λ·c_a`` with per-action costs c_a and a calibrated λ.
+For plans the action column k_a becomes a row of plan descriptors
+(:func:`isocompute.policy.plan_menu.plan_descriptors`), and an adaptive plan's cost, which differs per
+prompt, can come from the learner's cost head (:mod:`isocompute.policy.cost_head`): then
+``argmax_a Û(x, a) − λ·Ĉ(x, a)``.
 
 Worked example of the utility rule: Û = (0.50, 0.62, 0.70) for k = (1, 2, 4) at λ = 0.05 scores
 (0.45, 0.52, 0.50) → k = 2; at λ = 0.1, (0.40, 0.42, 0.30) → k = 2; at λ = 0.2, (0.30, 0.22, -0.10) → k = 1.
@@ -86,10 +90,14 @@ class OracleClassifier:
         """(G, N) oracle action per grid budget and prompt (deterministic rounding: cost ≤ budget).
 
         Budgets are clipped to these prompts' feasible range: with per-prompt (FLOP) costs a fold's
-        cheapest mean cost can sit above the table's, and there every prompt takes its cheapest action."""
+        cheapest mean cost can sit above the table's, and there every prompt takes its cheapest action.
+        Plan columns are solved in each prompt's own cost order and mapped back (the identity for k's)."""
+        from isocompute.solver.plan_estimates import by_cost
+
         lo, hi = feasible_range(C)
-        return np.stack([allocate(U, C, float(np.clip(b, lo, hi)), rounding="deterministic").actions
-                         for b in grid])
+        order = by_cost(U, C)
+        return np.stack([order.plans_of(allocate(order.utility, order.cost, float(np.clip(b, lo, hi)),
+                                                 rounding="deterministic").actions) for b in grid])
 
     def fit(self, X: np.ndarray, U: np.ndarray, C: np.ndarray, budget_range: tuple[float, float]) -> OracleClassifier:
         import lightgbm as lgb
@@ -171,12 +179,15 @@ class UtilityRegressor:
         self.min_data_in_leaf = min_data_in_leaf
         self.seed = seed
 
-    def fit(self, X: np.ndarray, U: np.ndarray, ks: np.ndarray) -> UtilityRegressor:
+    def fit(self, X: np.ndarray, U: np.ndarray, ks: np.ndarray, cost_head: Any = None) -> UtilityRegressor:
+        """``ks``: (A,) the actions' k, or (A, d) plan descriptors; ``cost_head``: a fitted
+        :class:`~isocompute.policy.cost_head.SampleCostRegressor` (plans), kept for :meth:`predict_costs`."""
         import lightgbm as lgb
 
         n, n_actions = U.shape
         ks = np.asarray(ks, dtype=np.float64)
-        Xs = np.column_stack([np.repeat(X, n_actions, axis=0), np.tile(ks, n)])
+        desc = ks.reshape(n_actions, -1)
+        Xs = np.column_stack([np.repeat(X, n_actions, axis=0), np.tile(desc, (n, 1))])
         y = np.clip(U.reshape(-1), 0.0, 1.0)
         params = _lgb_params({"objective": "cross_entropy"}, num_leaves=self.num_leaves,
                              learning_rate=self.learning_rate, min_data_in_leaf=self.min_data_in_leaf,
@@ -185,32 +196,50 @@ class UtilityRegressor:
         self.predictor_ = BoosterPredictor(self.booster_)
         self.ks_ = ks
         self.n_actions_ = n_actions
+        self.cost_head_ = cost_head
         return self
 
     def predict_utilities(self, X: np.ndarray) -> np.ndarray:
         """(N, A) predicted utility Û(x, a) of every action."""
         (n, d), A = X.shape, self.n_actions_
-        Xs = np.empty((n, A, d + 1))  # rows [x_i, k_a], i-major: what fit stacked
+        desc = self.ks_.reshape(A, -1)
+        e = desc.shape[1]
+        Xs = np.empty((n, A, d + e))  # rows [x_i, k_a] (or [x_i, descriptors_a]), i-major: what fit stacked
         Xs[:, :, :d] = X[:, None, :]
-        Xs[:, :, d] = self.ks_
-        return self.predictor_(Xs.reshape(n * A, d + 1)).reshape(n, A)
+        Xs[:, :, d:] = desc[None, :, :]
+        return self.predictor_(Xs.reshape(n * A, d + e)).reshape(n, A)
+
+    def predict_costs(self, X: np.ndarray, action_costs: np.ndarray) -> np.ndarray:
+        """(N, A) the cost each prompt is priced at: the cost head's Ĉ(x, a), or ``action_costs`` (A,)
+        for every prompt when the learner has no cost head."""
+        if self.cost_head_ is None:
+            return np.broadcast_to(np.asarray(action_costs, dtype=np.float64), (X.shape[0], self.n_actions_))
+        return self.cost_head_.predict_costs(X)
 
     def predict(self, X: np.ndarray, lam: float, action_costs: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """(N,) ``argmax_a Û(x, a) − λ_i·c_a`` with each prompt's jittered price λ_i (see :func:`price`)."""
-        return price(self.predict_utilities(X), lam, action_costs, u)
+        """(N,) ``argmax_a Û(x, a) − λ_i·c_a`` with each prompt's jittered price λ_i (see :func:`price`);
+        c_a is the cost head's Ĉ(x, a) when the learner has one, else ``action_costs``."""
+        costs = action_costs if self.cost_head_ is None else self.cost_head_.predict_costs(X)
+        return price(self.predict_utilities(X), lam, costs, u)
 
     def state(self) -> dict[str, Any]:
         return {"params": {k: getattr(self, k) for k in ("n_rounds", "num_leaves", "learning_rate",
                                                           "min_data_in_leaf", "seed")},
-                "ks": self.ks_.tolist(), "n_actions": self.n_actions_}
+                "ks": self.ks_.tolist(), "n_actions": self.n_actions_,
+                "cost_head": None if self.cost_head_ is None else self.cost_head_.state()}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], model_text: str) -> UtilityRegressor:
+    def from_state(cls, state: dict[str, Any], model_text: str, cost_text: str | None = None) -> UtilityRegressor:
+        """Inverse of :meth:`state`; ``cost_text``: the cost head's LightGBM text, when it has a model."""
+        from isocompute.policy.cost_head import SampleCostRegressor
+
         obj = cls(**state["params"])
         obj.booster_ = _booster_from_string(model_text)
         obj.predictor_ = BoosterPredictor(obj.booster_)  # checks the fast path against Booster.predict
         obj.ks_ = np.asarray(state["ks"], dtype=np.float64)
         obj.n_actions_ = int(state["n_actions"])
+        head = state.get("cost_head")  # absent before plans
+        obj.cost_head_ = None if head is None else SampleCostRegressor.from_state(head, cost_text)
         return obj
 
 
@@ -226,10 +255,12 @@ def price(U_hat: np.ndarray, lam: float, action_costs: np.ndarray, u: np.ndarray
     prompts whose predictions are exactly equal across actions (the trees never split on k there):
     without it they would all flip from the cheapest to the dearest action at λ = 0. np.argmax keeps
     the first maximum, i.e. the cheaper action on remaining ties, since actions are sorted by cost.
+    ``action_costs``: (A,) one cost per action, or (N, A) per prompt (plans priced by a cost head).
     """
     u = np.asarray(u)
     lam_i = lam * np.exp(PRICE_JITTER * (u - 0.5)) + TIE_SPREAD * (u - 0.5)
-    return np.argmax(U_hat - lam_i[:, None] * np.asarray(action_costs)[None, :], axis=1)
+    costs = np.asarray(action_costs)
+    return np.argmax(U_hat - lam_i[:, None] * (costs[None, :] if costs.ndim == 1 else costs), axis=1)
 
 
 MIX_SEED, ROUTE_SEED = 7, 11

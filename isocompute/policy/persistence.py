@@ -5,13 +5,17 @@ probe spec or null —, actions, action costs (probe and extra features included
 features' cost per request ``feature_cost``, budget range, default learner and why,
 feature names, the training prompt lengths the heuristic baseline uses, per learner the never-worse
 chain ``fallback`` — rule and tests at each grid budget —, and ``training_data``: what a ragged table
-lost, :mod:`isocompute.solver.ragged`), ``features.json`` +
-``features_svd.npz``, and per learner ``<learner>/model_<j>.txt`` (LightGBM text, one per member) +
+lost, :mod:`isocompute.solver.ragged`), the plan menu ``plans`` by stable names (``RULE@SCHEDULE``,
+read back by :func:`isocompute.solver.plans.parse_plan`; action a is ``plans[a]``) with each plan's mean
+training utility, expected samples and waves (``plan_utility``, ``plan_samples``, ``plan_waves``),
+``features.json`` + ``features_svd.npz``, and per learner ``<learner>/model_<j>.txt`` (LightGBM text,
+one per member; a utility member with a cost head also ``<learner>/cost_<j>.txt``) +
 ``<learner>/state.json`` (hyper-parameters, calibration table), plus any ``extra_files`` the caller
 adds (``isocompute fit`` caches the training prompts' probe values there). No pickle. ``load``
 refuses another kind, schema or a checksum mismatch; artifacts written before the probe, the extra
 features or the fallback existed load with ``probe=None``, ``feature_extras=()``, ``feature_cost_ = 0``
-and the learned rule serving every budget.
+and the learned rule serving every budget; artifacts written before plans (integer actions) load as
+the one-wave plans ``none@k`` (samples k, one wave).
 
 Ignores: how the policy was fitted (:mod:`isocompute.policy.policy`); the files are only read back.
 """
@@ -48,6 +52,10 @@ def save_policy(policy: Any, out_dir: str | Path, *, inputs: dict[str, str] | No
         meta = {
             "config": policy.config.to_dict(),
             "actions": list(policy.config.actions),
+            "plans": [p.name for p in policy.plans],
+            "plan_utility": policy.plan_utility_.tolist(),
+            "plan_samples": policy.plan_samples_.tolist(),
+            "plan_waves": policy.plan_waves_.tolist(),
             "action_costs": policy.action_costs_.tolist(),
             "cost_unit": policy.config.cost_unit,
             "budget_range": list(policy.config.budget_range),
@@ -67,6 +75,9 @@ def save_policy(policy: Any, out_dir: str | Path, *, inputs: dict[str, str] | No
             (d / name).mkdir()
             for j, model in enumerate(f.models):
                 (d / name / f"model_{j}.txt").write_text(model.booster_.model_to_string())
+                head = getattr(model, "cost_head_", None)
+                if head is not None and head.booster_ is not None:
+                    (d / name / f"cost_{j}.txt").write_text(head.booster_.model_to_string())
             state = {"models": [m.state() for m in f.models], "calibration": f.calibration.to_dict()}
             (d / name / "state.json").write_text(json.dumps(state, indent=2) + "\n")
         for fname, data in (extra_files or {}).items():
@@ -86,6 +97,12 @@ def load_policy(cls: Any, artifact_dir: str | Path) -> Any:
         obj = cls(PolicyConfig.from_dict(meta["config"]))
         obj.features_ = PromptFeatures.load(d)
         obj.action_costs_ = np.asarray(meta["action_costs"], dtype=np.float64)
+        if [p.name for p in obj.plans] != meta.get("plans", [p.name for p in obj.plans]):
+            raise ValueError("policy.json's plans differ from its config's")
+        ks = np.asarray(obj.actions, dtype=np.float64)  # before plans: one-wave plans, k samples, one wave
+        obj.plan_samples_ = np.asarray(meta.get("plan_samples", ks), dtype=np.float64)
+        obj.plan_waves_ = np.asarray(meta.get("plan_waves", np.ones_like(ks)), dtype=np.float64)
+        obj.plan_utility_ = np.asarray(meta.get("plan_utility", np.full_like(ks, np.nan)), dtype=np.float64)
         obj.feature_cost_ = float(meta.get("feature_cost", 0.0))  # absent before the extra features
         obj.default_learner_ = meta["default_learner"]
         obj.selection_ = meta["selection"]
@@ -98,9 +115,13 @@ def load_policy(cls: Any, artifact_dir: str | Path) -> Any:
         obj.learners_ = {}
         for name in meta["learners"]:
             state = json.loads((d / name / "state.json").read_text())
-            model_cls = OracleClassifier if name == "classifier" else UtilityRegressor
-            models = [model_cls.from_state(st, (d / name / f"model_{j}.txt").read_text())
-                      for j, st in enumerate(state["models"])]
+            if name == "classifier":
+                models = [OracleClassifier.from_state(st, (d / name / f"model_{j}.txt").read_text())
+                          for j, st in enumerate(state["models"])]
+            else:
+                models = [UtilityRegressor.from_state(st, (d / name / f"model_{j}.txt").read_text(),
+                                                      _read_if(d / name / f"cost_{j}.txt"))
+                          for j, st in enumerate(state["models"])]
             if len(models) != obj.config.calibration_folds:
                 raise ValueError(f"{name} has {len(models)} members, the config says "
                                  f"{obj.config.calibration_folds}")
@@ -110,3 +131,7 @@ def load_policy(cls: Any, artifact_dir: str | Path) -> Any:
                             "re-create it with `isocompute fit`.") from e
     obj.manifest_ = manifest
     return obj
+
+
+def _read_if(path: Path) -> str | None:
+    return path.read_text() if path.is_file() else None

@@ -1,4 +1,11 @@
-"""The fitted policy: prompt features → a learner → an action (k samples) per prompt at a requested budget.
+"""The fitted policy: prompt features → a learner → an action (a plan) per prompt at a requested budget.
+
+Actions are plans (:mod:`isocompute.solver.plans`, menu in ``PolicyConfig.plans``): a wave schedule and
+a stopping rule checked on the vote between waves; without a menu they are the one-wave plans
+``none@k``, k ∈ ``actions`` ("k samples at once"). ``fit(table)`` estimates every plan on every
+training prompt (:mod:`isocompute.policy.plan_arrays`): U[i, p] and C[i, p] — an adaptive plan's cost
+differs per prompt, which the utility learner's cost head predicts (:mod:`isocompute.policy.cost_head`)
+while calibration measures the true C of its out-of-fold decisions.
 
 ``Policy(PolicyConfig(...)).fit(table)`` fits the features on the table's prompts, splits the prompts
 into ``calibration_folds`` seeded folds and trains one *member* of each learner per fold on the other
@@ -15,21 +22,23 @@ over the budget range becomes the default (ties go to the classifier, the seed's
 is recorded in :attr:`Policy.selection_`.
 
 Never worse than uniform (:mod:`isocompute.policy.fallback`): after the learners, ``fit`` scores each
-one's out-of-fold decisions against the budget-matched uniform rule at every calibration budget and
-keeps the learned rule only where a paired bootstrap over the training prompts supports its gain
-(``fallback_level``, ``fallback_margin``); elsewhere ``decide`` serves uniform — the two actions
-adjacent to the budget, mixed per prompt by a hash of its text — and says so on the decision
-(``Decision.rule``, ``Decision.rule_evidence``). ``rule_at(budget)`` and ``needs_features(budget)`` tell a
+one's out-of-fold decisions against the rules after it in the chain — with plans the best fixed plan
+(:mod:`isocompute.policy.fixed_rule`: one plan, or a mix of two, for every prompt), then the
+budget-matched uniform rule — at every calibration budget, and keeps a rule only where a paired
+bootstrap over the training prompts supports its gain over the next (``fallback_level``,
+``fallback_margin``); elsewhere ``decide`` serves the next rule — two plans mixed per prompt by a hash
+of its text, exact in expectation — and says so on the decision (``Decision.rule``,
+``Decision.rule_evidence``). ``rule_at(budget)`` and ``needs_features(budget)`` tell a
 caller beforehand (where uniform serves, no features or probe are needed and none are paid).
 
 ``Policy.decide(prompts, budget)`` is pure and fast: features, knob from the calibration table, one
 LightGBM call per member present in the batch (single-threaded, no pandas). Decisions depend only on
-the prompt text and the budget, so a repeated prompt gets the same k. A budget outside the trained
+the prompt text and the budget, so a repeated prompt gets the same plan (:class:`~isocompute.policy.decision.Decision`). A budget outside the trained
 range raises :class:`~isocompute.errors.BudgetError` naming the range.
 
-Costs: ``cost_unit="samples"`` (default) prices action a at c_a = k_a. With ``"flops"`` the solver's
-cost table prices each training prompt from its token counts, and serving prices action a at the mean
-training cost of that action (a new prompt's completion length is unknown before it is generated).
+Costs: ``cost_unit="samples"`` (default) prices a plan at its expected samples (c_a = k_a for k samples
+at once). With ``"flops"`` each training prompt is priced from its token counts, and serving reports a
+plan's mean training cost (a new prompt's completion length is unknown before it is generated).
 
 Probe feature (optional, ``PolicyConfig(probe=ProbeSpec(...))``): one value per prompt from a cheap
 model call (the mean token entropy of a short greedy answer, :mod:`isocompute.engines.probe`) joins the
@@ -58,14 +67,13 @@ engines' job; the spec only records name, tokens, prompt format, model and cost)
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from isocompute.errors import BudgetError, InputError
-from isocompute.policy.calibration import calibrate_by_bisection, calibrate_mixed_grid
 from isocompute.policy.config import (  # noqa: F401  (re-exported: the policy's public names)
     COST_UNITS,
     EXTRA_PACKAGES,
@@ -74,6 +82,7 @@ from isocompute.policy.config import (  # noqa: F401  (re-exported: the policy's
     PROBES,
     PolicyConfig,
     ProbeSpec,
+    probe_column,
 )
 from isocompute.policy.crossfit import (
     N_CALIBRATION,
@@ -81,10 +90,11 @@ from isocompute.policy.crossfit import (
     FittedLearner,
     crossfit_folds,
     fit_learner,
-    max_useful_price,
     select_learner,
 )
+from isocompute.policy.decision import Decision, make_decision, predicted_costs  # noqa: F401  (Decision: re-exported)
 from isocompute.policy.fallback import (
+    FIXED_PLAN,
     LEARNED,
     UNIFORM,
     RuleChain,
@@ -94,49 +104,19 @@ from isocompute.policy.fallback import (
     uniform_utilities,
 )
 from isocompute.policy.features import PromptFeatures
+from isocompute.policy.fixed_rule import fixed_actions, fixed_plan_at, fixed_plan_scores
 from isocompute.policy.learners import (
     MIX_SEED,
     ROUTE_SEED,
-    OracleClassifier,
     budget_grid,
-    price,
     prompt_uniforms,
 )
+from isocompute.policy.members import batch_knob, member_actions
 from isocompute.policy.persistence import KIND, SCHEMA_VERSION, load_policy, save_policy  # noqa: F401
-from isocompute.solver.allocate import allocate, feasible_range
-
-
-@dataclass(frozen=True, eq=False)
-class Decision:
-    """What :meth:`Policy.decide` returns for a batch of N prompts.
-
-    ``k``: (N,) samples to draw per prompt; ``action_index``: (N,) index into ``Policy.actions``;
-    ``internal_budget`` (classifier) or ``lam`` (utility learner): the calibrated knob used, the other
-    is None; ``costs``: (N,) expected cost per prompt and ``expected_cost`` their mean, in ``cost_unit``,
-    the probe's and the extra features' costs included; ``probe_cost`` and ``feature_cost``: those
-    costs per prompt (0 without a probe / extra features);
-    ``match``: how the knob was set (``calibrated`` table or solved on the ``batch``); ``rule``: which
-    rule of the never-worse chain decided (``learned``, or ``uniform`` where the learned rule did not
-    beat it out of fold at this budget: then k is the budget-matched uniform mix, the knobs are None and
-    nothing is paid for the probe or the extra features, which the uniform rule does not read);
-    ``rule_evidence``: why (JSON-able: the rule, the grid budget tested, a sentence, and each test's
-    gain, 95% CI and number of prompts — :meth:`isocompute.policy.fallback.RuleChoice.evidence`).
-    """
-
-    k: np.ndarray
-    action_index: np.ndarray
-    budget: float
-    learner: str
-    internal_budget: float | None
-    lam: float | None
-    costs: np.ndarray
-    expected_cost: float
-    cost_unit: str
-    match: str = "calibrated"
-    probe_cost: float = 0.0
-    feature_cost: float = 0.0
-    rule: str = LEARNED
-    rule_evidence: dict[str, Any] | None = None
+from isocompute.policy.plan_arrays import allocate_plans, plan_stats
+from isocompute.policy.plan_menu import ladder_columns, menu_of
+from isocompute.solver.allocate import feasible_range
+from isocompute.solver.plans import Plan
 
 
 class Policy:
@@ -149,7 +129,7 @@ class Policy:
     # ------------------------------------------------------------------------------------------ fitting
     def fit(self, table: Any, *, costs: np.ndarray | None = None, model_flops: Any = None,
             probe: np.ndarray | None = None, sample_flops: np.ndarray | None = None,
-            progress: bool = False) -> Policy:
+            progress: bool = False, arrays: Any = None) -> Policy:
         """Fit on an :class:`~isocompute.solver.outcomes.OutcomeTable`; ``costs`` overrides the cost table;
         ``probe``: the probe's value per prompt (required exactly when the config has a probe).
 
@@ -157,15 +137,18 @@ class Policy:
         flops cost unit and, with extra features in the samples unit, one sample's FLOPs per training prompt
         (the k = 1 column of the flops cost table), unless ``sample_flops`` gives those directly.
 
-        A ragged table (prompts with fewer samples than the largest action) is kept as the config says
-        (``min_samples``, ``ragged``: :func:`isocompute.solver.ragged.prepare`); what was dropped or marked
+        With a plan menu every plan is estimated on every prompt (:func:`~isocompute.policy.plan_arrays.table_arrays`;
+        ``arrays``: its result for this table and config, when the caller already has it).
+        A ragged table (prompts with fewer samples than the largest action or plan) is kept as the config
+        says (``min_samples``, ``ragged``: :mod:`isocompute.solver.ragged`); what was dropped or marked
         is in :attr:`training_data_`. ``costs``, ``probe`` and ``sample_flops`` are per prompt of ``table``.
         """
+        from isocompute.policy.plan_arrays import table_arrays
         from isocompute.solver.costs import cost_table
-        from isocompute.solver.ragged import prepare
 
         cfg = self.config
-        prep = prepare(table, cfg.actions, cfg.strategy, min_samples=cfg.min_samples, ragged=cfg.ragged)
+        prep = arrays if arrays is not None else table_arrays(table, cfg, model=model_flops if cfg.cost_unit == "flops"
+                                                              else None)
         full, table = len(table), prep.table
 
         def rows(x: Any) -> Any:
@@ -177,29 +160,35 @@ class Policy:
 
         costs, probe, sample_flops = rows(costs), rows(probe), rows(sample_flops)
         if costs is None:
-            costs = cost_table(table.prompt_tokens, table.mean_completion_tokens, cfg.actions,
-                               unit=cfg.cost_unit, model=model_flops)
+            costs = prep.cost
         if (sample_flops is None and cfg.feature_extras and cfg.cost_unit == "samples"
                 and cfg.feature_cost is None and model_flops is not None):
             sample_flops = cost_table(table.prompt_tokens, table.mean_completion_tokens, (1,), unit="flops",
                                       model=model_flops)[:, 0]
         labels = None
         if cfg.shrinkage == "eb":
+            if cfg.plans:
+                raise InputError("shrinkage='eb' shrinks k-sample utilities; it works with the one-wave actions "
+                                 "only (--plans none).")
             from isocompute.policy.shrinkage import sampling_variance, shrink_utilities
 
             var = sampling_variance(table, cfg.actions, cfg.strategy, seed=cfg.seed)
-            labels = shrink_utilities(prep.utilities, var, task_groups(table))
-        self.fit_arrays(table.prompts, prep.utilities, costs, probe=probe, sample_flops=sample_flops,
-                        labels=labels, progress=progress)
+            labels = shrink_utilities(prep.utility, var, task_groups(table))
+        self.fit_arrays(table.prompts, prep.utility, costs, samples=prep.samples, waves=prep.waves, probe=probe,
+                        sample_flops=sample_flops, labels=labels, progress=progress)
         self.training_data_ = {"prompts_in_table": full, "dropped": len(prep.dropped),
                                "dropped_ids": prep.dropped[:20], "min_samples": prep.min_samples,
                                "ragged_prompts": prep.n_ragged, "summary": prep.summary()}
         return self
 
-    def fit_arrays(self, prompts: Sequence[str], U: np.ndarray, C: np.ndarray, *, probe: np.ndarray | None = None,
+    def fit_arrays(self, prompts: Sequence[str], U: np.ndarray, C: np.ndarray, *, samples: np.ndarray | None = None,
+                   waves: np.ndarray | None = None, probe: np.ndarray | None = None,
                    sample_flops: np.ndarray | None = None, labels: np.ndarray | None = None,
                    progress: bool = False) -> Policy:
-        """Fit from prompts and their utility and cost tables (N × A each); ``progress`` shows a bar.
+        """Fit from prompts and their utility and cost tables (N × P each, P = ``len(self.plans)``);
+        ``progress`` shows a bar. ``samples`` / ``waves``: each plan's expected samples and waves per
+        prompt (:func:`~isocompute.policy.plan_arrays.plan_arrays`), needed for adaptive plans; one-wave
+        plans default to k and 1.
 
         ``C`` is what the samples cost; the probe's declared cost and the extra features' cost
         (``feature_cost_``) are added to every entry here. ``sample_flops``: one sample's FLOPs per
@@ -210,6 +199,7 @@ class Policy:
         """
         cfg = self.config
         prompts, U, C = self._check_arrays(prompts, U, C)
+        S, W = plan_stats(self.plans, U.shape, samples, waves)
         labels = U if labels is None else np.asarray(labels, dtype=np.float64)
         if labels.shape != U.shape:
             raise InputError(f"labels must have the utilities' shape {U.shape}; got {labels.shape}.")
@@ -220,15 +210,17 @@ class Policy:
         self._check_reach(C)
         X = self._with_probe(self.features_.transform(prompts), probe_col)
         self.action_costs_ = C.mean(axis=0)
+        self.plan_utility_, self.plan_samples_, self.plan_waves_ = U.mean(axis=0), S.mean(axis=0), W.mean(axis=0)
         self.n_train_ = n
         self.train_lengths_ = np.sort(np.array([len(p) for p in prompts], dtype=np.int64))
         requested = budget_grid(*cfg.budget_range, N_CALIBRATION)
         if cfg.calibrate_to == "oracle":  # B where the budget binds, less where extra samples buy nothing
-            targets = np.array([allocate(U, C, float(b), rounding="mix").mean_cost for b in requested])
+            targets = np.array([allocate_plans(U, C, float(b), rounding="mix").mean_cost for b in requested])
         else:
             targets = requested.copy()
         job = CrossFit(X, U, C, prompt_uniforms(prompts), crossfit_folds(n, cfg.calibration_folds, cfg.seed),
-                        requested, targets, labels)
+                       requested, targets, labels, plans=self.plans if cfg.plans else None,
+                       samples=S if cfg.plans else None, paid=self.paid_per_request)
         names = LEARNERS if cfg.learner == "auto" else (cfg.learner,)
         from tqdm.auto import tqdm
 
@@ -248,20 +240,24 @@ class Policy:
         if not cfg.fallback:
             return RuleChain.single(LEARNED, job.requested)
         scores = {LEARNED: np.stack([job.U[job.rows, oof(float(b))] for b in job.requested])}
+        if FIXED_PLAN in cfg.fallback:
+            scores[FIXED_PLAN] = fixed_plan_scores(job.U, job.C - self.paid_per_request, job.folds, job.requested)
         if UNIFORM in cfg.fallback:
-            scores[UNIFORM] = uniform_utilities(job.U, self.sample_action_costs, job.requested)
+            lad = self.ladder
+            scores[UNIFORM] = uniform_utilities(job.U[:, lad], self.sample_action_costs[lad], job.requested)
+        levels = {FIXED_PLAN: cfg.fixed_plan_level} if FIXED_PLAN in scores else None
         return choose_rules(scores, job.requested, level=cfg.fallback_level, margin=cfg.fallback_margin,
-                            seed=cfg.seed)
+                            seed=cfg.seed, rule_levels=levels)
 
     def _check_arrays(self, prompts: Sequence[str], U: Any, C: Any) -> tuple[list[str], np.ndarray, np.ndarray]:
         """Prompts as a list and U, C as float arrays of shape (prompts × actions), or InputError."""
         cfg = self.config
         U, C = np.asarray(U, dtype=np.float64), np.asarray(C, dtype=np.float64)
         prompts = list(prompts)
-        n = len(prompts)
-        if U.shape != (n, len(cfg.actions)) or C.shape != U.shape:
-            raise InputError(f"utilities and costs must be (prompts × actions) = ({n}, {len(cfg.actions)}); got "
-                             f"{U.shape} and {C.shape}.")
+        n, P = len(prompts), len(self.plans)
+        if U.shape != (n, P) or C.shape != U.shape:
+            raise InputError(f"utilities and costs must be (prompts × {'plans' if cfg.plans else 'actions'}) = "
+                             f"({n}, {P}); got {U.shape} and {C.shape}.")
         if n < 4 * cfg.calibration_folds:
             raise InputError(f"a policy with {cfg.calibration_folds} calibration folds needs at least "
                              f"{4 * cfg.calibration_folds} prompts; the table has {n}. Sample more prompts.")
@@ -286,8 +282,8 @@ class Policy:
         b_lo, b_hi = self.config.budget_range
         if b_lo < lo * (1 - 1e-9) or b_hi > hi * (1 + 1e-9):
             paid = self._paid_note()
-            raise BudgetError(f"budget range [{b_lo:g}, {b_hi:g}] is outside what the actions "
-                              f"{list(self.config.actions)} can spend on this table, [{lo:.6g}, {hi:.6g}] mean "
+            raise BudgetError(f"budget range [{b_lo:g}, {b_hi:g}] is outside what the "
+                              f"{self._menu_note()} can spend on this table, [{lo:.6g}, {hi:.6g}] mean "
                               f"{self.config.cost_unit} per prompt{f' (each action includes {paid})' if paid else ''}; "
                               "pass --budgets within it.")
 
@@ -296,9 +292,38 @@ class Policy:
         if not hasattr(self, "learners_"):
             raise InputError("the policy is not fitted; call fit(table) or Policy.load(dir).")
 
+    @cached_property
+    def plans(self) -> tuple[Plan, ...]:
+        """The plan menu (action a is ``plans[a]``): ``config.plans``, or ``none@k`` for k ∈ actions."""
+        return menu_of(self.config.plans, self.config.actions)
+
+    @cached_property
+    def ladder(self) -> np.ndarray:
+        """Indices into :attr:`plans` of the uniform ladder ``none@k``, k ∈ ``config.actions``."""
+        return ladder_columns(self.plans, self.config.actions)
+
     @property
     def actions(self) -> tuple[int, ...]:
-        return self.config.actions
+        """Each action's k: its plan's maximum samples (``config.actions`` for a one-wave menu)."""
+        return tuple(p.max_samples for p in self.plans)
+
+    def _menu_note(self) -> str:
+        cfg = self.config
+        if not cfg.plans:
+            return f"actions {list(cfg.actions)}"
+        return f"{len(self.plans)} plans (up to {max(self.actions)} samples)"
+
+    def fixed_plan_at(self, budget: float) -> Any:
+        """The fixed-plan rule's choice at ``budget`` (:func:`isocompute.policy.fixed_rule.fixed_plan_at`)."""
+        return fixed_plan_at(self.plan_utility_, self.sample_action_costs, budget)
+
+    def fallback_actions(self, rule: str, u: np.ndarray, budget: float, *, match: str = "calibrated") -> np.ndarray:
+        """Plan index per prompt under a fallback rule (``fixed_plan`` or ``uniform``) from the prompts'
+        mixing uniforms ``u`` (:meth:`prompt_keys`)."""
+        if rule == UNIFORM:
+            lad = self.ladder
+            return lad[uniform_actions(u, self.sample_action_costs[lad], budget, match=match)]
+        return fixed_actions(u, self.fixed_plan_at(budget), match=match)
 
     @property
     def budget_range(self) -> tuple[float, float]:
@@ -319,8 +344,9 @@ class Policy:
         return self.fallback_[name].at(self.check_budget(budget))
 
     def needs_features(self, budget: float, learner: str | None = None) -> bool:
-        """Whether a decision at ``budget`` reads the prompt features (and the probe): not where uniform serves."""
-        return self.rule_at(budget, learner).rule != UNIFORM
+        """Whether a decision at ``budget`` reads the prompt features (and the probe): only where the
+        learned rule serves (the fixed plan and uniform read none)."""
+        return self.rule_at(budget, learner).rule == LEARNED
 
     @property
     def probe_cost(self) -> float:
@@ -351,26 +377,7 @@ class Policy:
 
     def _probe_column(self, n: int, probe: Any) -> np.ndarray | None:
         """The probe values as an (n,) float column, or InputError saying what to pass."""
-        spec = self.config.probe
-        if spec is None:
-            if probe is not None:
-                raise InputError("this policy has no probe feature, but probe values were passed; drop probe= "
-                                 "or refit with a probe (isocompute fit --probe-model DIR).")
-            return None
-        if probe is None:
-            raise InputError(f"this policy uses the probe feature {spec.name!r} ({spec.max_tokens} greedy tokens "
-                             f"of {spec.model or 'its model'}); pass probe= one value per prompt, from "
-                             f"isocompute.engines.probe.probe_entropy(engine, prompts, {spec.max_tokens}).")
-        try:
-            col = np.asarray(probe, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise InputError("probe values must be numbers, one per prompt.") from None
-        if col.shape != (n,):
-            raise InputError(f"probe values must be one number per prompt, shape ({n},); got shape {col.shape}.")
-        if not np.isfinite(col).all():
-            raise InputError(f"probe values must be finite; {int((~np.isfinite(col)).sum())} are not. Recompute "
-                             "them with isocompute.engines.probe.probe_entropy.")
-        return col
+        return probe_column(self.config.probe, n, probe)
 
     @staticmethod
     def _with_probe(X: np.ndarray, col: np.ndarray | None) -> np.ndarray:
@@ -405,70 +412,18 @@ class Policy:
 
     def decide_features(self, X: np.ndarray, u: np.ndarray, route: np.ndarray, budget: float,
                         learner: str | None = None, *, match: str = "calibrated") -> tuple[np.ndarray, float]:
-        """(action index per prompt, knob) from precomputed features and :meth:`prompt_keys`.
-
-        Member j serves the prompts routed to it. During fitting member j scored exactly the calibration
-        fold it did not see, so a new prompt meets the same process the calibration measured. With
-        ``match="batch"`` the knob is instead solved on this batch (:meth:`batch_knob`).
-        """
-        name = learner or self.default_learner_
-        f = self.learners_[name]
-        if match == "batch":
-            knob = self.batch_knob(X, u, route, budget, name)
-        elif match == "calibrated":
-            knob = f.calibration(budget)
-        else:
-            raise InputError(f"match must be 'calibrated' or 'batch'; you passed {match!r}.")
-        a = np.zeros(X.shape[0], dtype=np.intp)
-        for j, model in enumerate(f.models):
-            sel = np.flatnonzero(route == j)
-            if sel.size == 0:
-                continue
-            if isinstance(model, OracleClassifier):
-                a[sel] = model.predict(X[sel], knob, u[sel])
-            else:
-                a[sel] = model.predict(X[sel], knob, self.action_costs_, u[sel])
-        return a, knob
+        """(action index per prompt, knob) from precomputed features and :meth:`prompt_keys`
+        (:func:`isocompute.policy.members.member_actions`; ``match="batch"`` solves the knob on the batch)."""
+        return member_actions(self, X, u, route, budget, learner or self.default_learner_, match=match)
 
     def batch_knob(self, X: np.ndarray, u: np.ndarray, route: np.ndarray, budget: float, learner: str) -> float:
-        """The knob at which *this batch's* mean expected cost is nearest ``budget``.
-
-        The same search the calibration runs on out-of-fold decisions (bisection on λ for the utility
-        learner, the mixed-grid step search for the classifier), run on the batch's own decisions; the
-        batch then spends the budget up to one prompt's step, ``max_a Δc_a / N``, instead of up to the
-        sampling noise of which prompts happen to arrive. Decisions then depend on the whole batch.
-        Example: 1,024 prompts at budget 4 with actions 1…16 spend within 8/1024 = 0.2% of 4.
-        """
-        f = self.learners_[learner]
-        n = X.shape[0]
-        b = np.array([float(budget)])
-        if n == 0:
-            return f.calibration(budget)
-        if f.calibration.knob == "lam":
-            Uh = np.empty((n, len(self.config.actions)))
-            for j, model in enumerate(f.models):
-                sel = np.flatnonzero(route == j)
-                if sel.size:
-                    Uh[sel] = model.predict_utilities(X[sel])
-            costs = self.action_costs_
-
-            def cost_at(lam: float) -> float:
-                return float(costs[price(Uh, lam, costs, u)].mean())
-
-            cal = calibrate_by_bisection(b, b, cost_at, max_useful_price(Uh, costs), n_validation=n)
-        else:
-            grid = f.models[0].budget_grid_
-            grid_act = np.empty((grid.size, n), dtype=np.intp)
-            for j, model in enumerate(f.models):
-                sel = np.flatnonzero(route == j)
-                if sel.size:
-                    grid_act[:, sel] = model.grid_actions(X[sel])
-            cal = calibrate_mixed_grid(b, b, grid, self.action_costs_[grid_act], u, n_validation=n)
-        return float(cal.values[0])
+        """The knob at which *this batch's* mean expected cost is nearest ``budget``
+        (:func:`isocompute.policy.members.batch_knob`)."""
+        return batch_knob(self, X, u, route, budget, learner)
 
     def decide(self, prompts: Sequence[str], budget: float, *, probe: np.ndarray | None = None,
                learner: str | None = None, match: str = "calibrated") -> Decision:
-        """Actions for ``prompts`` at mean cost ``budget`` per request (pure; features included).
+        """Plans for ``prompts`` at mean cost ``budget`` per request (pure; features included).
 
         ``match="calibrated"`` (default): each prompt's action depends only on its text and the budget,
         through the calibration table (what a single request gets). ``match="batch"``: the knob is solved
@@ -482,26 +437,16 @@ class Policy:
         if name not in self.learners_:
             raise InputError(f"learner {name!r} is not in this policy; it has {', '.join(self.learners_)}.")
         choice = self.fallback_[name].at(b)
-        if choice.rule == UNIFORM:
+        if choice.rule != LEARNED:
             u, _ = self.prompt_keys(prompts)
-            a = uniform_actions(u, self.sample_action_costs, b, match=match)
-            costs = self.sample_action_costs[a]
-            return Decision(
-                k=np.asarray(self.config.actions, dtype=np.int64)[a], action_index=a, budget=b, learner=name,
-                internal_budget=None, lam=None, costs=costs, expected_cost=float(costs.mean()) if costs.size else 0.0,
-                cost_unit=self.config.cost_unit, match=match, rule=UNIFORM, rule_evidence=choice.evidence())
+            a = self.fallback_actions(choice.rule, u, b, match=match)
+            return make_decision(self, a, b, name, rule=choice.rule, evidence=choice.evidence(), match=match)
         X = self.features(prompts, probe)
         u, route = self.prompt_keys(prompts)
         a, knob = self.decide_features(X, u, route, b, name, match=match)
-        costs = self.action_costs_[a]
-        is_budget = self.learners_[name].calibration.knob == "internal_budget"
-        return Decision(
-            k=np.asarray(self.config.actions, dtype=np.int64)[a], action_index=a, budget=b, learner=name,
-            internal_budget=knob if is_budget else None, lam=None if is_budget else knob,
-            costs=costs, expected_cost=float(costs.mean()) if costs.size else 0.0,
-            cost_unit=self.config.cost_unit, match=match, probe_cost=self.probe_cost,
-            feature_cost=self.feature_cost_, rule=LEARNED, rule_evidence=choice.evidence(),
-        )
+        return make_decision(self, a, b, name, rule=LEARNED, evidence=choice.evidence(), match=match, knob=knob,
+                             knob_name=self.learners_[name].calibration.knob,
+                             predicted=predicted_costs(self, X, route, a, name))
 
     # -------------------------------------------------------------------------------------- persistence
     def save(self, out_dir: str | Path, *, inputs: dict[str, str] | None = None,

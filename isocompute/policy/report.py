@@ -9,9 +9,12 @@
   "ci95", ...}, "imitation_accuracy", "regret", "bound", ...}``.
 * ``report.md`` — the same numbers as tables, with the significance of every gain spelled out
   ("not significant" when the 95% CI contains 0) and a warning when the sample is small.
-* ``accuracy.png`` (accuracy vs budget per method with bootstrap CI bands), ``actions.png`` (oracle
-  vs learned action histograms per budget), ``confusion.png`` (learned vs oracle actions at the
-  reference budget: 4 if evaluated, else the middle one).
+* ``accuracy.png`` (accuracy vs budget per method with bootstrap CI bands), ``accuracy_cost.png``
+  (accuracy vs realised cost, every method: :mod:`isocompute.policy.report_plans`), ``actions.png``
+  (oracle vs learned action histograms per budget), ``confusion.png`` (learned vs oracle actions at the
+  reference budget: 4 if evaluated, else the middle one). Plan menus above eight plans are grouped by
+  rule kind in the last two; a plan policy's report also has the section *Plans: fixed stopping rules
+  and latency*.
 
 Ignores: styling beyond legibility; plots use matplotlib's Agg backend (no display needed).
 """
@@ -26,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from isocompute.artifacts import artifact_writer
+from isocompute.policy.report_plans import action_groups, plans_section, plot_accuracy_cost
 
 KIND = "report"
 SCHEMA_VERSION = 1
@@ -55,7 +59,9 @@ def render_markdown(report: dict[str, Any]) -> str:
                      "prompt is scored once per seed by a policy refitted without it.")
     else:
         lines.append(f"Holdout: the policy scored on {n} prompts it never saw.")
-    lines += ["", f"Actions k = {report['actions']}, strategy `{report['strategy']}`, cost unit "
+    acts = (f"{len(report['plans'])} plans (uniform ladder k = {report['actions']})" if report.get("plans")
+            else f"Actions k = {report['actions']}")
+    lines += ["", f"{acts}, strategy `{report['strategy']}`, cost unit "
               f"`{report['cost_unit']}`; bootstrap: {report['bootstrap']} resamples of prompts (seed "
               f"{report['bootstrap_seed']}).", ""]
     pr = report.get("probe")
@@ -101,7 +107,7 @@ def render_markdown(report: dict[str, Any]) -> str:
               "the oracle's action histogram to random prompts. The bound is (1 − imitation) × the worst "
               "per-prompt gap; it holds by construction, so ✗ would flag a bug.", ""]
 
-    lines += _fallback_section(report) + _same_accuracy_section(report)
+    lines += plans_section(report) + _fallback_section(report) + _same_accuracy_section(report)
 
     not_binding = [e["budget"] for e in report["budgets"] if not e["oracle_budget_binding"]]
     if not_binding:
@@ -165,7 +171,8 @@ def render_markdown(report: dict[str, Any]) -> str:
                   + (f"{_pct(t['batch_cost_within_2pct']['value'], 2)} — "
                      f"{'met' if t['batch_cost_within_2pct']['pass'] else 'not met'}"
                      if "batch_cost_within_2pct" in t else "—"), ""]
-    lines += ["## Plots", "", "![accuracy vs budget](accuracy.png)", "", "![actions per budget](actions.png)", "",
+    lines += ["## Plots", "", "![accuracy vs budget](accuracy.png)", "",
+              "![accuracy vs realised cost, every method](accuracy_cost.png)", "", "![actions per budget](actions.png)", "",
               f"![learned vs oracle actions at budget {reference_budget(report):g}](confusion.png)", ""]
     return "\n".join(lines)
 
@@ -175,15 +182,17 @@ def _fallback_section(report: dict[str, Any]) -> list[str]:
     if not all(e.get("rules") for e in report["budgets"]):
         return []
     fb = report["policy"].get("fallback")
-    lines = ["## Never worse than uniform", ""]
+    plans = bool(report.get("plans"))
+    lines = ["## Never worse than " + ("the fixed plan and uniform" if plans else "uniform"), ""]
     if fb:
         spans = ", ".join(f"**{rule}** on [{lo:.4g}, {hi:.4g}]" for rule, lo, hi in fb["ranges"])
-        lines += [f"The fitted policy serves {spans}: at each budget of its grid the learned rule serves only where "
-                  "its gain over uniform, measured on the training prompts out of fold (paired bootstrap), has a "
-                  "one-sided lower confidence bound above the margin; elsewhere the budget-matched uniform mix "
-                  "serves.", ""]
+        nxt = "the next rule of its chain (learned → fixed plan → uniform)" if plans else "uniform"
+        lines += [f"The fitted policy serves {spans}: at each budget of its grid a rule serves only where "
+                  f"its gain over {nxt}, measured on the training prompts out of fold (paired bootstrap), has a "
+                  "one-sided lower confidence bound above the margin; elsewhere the next rule serves.", ""]
     lines += ["| budget | served (learned / no fallback / uniform) | gain as served [95% CI] | learned rule alone "
-              "[95% CI] | refits serving the learned rule |", "|---:|---|---|---|---:|"]
+              "[95% CI] | refits serving the learned rule" + (" / the fixed plan" if plans else "") + " |",
+              "|---:|---|---|---|---:|"]
     for e in report["budgets"]:
         m, g, gn = e["methods"], e["gain_vs_uniform"], e.get("gain_no_fallback")
         nf = m.get("learned_no_fallback")
@@ -191,7 +200,8 @@ def _fallback_section(report: dict[str, Any]) -> list[str]:
         lines.append(f"| {e['budget']:.4g} | {_acc(m['learned']['accuracy'])} / "
                      f"{_acc(nf['accuracy']) if nf else '—'} / {_acc(m['uniform']['accuracy'])} | "
                      f"{_pct(g['relative'])} [{_pct(g['ci95'][0])}, {_pct(g['ci95'][1])}] | {alone} | "
-                     f"{100 * e['rules'].get('learned', 0.0):.0f}% |")
+                     f"{100 * e['rules'].get('learned', 0.0):.0f}%"
+                     + (f" / {100 * e['rules'].get('fixed_plan', 0.0):.0f}%" if plans else "") + " |")
     lines += ["", "*As served* is the policy with its chain (the `learned` column everywhere in this report); *the "
               "learned rule alone* is the same refits with the fallback switched off. Each refit decides its chain "
               "on its own training part only.", ""]
@@ -258,22 +268,23 @@ def plot_actions(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     entries = report["budgets"]
-    ks = report["actions"]
+    ks, group = action_groups(report)
     cols = min(len(entries), 5)
     rows = math.ceil(len(entries) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(2.8 * cols, 2.4 * rows), squeeze=False)
     x = np.arange(len(ks))
     for ax, e in zip(axes.ravel(), entries, strict=False):
-        o = np.asarray(e["action_histogram"]["oracle"], dtype=float)
-        learned = np.asarray(e["action_histogram"]["learned"], dtype=float)
+        o = np.bincount(group, weights=np.asarray(e["action_histogram"]["oracle"], dtype=float), minlength=len(ks))
+        learned = np.bincount(group, weights=np.asarray(e["action_histogram"]["learned"], dtype=float),
+                              minlength=len(ks))
         ax.bar(x - 0.2, o / max(o.sum(), 1), 0.4, label="oracle")
         ax.bar(x + 0.2, learned / max(learned.sum(), 1), 0.4, label="learned")
-        ax.set_xticks(x, [str(k) for k in ks])
+        ax.set_xticks(x, ks, fontsize=7 if report.get("plans") else None, rotation=60 if report.get("plans") else 0)
         ax.set_title(f"budget {e['budget']:.4g}", fontsize=9)
     for ax in axes.ravel()[len(entries):]:
         ax.axis("off")
     axes[0, 0].legend(fontsize=7)
-    fig.supxlabel("k (samples)")
+    fig.supxlabel("plan (rule kind)" if report.get("plans") else "k (samples)")
     fig.supylabel("share of prompts")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -288,18 +299,21 @@ def plot_confusion(report: dict[str, Any], path: Path) -> None:
 
     b = reference_budget(report)
     e = next(e for e in report["budgets"] if abs(e["budget"] - b) < 1e-9)
-    cm = np.asarray(e["confusion_learned_vs_oracle"], dtype=float)
-    ks = report["actions"]
+    ks, group = action_groups(report)
+    full = np.asarray(e["confusion_learned_vs_oracle"], dtype=float)
+    cm = np.zeros((len(ks), len(ks)))
+    np.add.at(cm, (group[:, None], group[None, :]), full)
     fig, ax = plt.subplots(figsize=(4.6, 4))
     ax.imshow(cm, cmap="Blues")
     for i in range(cm.shape[0]):
         for j in range(cm.shape[1]):
             ax.text(j, i, f"{int(cm[i, j])}", ha="center", va="center", fontsize=8,
                     color="white" if cm[i, j] > cm.max() / 2 else "black")
-    ax.set_xticks(range(len(ks)), [str(k) for k in ks])
-    ax.set_yticks(range(len(ks)), [str(k) for k in ks])
-    ax.set_xlabel("oracle k")
-    ax.set_ylabel("learned k")
+    ax.set_xticks(range(len(ks)), ks, rotation=60 if report.get("plans") else 0)
+    ax.set_yticks(range(len(ks)), ks)
+    what = "plan" if report.get("plans") else "k"
+    ax.set_xlabel(f"oracle {what}")
+    ax.set_ylabel(f"learned {what}")
     ax.set_title(f"budget {b:.4g}: imitation {e['imitation_accuracy']:.3f}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -324,6 +338,7 @@ def write_report(out_dir: str | Path, report: dict[str, Any], *, inputs: dict[st
     with artifact_writer(out_dir, kind=KIND, schema_version=SCHEMA_VERSION, inputs=inputs, params=params) as d:
         (d / "report.json").write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
         plot_accuracy(report, d / "accuracy.png")
+        plot_accuracy_cost(report, d / "accuracy_cost.png")
         plot_actions(report, d / "actions.png")
         plot_confusion(report, d / "confusion.png")
         (d / "report.md").write_text(render_markdown(report))

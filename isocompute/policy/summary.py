@@ -12,7 +12,10 @@ per fold by construction (a mismatched prompt loses at most its gap), so a viola
 relative gain over uniform with a paired bootstrap 95% CI over prompts (per-prompt utilities averaged
 over seeds, prompts resampled with replacement), and the same for ``learned_no_fallback``; the share of
 the refitted policies whose chain served each rule; and APGR = (learned − uniform)/(oracle − uniform),
-the share of the uniform→oracle gap recovered (None when that gap is 0). Across budgets, "same accuracy
+the share of the uniform→oracle gap recovered (None when that gap is 0). With plans, also each method's
+expected waves (upstream requests per prompt: latency) and the gain of the policy as served over the
+best fixed plan (``gain_vs_fixed``: its own fixed-plan rule, and ``fixed_best``, the best fixed plan of
+every rule family, each chosen on the training part), with paired CIs. Across budgets, "same accuracy
 for less" (:func:`same_accuracy`): per method the realised cost, in the cost unit and (with ``C_alt``) in
 FLOPs, at which it reaches the accuracy of uniform at the largest action.
 
@@ -31,10 +34,12 @@ from typing import Any
 import numpy as np
 
 from isocompute.policy.config import LEARNERS
+from isocompute.policy.plan_menu import FAMILY_BASELINES
 
 BASE_METHODS = ("oracle", "learned", "uniform", "heuristic", "random")
+FIXED_METHODS = ("fixed_plan", *(f"fixed_{f}" for f in FAMILY_BASELINES), "fixed_best")
 METHODS = (*BASE_METHODS, "oracle_lp", "learned_batch", *(f"learned_{name}" for name in LEARNERS),
-           "learned_no_fallback")
+           "learned_no_fallback", *FIXED_METHODS)
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,7 +54,9 @@ class Evaluation:
     never-worse chain that ``learned`` served (``learned_no_fallback`` is the learner everywhere);
     ``cost_alt``: (S, M, B, N) the same costs in ``alt_unit`` (FLOPs; None without a FLOP model);
     ``reference``: the uniform rule at the largest action on all N prompts — ``accuracy``, ``cost``,
-    ``cost_alt`` and ``k`` — the accuracy "same accuracy for less" is measured against.
+    ``cost_alt`` and ``k`` — the accuracy "same accuracy for less" is measured against; ``waves``:
+    (S, M, B, N) expected waves per prompt (None: one wave everywhere); ``plans``: the action menu's plan
+    names (``actions`` then holds each plan's maximum samples).
     """
 
     mode: str
@@ -70,6 +77,8 @@ class Evaluation:
     cost_alt: np.ndarray | None = None
     alt_unit: str | None = None
     reference: dict[str, Any] | None = None
+    waves: np.ndarray | None = None
+    plans: tuple[str, ...] | None = None
 
 
 def bootstrap_indices(n: int, n_boot: int, seed: int) -> np.ndarray:
@@ -101,6 +110,8 @@ def summarise(ev: Evaluation, *, n_boot: int = 2000, seed: int = 0) -> dict[str,
                           "cost": float(ev.cost[:, mi[m], bi].mean()), "ci95": _ci(boot), "cost_ci95": _ci(cboot)}
             if ev.cost_alt is not None:
                 methods[m]["cost_alt"] = float(ev.cost_alt[:, mi[m], bi].mean())
+            if ev.waves is not None:
+                methods[m]["waves"] = float(ev.waves[:, mi[m], bi].mean())
         uU = per_prompt[mi["uniform"], bi]
         rel, ci = _paired_gain(per_prompt[mi["learned"], bi], uU, idx)
         match = ev.oracle_actions[:, bi] == ev.learned_actions[:, bi]  # (S, N)
@@ -142,6 +153,10 @@ def summarise(ev: Evaluation, *, n_boot: int = 2000, seed: int = 0) -> dict[str,
                                 "significant": bool(ci[0] > 0 or ci[1] < 0)},
             "rules": _rule_shares(ev, bi),
             "gain_no_fallback": _gain_entry(per_prompt[mi["learned_no_fallback"], bi], uU, idx),
+            "gain_vs_fixed": {m: g for m in ("fixed_plan", "fixed_best")
+                              if (g := _gain_entry(uL, per_prompt[mi[m], bi], idx)) is not None},
+            "gain_vs_uniform_by_method": {m: g for m in FIXED_METHODS
+                                          if (g := _gain_entry(per_prompt[mi[m], bi], uU, idx)) is not None},
             "imitation_accuracy": imitation,
             "regret": float(regret),
             "bound": float((1 - imitation) * gap_max),
@@ -176,7 +191,7 @@ def _paired_gain(a: np.ndarray, base: np.ndarray, idx: np.ndarray) -> tuple[floa
 
 
 def _gain_entry(a: np.ndarray, base: np.ndarray, idx: np.ndarray) -> dict[str, Any] | None:
-    if np.isnan(a).any():
+    if np.isnan(a).any() or np.isnan(base).any():
         return None
     rel, ci = _paired_gain(a, base, idx)
     return {"relative": rel, "ci95": ci, "significant": bool(ci[0] > 0 or ci[1] < 0)}
@@ -216,7 +231,7 @@ def same_accuracy(entries: list[dict[str, Any]], reference: dict[str, Any], alt_
     1…16), in the cost unit and in ``alt_unit``, and how many times less that is than the reference's."""
     target = reference["accuracy"]
     out: dict[str, Any] = {"reference": reference, "alt_unit": alt_unit, "methods": {}}
-    for m in ("oracle", "learned", "learned_no_fallback", "uniform", "heuristic", "random"):
+    for m in ("oracle", "learned", "learned_no_fallback", *FIXED_METHODS, "uniform", "heuristic", "random"):
         if not all(m in e["methods"] for e in entries):
             continue
         pts = [(e["methods"][m]["cost"], e["methods"][m].get("cost_alt"), e["methods"][m]["accuracy"])
