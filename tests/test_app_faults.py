@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 import httpx
@@ -19,7 +20,6 @@ from isocompute.app.main import create_app
 from isocompute.app.settings import Settings
 from isocompute.engines.vllm_http import VLLMHTTPEngine
 from isocompute.errors import EngineUnavailable
-from isocompute.policy.policy import Decision
 
 A = "http://a.test:8000"
 
@@ -249,8 +249,7 @@ class ProbePolicy(FakePolicy):
     def decide(self, prompts, budget, *, probe=None):
         assert probe is not None and len(probe) == len(prompts)
         d = super().decide(prompts, budget)
-        return Decision(k=d.k, action_index=d.action_index, budget=budget, learner="utility", internal_budget=None,
-                        lam=d.lam, costs=d.costs + 0.5, expected_cost=d.expected_cost + 0.5, cost_unit="samples")
+        return replace(d, costs=d.costs + 0.5, expected_cost=d.expected_cost + 0.5)
 
 
 class SlowHTTPEngine(FakeEngine):
