@@ -94,7 +94,8 @@ class FakePolicy:
 
 
 class FakeEngine:
-    """Answers sample j of every prompt with ``script[j % len(script)]`` — j counted within the call, or
+    """Answers sample j of every prompt with ``script[j % len(script)]`` (``script`` may be a dict: prompt →
+    its script) — j counted within the call, or
     across a prompt's calls with ``continuing`` (a plan's waves then walk down the script); records
     (prompts, n) and the seed per call.
 
@@ -135,9 +136,10 @@ class FakeEngine:
             raise self.fail
         out = []
         for p in prompts:
+            script = self.script[p] if isinstance(self.script, dict) else self.script
             start = self.drawn.get(p, 0) if self.continuing else 0
             m = max(n - self.drop, 0)
-            out.append([Completion(self.script[(start + j) % len(self.script)], 10, 5) for j in range(m)])
+            out.append([Completion(script[(start + j) % len(script)], 10, 5) for j in range(m)])
             self.drawn[p] = start + m
         return out[:-1] if self.wrong_count else out
 
