@@ -4,6 +4,7 @@
   :mod:`isocompute.app.voting`: equivalent answers are one class) with :func:`isocompute.app.aggregate.majority_vote`
   — ties by ``tie_break`` — and represents the winning class by its first sample; ``"best_of"`` takes the
   sample the verifier scores highest. Only usable samples (returned, not failed) take part.
+* :func:`answer_info`: the response's ``isocompute`` object — the decision, the plan as it ran, the vote;
 * :func:`plan_flops`: the FLOPs of a plan's samples — every decode step, and the prompt's prefill once
   per plan when the upstream caches prefixes across requests (vLLM's automatic prefix caching), else
   once per wave (each wave is one request with n = wave size, whose samples share one prefill).
@@ -22,9 +23,10 @@ from typing import Any, Protocol
 
 from isocompute.app.aggregate import Vote, best_of, majority_vote
 from isocompute.app.plan_run import PlanRun
-from isocompute.app.schemas import IsoComputeInfo
+from isocompute.app.routing import Routing
+from isocompute.app.schemas import IsoComputeInfo, ProbeInfo
 
-__all__ = ["Answer", "Picked", "Verifier", "pick_sample", "plan_flops"]
+__all__ = ["Answer", "Picked", "Verifier", "answer_info", "pick_sample", "plan_flops"]
 
 
 class Verifier(Protocol):
@@ -83,3 +85,25 @@ def plan_flops(model: Any, prompt_tokens: int, run: PlanRun, *, prefix_caching: 
     if prefix_caching:
         return float(request_flops(model, prompt_tokens, [m for w in waves for m in w]))
     return float(sum(request_flops(model, prompt_tokens, w) for w in waves))
+
+
+def answer_info(run: PlanRun, routing: Routing, i: int, picked: Picked, *, strategy: str,
+                flops: float | None) -> IsoComputeInfo:
+    """Prompt ``i``'s ``isocompute`` object (fields documented on :class:`IsoComputeInfo`)."""
+    assert run.votes is not None
+    received = len(run.usable)
+    pr, es, ew = routing.probe, routing.expected_samples, routing.expected_waves
+    return IsoComputeInfo(
+        action=routing.actions[i], plan=run.plan.name, policy_plan=run.policy_plan.name,
+        waves=len(run.wave_sizes), wave_sizes=run.wave_sizes, stopped=run.stopped,  # type: ignore[arg-type]
+        stop_statistic=run.statistic, stop_detail=run.detail, k=run.drawn, policy_k=routing.policy_ks[i],
+        expected_samples=None if es is None else es[i], expected_waves=None if ew is None else ew[i],
+        rule=routing.rule, rule_evidence=routing.rule_evidence, strategy=strategy,  # type: ignore[arg-type]
+        answer=picked.answer, votes=run.votes.as_dict(), votes_complete=run.votes.complete,
+        samples_received=received, partial=received < run.drawn or run.stopped in ("deadline", "upstream_error"),
+        lambda_=routing.lam, budget=routing.plan.budget, budget_unit=routing.plan.unit,  # type: ignore[arg-type]
+        internal_budget=routing.internal_budget, expected_cost=routing.costs[i],
+        policy_unit=routing.plan.policy_unit, flops=flops,  # type: ignore[arg-type]
+        probe=None if pr is None else ProbeInfo(name=pr.name, value=pr.values[i], tokens=pr.tokens[i],
+                                                cost=pr.declared_cost, flops=pr.flops[i]),
+    )

@@ -42,12 +42,11 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from isocompute.app.answer import Answer, Verifier, pick_sample, plan_flops
+from isocompute.app.answer import Answer, Verifier, answer_info, pick_sample, plan_flops
 from isocompute.app.auth import Principal
 from isocompute.app.budget_control import BudgetController, ControllerBank
 from isocompute.app.chat import policy_text, render_chat
@@ -58,62 +57,15 @@ from isocompute.app.metrics import Metrics
 from isocompute.app.plan_run import SEED_MODULUS, PlanRun, run_plans
 from isocompute.app.pricing import BudgetPlan, budget_unit, price_request
 from isocompute.app.readiness import UpstreamHealth
-from isocompute.app.schemas import ChatMessage, IsoComputeInfo, ProbeInfo
+from isocompute.app.routing import Routing
+from isocompute.app.schemas import ChatMessage
 from isocompute.app.serving_policy import PolicyDecision, ServingPolicy, as_serving_policy
 from isocompute.app.settings import Settings
 from isocompute.app.voting import Voter
 from isocompute.engines.base import Engine, UpstreamBadResponse
 from isocompute.errors import EngineUnavailable, InputError
-from isocompute.solver.plans import Plan
 
 __all__ = ["Answer", "FeatureCall", "Gateway", "ProbeCall", "Routing", "Verifier", "policy_text", "render_chat"]
-
-
-def _floats(x: Any, n: int) -> list[float] | None:
-    return None if x is None else [float(v) for v in np.asarray(x, dtype=float).reshape(-1)][:n]
-
-
-@dataclass(frozen=True, slots=True)
-class Routing:
-    """The decision for one request: its priced budget; per prompt the plan to run (the policy's, cut to
-    the caps) and the policy's own, their most samples (``ks``, ``policy_ks``), the action, its expected
-    cost (policy unit, probe included where read), samples and waves; λ (None for a classifier policy,
-    whose knob is the internal budget); the rule of the never-worse chain that decided and its evidence;
-    the internal budget handed to the policy and the key's controller; the probe call and the extra
-    features when the serving rule reads them."""
-
-    plan: BudgetPlan
-    plans: list[Plan]
-    policy_plans: list[Plan]
-    ks: list[int]
-    policy_ks: list[int]
-    actions: list[int]
-    costs: list[float]
-    expected_samples: list[float] | None
-    expected_waves: list[float] | None
-    lam: float | None
-    expected_cost: float
-    rule: str | None
-    rule_evidence: dict[str, Any] | None
-    internal_budget: float
-    controller: BudgetController
-    probe: ProbeCall | None = None
-    features: FeatureCall | None = None
-
-    @classmethod
-    def of(cls, decision: PolicyDecision, plan: BudgetPlan, n: int, **rest: Any) -> Routing:
-        policy_ks = [int(k) for k in np.asarray(decision.k).reshape(-1)]
-        actions = [int(a) for a in np.asarray(decision.action_index).reshape(-1)]
-        costs = [float(c) for c in np.asarray(decision.costs, dtype=float).reshape(-1)]
-        # a policy whose actions are "k samples at once" may leave plans empty: the one-wave plans none@k
-        policy_plans = list(decision.plans) or [Plan((k,)) for k in policy_ks]
-        if not (len(policy_ks) == len(actions) == len(costs) == len(policy_plans) == n):
-            raise RuntimeError(f"policy returned {len(policy_ks)} decisions for {n} prompts")
-        plans = [p.capped(max_samples=plan.cap, max_waves=plan.wave_cap) for p in policy_plans]
-        lam = None if decision.lam is None else float(decision.lam)
-        return cls(plan, plans, policy_plans, [p.max_samples for p in plans], policy_ks, actions, costs,
-                   _floats(decision.expected_samples, n), _floats(decision.expected_waves, n), lam,
-                   float(decision.expected_cost), decision.rule, decision.rule_evidence, **rest)
 
 
 class Gateway:
@@ -356,8 +308,6 @@ class Gateway:
                                       "check the upstream server and retry")
         if len(ok) < run.drawn:
             self.metrics.upstream_errors.labels("partial").inc()
-        votes = run.votes
-        assert votes is not None  # every wave that answered was voted on
         picked = pick_sample(run, strategy, tie_break=self.settings.tie_break, seed=seed, prompt=prompt,
                              verifier=self.verifier)
         chosen = run.samples[picked.index]
@@ -372,22 +322,7 @@ class Gateway:
         m.waves.observe(len(run.wave_sizes))
         m.stops.labels(run.stopped or "plan_end").inc()
         self._charge(routing, i, run.drawn, flops)
-        pr = routing.probe
-        info = IsoComputeInfo(
-            action=routing.actions[i], plan=run.plan.name, policy_plan=run.policy_plan.name,
-            waves=len(run.wave_sizes), wave_sizes=run.wave_sizes, stopped=run.stopped,  # type: ignore[arg-type]
-            stop_statistic=run.statistic, stop_detail=run.detail, k=run.drawn, policy_k=routing.policy_ks[i],
-            expected_samples=None if routing.expected_samples is None else routing.expected_samples[i],
-            expected_waves=None if routing.expected_waves is None else routing.expected_waves[i],
-            rule=routing.rule, rule_evidence=routing.rule_evidence, strategy=strategy,  # type: ignore[arg-type]
-            answer=picked.answer, votes=votes.as_dict(), votes_complete=votes.complete, samples_received=len(ok),
-            partial=len(ok) < run.drawn or run.stopped in ("deadline", "upstream_error"),
-            lambda_=routing.lam, budget=routing.plan.budget, budget_unit=routing.plan.unit,  # type: ignore[arg-type]
-            internal_budget=routing.internal_budget, expected_cost=routing.costs[i],
-            policy_unit=routing.plan.policy_unit, flops=flops,  # type: ignore[arg-type]
-            probe=None if pr is None else ProbeInfo(name=pr.name, value=pr.values[i], tokens=pr.tokens[i],
-                                                    cost=pr.declared_cost, flops=pr.flops[i]),
-        )
+        info = answer_info(run, routing, i, picked, strategy=strategy, flops=flops)
         return Answer(chosen.text, chosen.finish_reason, prompt_tokens, completion_tokens, flops, info)
 
     def _flops(self, routing: Routing, i: int, prompt_tokens: int, run: PlanRun) -> float | None:
