@@ -8,6 +8,7 @@ test_app_vllm.py.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -250,3 +251,21 @@ def test_route_reports_the_plan_capped_and_the_rule():
     [d] = r["decisions"]
     assert (d["plan"], d["policy_plan"], d["k"], d["policy_k"]) == ("lead:m=2@1x2", DOUBLING, 2, 8)
     assert r["rule"] == "learned"
+
+
+@pytest.mark.parametrize(
+    "answers",
+    [[None], [None, None], ["12"], ["12", None, "12"], [None, "(3,\\pi/2)"], ["12", "7"], ["12", "12.0"],
+     [" 12"], ["12", None, "7"]],
+)
+def test_the_one_string_shortcut_is_what_vote_classes_says(answers):
+    """The vote skips merging when the answers are one string; where it does, the result is vote_classes'."""
+    from isocompute.app.voting import one_string
+    from isocompute.tasks.equivalence import vote_classes
+
+    fast = one_string(answers)
+    if len(set(answers) - {None}) > 1 or " 12" in answers:
+        assert fast is None
+    else:
+        full = vote_classes(answers, "number", timeout_s=2.0)
+        assert fast is not None and replace(fast, seconds=0.0) == replace(full, seconds=0.0)

@@ -18,7 +18,8 @@ Time: one merge of a request's answers gets ``min(vote_timeout_s, what is left o
 deadline)``; past it the answers not yet merged vote apart (``Votes.complete`` is False: classes may be
 split, never wrongly joined). If the worker thread does not answer in that time (a merge stuck behind
 another), the request votes on exact strings instead, so no request outlives its deadline waiting
-for a vote. Repeats are cheap: math-verify's parses and comparisons are remembered per process
+for a vote. Answers that are all one string need no merging and skip it (:func:`one_string`: the
+vote of one sample, or of unanimous waves). Repeats are cheap: math-verify's parses and comparisons are remembered per process
 (:mod:`isocompute.tasks.equivalence`), so the merge after a later wave re-reads the earlier waves'
 answers for free.
 
@@ -38,8 +39,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from isocompute.tasks.equivalence import Votes, vote_classes
+from isocompute.tasks.extract import normalize_answer
 
-__all__ = ["Voter"]
+__all__ = ["Voter", "one_string"]
 
 log = logging.getLogger("isocompute.app")
 MIN_TIMEOUT_S = 1e-3  # vote_classes needs a positive time; past the deadline it then merges nothing
@@ -67,6 +69,9 @@ class Voter:
 
     async def classes(self, answers: Sequence[Sequence[str | None]], deadline_at: float) -> list[Votes]:
         """:class:`Votes` of each answer list, by ``deadline_at`` (a ``time.monotonic()`` value) at the latest."""
+        same = [one_string(a) for a in answers]
+        if all(v is not None for v in same):  # nothing to merge (one sample, or unanimous waves)
+            return same  # type: ignore[return-value]
         end = min(time.monotonic() + self.timeout_s, deadline_at)
         if self._thread is None:
             return self._merge(answers, end)
@@ -80,5 +85,20 @@ class Voter:
             return [vote_classes(a, "exact", timeout_s=1.0) for a in answers]
 
     def _merge(self, answers: Sequence[Sequence[str | None]], end: float) -> list[Votes]:
-        return [vote_classes(a, self.kind, timeout_s=max(end - time.monotonic(), MIN_TIMEOUT_S), grader=self.grader)
+        return [one_string(a) or vote_classes(a, self.kind, timeout_s=max(end - time.monotonic(), MIN_TIMEOUT_S),
+                                              grader=self.grader)
                 for a in answers]
+
+
+def one_string(answers: Sequence[str | None]) -> Votes | None:
+    """The vote of ``answers`` when they are all one normalised string (or none at all): one class, or
+    none, with no merging to do — what :func:`vote_classes` returns for them, without its work. None
+    when there is something to merge."""
+    first = next((j for j, a in enumerate(answers) if a is not None), None)
+    if first is None:
+        return Votes([None] * len(answers), [], [], [], None, True, 0.0)
+    a = answers[first]
+    if a != normalize_answer(a) or any(b is not None and b != a for b in answers):
+        return None  # several strings, or one that normalises to another (maybe to nothing): vote_classes decides
+    classes: list[int | None] = [None if b is None else 0 for b in answers]
+    return Votes(classes, [a], [first], [len(answers) - classes.count(None)], 0, True, 0.0)
