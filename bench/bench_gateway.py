@@ -8,6 +8,11 @@ own process, with ``max_samples: 1`` so every request is one sample (k = 1).
 Targets (issue 5): throughput through the gateway ≥ 0.9 × direct at concurrency 16, p50 added latency
 ≤ 3 ms, ``Policy.decide`` for one prompt ≤ 1 ms at p99.
 
+Also in-process, with an instant upstream: the gateway's CPU per request (k = 1, above ``GET /health``)
+and per wave of a plan — the same request with the policy's plan replaced by ``none@1x4`` (four waves
+of one sample, no rule: the gateway's work between waves — the vote over answer classes and the rule —
+three more times), ``(CPU(4 waves) − CPU(1 wave)) / 3``.
+
     .venv/bin/python bench/bench_gateway.py [--requests 480] [--concurrency 16] [--max-tokens 16]
                                             [--policy DIR] [--model DIR] [--check]
 
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -86,35 +92,67 @@ class InstantEngine:
         pass
 
 
-def inprocess_overhead(policy_dir: Path, n: int = 400) -> dict[str, float]:
+class FourWaves:
+    """The fitted policy, its every decision's plan replaced by ``none@1x4`` (four waves of one sample)."""
+
+    def __init__(self, policy):
+        from isocompute.app.serving_policy import as_serving_policy
+
+        self.inner = as_serving_policy(policy)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def decide(self, texts, budget, *, probe=None):
+        import dataclasses
+
+        from isocompute.solver.plans import parse_plan
+
+        d = self.inner.decide(texts, budget, probe=probe)
+        return dataclasses.replace(d, plans=(parse_plan("none@1x4"),) * len(texts), k=np.full(len(texts), 4))
+
+
+def inprocess_overhead(policy_dir: Path, n: int = 400, *, waves: bool = False) -> dict[str, float]:
     """Per-request wall and CPU ms of POST /v1/completions (k = 1) through the whole ASGI app with an
-    instant upstream, minus the same for GET /health (client, transport and middleware: the floor)."""
+    instant upstream, minus the same for GET /health (client, transport and middleware: the floor);
+    with ``waves`` also a request whose plan is ``none@1x4`` (``plan4_*``)."""
     from isocompute.app.main import create_app
     from isocompute.app.settings import Settings
     from isocompute.policy.policy import Policy
     from isocompute.training.tiny import build_tokenizer
 
-    app = create_app(Settings(), policy=Policy.load(policy_dir), engine=InstantEngine(build_tokenizer()))
+    policy = Policy.load(policy_dir)
+    app = create_app(Settings(), policy=policy, engine=InstantEngine(build_tokenizer()))
     body = {"model": "isocompute", "prompt": PROMPTS[0], "max_tokens": 16, "budget": 2.0, "max_samples": 1}
+    wave_app = (create_app(Settings(), policy=FourWaves(policy), engine=InstantEngine(build_tokenizer()))
+                if waves else None)
 
     async def go() -> dict[str, float]:
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
-                out = {}
-                for name, call in (("health", lambda: client.get("/health")),
-                                   ("completion", lambda: client.post("/v1/completions", json=body))):
-                    for _ in range(50):
-                        await call()
-                    walls, cpu0 = [], time.process_time()
-                    for _ in range(n):
-                        t0 = time.perf_counter()
-                        r = await call()
-                        walls.append(time.perf_counter() - t0)
-                        assert r.status_code == 200, r.text
-                    out[f"{name}_cpu"] = (time.process_time() - cpu0) / n * 1e3
-                    out[f"{name}_p50"] = float(np.percentile(walls, 50) * 1e3)
-                return out
+        async with contextlib.AsyncExitStack() as stack:
+            clients = {}
+            for name, a in (("gw", app), ("waves", wave_app)):
+                if a is not None:
+                    await stack.enter_async_context(a.router.lifespan_context(a))
+                    clients[name] = await stack.enter_async_context(
+                        httpx.AsyncClient(transport=httpx.ASGITransport(app=a), base_url="http://gw"))
+            calls = [("health", lambda: clients["gw"].get("/health")),
+                     ("completion", lambda: clients["gw"].post("/v1/completions", json=body))]
+            if waves:  # max_samples 4 lets the four waves of one through the cap
+                calls.append(("plan4", lambda: clients["waves"].post("/v1/completions",
+                                                                     json={**body, "max_samples": 4})))
+            out = {}
+            for name, call in calls:
+                for _ in range(50):
+                    await call()
+                walls, cpu0 = [], time.process_time()
+                for _ in range(n):
+                    t0 = time.perf_counter()
+                    r = await call()
+                    walls.append(time.perf_counter() - t0)
+                    assert r.status_code == 200, r.text
+                out[f"{name}_cpu"] = (time.process_time() - cpu0) / n * 1e3
+                out[f"{name}_p50"] = float(np.percentile(walls, 50) * 1e3)
+            return out
 
     return asyncio.run(go())
 
@@ -236,10 +274,13 @@ def main() -> int:
     print(f"policy decision (1 prompt): wall p50 {dec['wall_p50']:.3f} ms, p99 {dec['wall_p99']:.3f} ms; "
           f"thread CPU p50 {dec['cpu_p50']:.3f} ms, p99 {dec['cpu_p99']:.3f} ms  (target p99 ≤ 1 ms; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
-    ov = inprocess_overhead(policy)
+    ov = inprocess_overhead(policy, waves=True)
     print(f"gateway work per request (in-process, instant upstream, k=1): CPU {ov['completion_cpu']:.2f} ms "
           f"vs {ov['health_cpu']:.2f} ms for GET /health → added {ov['completion_cpu'] - ov['health_cpu']:.2f} ms "
           f"CPU; wall p50 added {ov['completion_p50'] - ov['health_p50']:.2f} ms")
+    print(f"gateway work per wave (plan none@1x4 vs one wave): CPU "
+          f"{(ov['plan4_cpu'] - ov['completion_cpu']) / 3:.3f} ms per extra wave "
+          f"({ov['plan4_cpu']:.2f} vs {ov['completion_cpu']:.2f} ms per request)")
     if find_vllm_python() is None:
         print("no vLLM environment (.venv-vllm): run `make vllm-env` for the gateway-overhead part")
         return 1 if args.check else 0

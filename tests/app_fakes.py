@@ -1,11 +1,13 @@
 """Small fakes that isolate the gateway's room in its unit tests (STYLE 14): a policy implementing the
-ServingPolicy contract, an engine with scripted completions and failures, and a TestClient factory."""
+ServingPolicy contract (its decisions carry plans, as the real Decision does), an engine with scripted
+completions and failures, and a TestClient factory."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
+from dataclasses import dataclass
 
 import httpx
 import numpy as np
@@ -14,15 +16,46 @@ from fastapi.testclient import TestClient
 from isocompute.app.main import create_app
 from isocompute.app.settings import Settings
 from isocompute.engines.base import Completion
-from isocompute.policy.policy import Decision
+from isocompute.solver.plans import Plan, parse_plan
 
 ACTIONS = (1, 2, 4, 8, 16)
 
 
-class FakePolicy:
-    """k = the largest action ≤ 2·budget for prompts containing "hard", else the largest ≤ budget/2.
+@dataclass(frozen=True, eq=False)
+class FakeDecision:
+    """A decision in the shape of :class:`isocompute.policy.decision.Decision` (the fields the gateway's
+    :class:`~isocompute.app.serving_policy.PolicyDecision` contract reads)."""
 
-    Implements :class:`isocompute.app.serving_policy.ServingPolicy` (a samples policy, no probe, no extras).
+    k: np.ndarray
+    action_index: np.ndarray
+    plans: tuple[Plan, ...]
+    costs: np.ndarray
+    expected_cost: float
+    lam: float | None = None
+    expected_samples: np.ndarray | None = None
+    expected_waves: np.ndarray | None = None
+    rule: str = "learned"
+    rule_evidence: dict | None = None
+
+
+def decision(plans, *, lam=None, extra_cost=0.0, rule="learned", evidence=None) -> FakeDecision:
+    """The decision for ``plans`` (Plan objects): k = their maximum samples, expected samples = k · 0.75,
+    cost = expected samples + ``extra_cost`` (what a probe would add)."""
+    plans = tuple(plans)
+    k = np.array([p.max_samples for p in plans])
+    samples = 0.75 * k
+    costs = samples + extra_cost
+    return FakeDecision(k=k, action_index=np.arange(len(plans)), plans=plans, costs=costs,
+                        expected_cost=float(costs.mean()), lam=lam, expected_samples=samples,
+                        expected_waves=np.array([p.n_waves * 0.5 for p in plans]), rule=rule, rule_evidence=evidence)
+
+
+class FakePolicy:
+    """k = the largest action ≤ 2·budget for prompts containing "hard", else the largest ≤ budget/2, run
+    as the one-wave plan ``none@k`` — or, with ``plan``, that plan (a name) for every prompt.
+
+    Implements :class:`isocompute.app.serving_policy.ServingPolicy` (a samples policy, no probe, no extras);
+    ``reads`` is what ``needs_features`` answers, ``rule`` the rule its decisions report.
     """
 
     budget_range = (1.0, 16.0)
@@ -32,33 +65,54 @@ class FakePolicy:
     feature_cost = 0.0
     sample_flops = None
 
-    def __init__(self) -> None:
+    def __init__(self, plan: str | None = None, *, reads: bool = True, rule: str = "learned") -> None:
         self.calls: list[tuple[list[str], float]] = []
+        self.plan, self.reads, self.rule = plan, reads, rule
 
     def extra_flops(self, texts):
         return [0.0] * len(texts)
 
+    def needs_features(self, budget):
+        return self.reads
+
     def decide(self, prompts, budget, *, probe=None):
         self.calls.append((list(prompts), float(budget)))
-        ks = []
-        for p in prompts:
-            target = 2 * budget if "hard" in p else budget / 2
-            ks.append(max([a for a in ACTIONS if a <= max(target, 1)]))
-        a = np.array([ACTIONS.index(k) for k in ks])
-        costs = np.array(ks, dtype=float)
-        return Decision(k=np.array(ks), action_index=a, budget=budget, learner="utility", internal_budget=None,
-                        lam=0.01 * budget, costs=costs, expected_cost=float(costs.mean()), cost_unit="samples")
+        if self.plan is not None:
+            plans = [parse_plan(self.plan)] * len(prompts)
+        else:
+            ks = [max([a for a in ACTIONS if a <= max(2 * budget if "hard" in p else budget / 2, 1)])
+                  for p in prompts]
+            plans = [Plan((k,)) for k in ks]
+        d = decision(plans, lam=0.01 * budget, rule=self.rule,
+                     evidence={"rule": self.rule, "budget": float(budget), "reason": "a fake's"})
+        if self.plan is None:  # the one-wave actions of ACTIONS, costing k, as before plans
+            d = FakeDecision(k=d.k, action_index=np.array([ACTIONS.index(k) for k in d.k]), plans=d.plans,
+                             costs=d.k.astype(float), expected_cost=float(d.k.mean()), lam=d.lam,
+                             expected_samples=d.k.astype(float), expected_waves=np.ones(len(d.k)), rule=d.rule,
+                             rule_evidence=d.rule_evidence)
+        return d
 
 
 class FakeEngine:
-    """Answers sample j of every prompt with ``script[j % len(script)]``; records (prompts, n) per call."""
+    """Answers sample j of every prompt with ``script[j % len(script)]`` (``script`` may be a dict: prompt →
+    its script) — j counted within the call, or
+    across a prompt's calls with ``continuing`` (a plan's waves then walk down the script); records
+    (prompts, n) and the seed per call.
+
+    Failures: ``fail`` is raised, and ``delay`` slept, by request calls number ``fail_after`` / ``slow_after``
+    (0-based) and later — so a plan's first wave can succeed and a later one fail or hang.
+    """
 
     name = "fake"
 
     def __init__(self, script=("The answer is 12.",), *, drop: int = 0, fail: Exception | None = None,
-                 delay: float = 0.0, wrong_count: bool = False):
+                 delay: float = 0.0, wrong_count: bool = False, continuing: bool = False, fail_after: int = 0,
+                 slow_after: int = 0):
         self.script, self.drop, self.fail, self.delay, self.wrong_count = script, drop, fail, delay, wrong_count
+        self.continuing, self.fail_after, self.slow_after = continuing, fail_after, slow_after
         self.all_calls: list[tuple[list[str], int]] = []
+        self.seeds: list[int | None] = []  # per request call
+        self.drawn: dict[str, int] = {}  # samples handed out per prompt (continuing)
         self.cancelled: list[list[str]] = []  # prompts of the calls cancelled while in flight
         self.closed = False
 
@@ -69,17 +123,30 @@ class FakeEngine:
 
     async def generate(self, prompts, n, max_tokens, temperature, seed=None):
         self.all_calls.append((list(prompts), n))
-        if self.delay:
+        index = -1 if list(prompts) == ["1 + 1 ="] else len(self.calls) - 1  # among request calls; -1: readiness
+        if index >= 0:
+            self.seeds.append(seed)
+        if self.delay and self._from(index, self.slow_after):
             try:
                 await asyncio.sleep(self.delay)
             except asyncio.CancelledError:
                 self.cancelled.append(list(prompts))
                 raise
-        if self.fail is not None:
+        if self.fail is not None and self._from(index, self.fail_after):
             raise self.fail
-        out = [[Completion(self.script[j % len(self.script)], 10, 5) for j in range(max(n - self.drop, 0))]
-               for _ in prompts]
+        out = []
+        for p in prompts:
+            script = self.script[p] if isinstance(self.script, dict) else self.script
+            start = self.drawn.get(p, 0) if self.continuing else 0
+            m = max(n - self.drop, 0)
+            out.append([Completion(script[(start + j) % len(script)], 10, 5) for j in range(m)])
+            self.drawn[p] = start + m
         return out[:-1] if self.wrong_count else out
+
+    @staticmethod
+    def _from(index, after):
+        """Call ``index`` is at or past ``after`` (readiness calls follow the first request call's fate)."""
+        return index >= after or (index < 0 and after == 0)
 
     async def aclose(self):
         self.closed = True

@@ -227,3 +227,51 @@ def test_concurrent_requests_all_succeed(server):
             return await asyncio.gather(*(one(i) for i in range(64)))
 
     assert asyncio.run(go()) == [200] * 64
+
+
+@pytest.fixture(scope="module")
+def plan_policy():
+    """A real policy over plans: the lead family's menu (60 plans with the uniform ladder), fitted in ~3 s.
+    On these synthetic outcomes its never-worse chain serves the learned rule at budget 2, the fixed plan
+    at 4 and uniform at 8, so the three budgets below see all three rules."""
+    from isocompute.policy.plan_menu import resolve_plans
+    from isocompute.policy.policy import Policy
+    from isocompute.policy.synthetic import synthetic_records
+    from isocompute.solver.outcomes import from_records
+
+    menu = tuple(p.name for p in resolve_plans("lead", (1, 2, 4, 8, 16)))
+    return Policy(learner="utility", n_rounds=20, n_components=8, plans=menu).fit(
+        from_records(synthetic_records(400, 16, seed=0)))
+
+
+def test_a_fitted_plan_policy_runs_its_plans_as_waves(tiny_dir, plan_policy):
+    """The real fitted Policy's plans through the gateway on the real tiny model: each response runs the
+    plan the policy decided (its name, waves, samples), reports the chain's rule with its evidence, and
+    the controller is charged the samples drawn."""
+    from fastapi.testclient import TestClient
+
+    from isocompute.app.main import create_app
+    from isocompute.app.settings import Settings
+
+    s = Settings(engine="transformers", model_dir=tiny_dir, default_max_tokens=4, max_tokens_limit=8,
+                 budget_control=False)
+    prompts = ["What is 2 + 3?", "What is 123 * 45 - 67?"]
+    rules, drawn = set(), []
+    with TestClient(create_app(s, policy=plan_policy)) as c:
+        for budget in (2.0, 4.0, 8.0):
+            body = c.post("/v1/completions", json={"model": "isocompute", "prompt": prompts, "budget": budget,
+                                                   "seed": 3}).json()
+            d = plan_policy.decide(prompts, budget)
+            for choice, plan, es in zip(body["choices"], d.plans, d.expected_samples, strict=True):
+                info = choice["isocompute"]
+                assert info["policy_plan"] == info["plan"] == plan.name and info["policy_k"] == plan.max_samples
+                assert info["waves"] == len(info["wave_sizes"]) and info["k"] == sum(info["wave_sizes"])
+                assert info["wave_sizes"] == list(plan.waves[:info["waves"]]) and info["k"] <= plan.max_samples
+                assert info["stopped"] in (("rule",) if info["k"] < plan.max_samples else ("rule", "plan_end"))
+                assert info["expected_samples"] == pytest.approx(es)
+                assert info["rule"] == d.rule and info["rule_evidence"] == d.rule_evidence
+                drawn.append(info["k"])
+            rules.add(d.rule)
+        ctl = list(c.app.state.gateway.controllers._items.values())
+    assert rules == {"learned", "fixed_plan", "uniform"}
+    assert sum(x.state().mean_cost * x.state().requests for x in ctl) == pytest.approx(sum(drawn))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 import httpx
@@ -19,7 +20,6 @@ from isocompute.app.main import create_app
 from isocompute.app.settings import Settings
 from isocompute.engines.vllm_http import VLLMHTTPEngine
 from isocompute.errors import EngineUnavailable
-from isocompute.policy.policy import Decision
 
 A = "http://a.test:8000"
 
@@ -237,20 +237,21 @@ def test_labels_of_an_evicted_key_are_not_recreated():
 
 
 class ProbePolicy(FakePolicy):
-    """A policy with the greedy-entropy probe (declared cost 0.5 samples)."""
+    """A policy with the greedy-entropy probe (declared cost 0.5 samples). With ``reads=False`` a fallback
+    rule serves: ``decide`` reads no probe and its costs leave the probe out, as the real policy's do."""
 
-    def __init__(self):
+    def __init__(self, reads=True):
         from isocompute.policy.config import ProbeSpec
 
-        super().__init__()
+        super().__init__(reads=reads, rule="learned" if reads else "uniform")
         self.probe = ProbeSpec(max_tokens=2, cost=0.5, prompt_format="plain")
         self.config = SimpleNamespace(cost_unit="samples", probe=self.probe)
 
     def decide(self, prompts, budget, *, probe=None):
-        assert probe is not None and len(probe) == len(prompts)
+        assert (probe is not None) == self.reads and (probe is None or len(probe) == len(prompts))
         d = super().decide(prompts, budget)
-        return Decision(k=d.k, action_index=d.action_index, budget=budget, learner="utility", internal_budget=None,
-                        lam=d.lam, costs=d.costs + 0.5, expected_cost=d.expected_cost + 0.5, cost_unit="samples")
+        paid = 0.5 if self.reads else 0.0
+        return replace(d, costs=d.costs + paid, expected_cost=d.expected_cost + paid)
 
 
 class SlowHTTPEngine(FakeEngine):
@@ -303,6 +304,23 @@ def test_probe_values_reach_the_policy():
         info = c.post("/v1/completions", json=completion(budget=4)).json()["isocompute"]
     assert (info["probe"]["value"], info["probe"]["tokens"]) == (0.42, 1)
     assert info["expected_cost"] == info["k"] + 0.5
+
+
+def test_a_fallback_rule_pays_for_no_probe():
+    """Where the rule serving the budget reads no features (policy.needs_features is False), the probe is
+    not called and not charged: the controller sees the samples alone."""
+    engine = SlowHTTPEngine(delay=0.0)
+    calls = []
+    engine.probe_entropy = lambda *a: calls.append(a)  # must not be reached
+    with make_client(engine, ProbePolicy(reads=False)) as c:
+        info = c.post("/v1/completions", json=completion(budget=4)).json()["isocompute"]
+        [ctl] = c.app.state.gateway.controllers._items.values()
+    assert calls == [] and info["probe"] is None and info["rule"] == "uniform"
+    assert info["expected_cost"] == info["k"] and ctl.state().mean_cost == info["k"]
+    with make_client(SlowHTTPEngine(delay=0.0), ProbePolicy()) as c:
+        c.post("/v1/completions", json=completion(budget=4))
+        [ctl] = c.app.state.gateway.controllers._items.values()
+    assert ctl.state().mean_cost == info["k"] + 0.5  # the learned rule's request pays its probe
 
 
 def test_the_engine_sees_the_requests_deadline():

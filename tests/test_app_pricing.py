@@ -10,7 +10,7 @@ from isocompute.app.serving_policy import FittedPolicy, ServingPolicy, as_servin
 from isocompute.app.settings import Settings
 from isocompute.errors import BudgetError, InputError
 
-LIMITS = Settings(max_samples=64, max_budget=64.0, default_budget=4.0)
+LIMITS = Settings(max_samples=64, max_waves=32, max_budget=64.0, default_budget=4.0)
 
 
 def price(budget=4.0, unit=None, **kw):
@@ -22,9 +22,11 @@ def price(budget=4.0, unit=None, **kw):
 def test_worked_example_of_the_module_docstring():
     plan = price(2e9, "flops", sample_flops=5e8)
     assert (plan.samples, plan.policy_budget, plan.cap) == (4.0, 4.0, 64)
-    assert plan.key == ("anonymous", 2e9, "flops", 64) and plan.label == "anonymous:2e+09flops"
+    assert plan.key == ("anonymous", 2e9, "flops", 64, 32) and plan.label == "anonymous:2e+09flops"
     capped = price(2e9, "flops", sample_flops=5e8, max_samples=2)
-    assert capped.key == ("anonymous", 2e9, "flops", 2) and capped.label == "anonymous:2e+09flops:max2"
+    assert capped.key == ("anonymous", 2e9, "flops", 2, 32) and capped.label == "anonymous:2e+09flops:max2"
+    waves = price(2e9, "flops", sample_flops=5e8, max_waves=3)
+    assert waves.key == ("anonymous", 2e9, "flops", 64, 3) and waves.label == "anonymous:2e+09flops:waves3"
 
 
 def test_samples_to_a_flops_policy_and_back():
@@ -54,6 +56,14 @@ def test_defaults_and_units():
 )
 def test_the_cap_on_samples(kw, cap):
     assert price(**kw).cap == cap
+
+
+@pytest.mark.parametrize(
+    ("kw", "wave_cap"),
+    [({}, 32), ({"max_waves": 3}, 3), ({"max_waves": 100}, 32), ({"temperature": 0.0, "max_waves": 8}, 1)],
+)
+def test_the_cap_on_waves(kw, wave_cap):
+    assert price(**kw).wave_cap == wave_cap
 
 
 @pytest.mark.parametrize(

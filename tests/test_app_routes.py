@@ -2,7 +2,7 @@
 room; tests/test_app_e2e.py runs the real tiny model and a real fitted policy).
 
 The fakes live in ``app_fakes.py`` (shared with test_app_faults.py): the fake policy implements the
-ServingPolicy contract and returns the real :class:`isocompute.policy.policy.Decision`; the fake engine
+ServingPolicy contract and returns decisions in the shape of :class:`isocompute.policy.decision.Decision`; the fake engine
 returns scripted completions and records its calls, so each test can check what went upstream.
 """
 
@@ -37,11 +37,23 @@ def test_majority_vote_first_choice_carries_the_winner():
     assert body["usage"]["completion_tokens"] == 20 and body["usage"]["prompt_tokens"] == 10
 
 
-def test_tie_is_broken_by_first_occurrence():
+def test_tie_is_broken_by_first_occurrence_when_asked():
+    engine = FakeEngine(("The answer is 3.", "The answer is 9."))
+    with make_client(engine, tie_break="first") as c:
+        infos = [c.post("/v1/completions", json=completion(budget=4, seed=s)).json()["isocompute"] for s in range(8)]
+    assert all(i["votes"] == {"3": 1, "9": 1} and i["answer"] == "3" for i in infos)
+
+
+def test_ties_are_a_seeded_uniform_pick_by_default():
+    """The estimators credit t tied classes 1/t each; a uniform pick is its unbiased online match: both
+    tied answers win over seeds, and a seed replays its winner."""
     engine = FakeEngine(("The answer is 3.", "The answer is 9."))
     with make_client(engine) as c:
-        info = c.post("/v1/completions", json=completion(budget=4)).json()["isocompute"]
-    assert info["votes"] == {"3": 1, "9": 1} and info["answer"] == "3"
+        won = [c.post("/v1/completions", json=completion(budget=4, seed=s)).json()["isocompute"]["answer"]
+               for s in range(16)]
+        again = [c.post("/v1/completions", json=completion(budget=4, seed=s)).json()["isocompute"]["answer"]
+                 for s in range(16)]
+    assert set(won) == {"3", "9"} and won == again
 
 
 def test_max_samples_is_a_hard_cap():

@@ -3,6 +3,8 @@
 * ``--upstream`` only: the gateway asks vLLM which checkpoint it serves (``/v1/models`` root) and takes
   the chat template and FLOP accounting from it;
 * the official ``openai`` client, chat and completions, with k samples drawn in one ``n = k`` call;
+* a plan's waves as real upstream calls: a unanimous prompt stops after its first waves (the stopping
+  rule fires), a split one goes on to the plan's end;
 * a dead upstream next to the live one: every request still answers 200 (failover);
 * only a dead upstream: a fast 503 with ``Retry-After``;
 * the fault scenario of issue 12, short: concurrent clients, the server SIGKILLed mid-run and started
@@ -81,14 +83,15 @@ def vllm(servers):
     return servers["a"]
 
 
-def serve(settings, wait_ready=True, apps=None):
-    """Run the gateway on uvicorn in a thread; returns (url, stop). ``apps`` (a list) receives the app."""
+def serve(settings, wait_ready=True, apps=None, policy=None):
+    """Run the gateway on uvicorn in a thread; returns (url, stop). ``apps`` (a list) receives the app;
+    ``policy`` replaces the one ``settings`` name."""
     import uvicorn
 
     from isocompute.app.main import create_app
 
     port = free_port()
-    app = create_app(settings)
+    app = create_app(settings, policy=policy)
     if apps is not None:
         apps.append(app)
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
@@ -139,6 +142,39 @@ def test_openai_client_through_the_gateway_to_vllm(vllm, policy_dir, tiny_dir):
         assert u.model_extra["flops"] == pytest.approx(expected)
     finally:
         stop()
+
+
+def test_a_unanimous_prompt_stops_after_its_first_waves_and_a_split_one_goes_on(vllm, tiny_dir):
+    """A plan (``lead:m=2@1x2,2,4``: waves 1, 1, 2, 4) run as real upstream calls of n = wave size. The
+    tiny model has random weights, so no prompt of its own is easy; near-greedy sampling (temperature
+    0.001: its first token leads the next by 0.035 nats, a factor e^35) stands in for an easy prompt —
+    every sample the same answer — and temperature 1 (a near-uniform first token over ~100) for a
+    hard one. One-token answers; seeded, so the run is reproducible."""
+    from app_fakes import FakePolicy
+
+    from isocompute.app.settings import Settings
+    from isocompute.flops import load_model_flops, request_flops
+
+    url, stop = serve(Settings(engine="vllm-http", upstreams=[vllm.url], default_max_tokens=8, max_tokens_limit=16),
+                      policy=FakePolicy("lead:m=2@1x2,2,4"))
+    try:
+        def ask(temperature):
+            r = httpx.post(f"{url}/v1/completions", timeout=120, json={
+                "model": "isocompute", "prompt": "What is 9 + 9?\n", "budget": 4, "max_tokens": 1,
+                "temperature": temperature, "seed": 7})
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        easy, hard = ask(0.001), ask(1.0)
+    finally:
+        stop()
+    e, h = easy["isocompute"], hard["isocompute"]
+    assert (e["waves"], e["wave_sizes"], e["k"], e["stopped"]) == (2, [1, 1], 2, "rule")
+    assert list(e["votes"].values()) == [2] and easy["usage"]["completion_tokens"] == 2
+    assert (h["waves"], h["wave_sizes"], h["k"], h["stopped"]) == (4, [1, 1, 2, 4], 8, "plan_end")
+    assert h["samples_received"] == 8 and hard["usage"]["completion_tokens"] == 8
+    u = hard["usage"]  # prefix caching (vLLM's default): one prefill for the plan's four calls
+    assert u["flops"] == pytest.approx(request_flops(load_model_flops(tiny_dir), u["prompt_tokens"], [1] * 8))
 
 
 def test_dead_upstream_beside_a_live_one_is_invisible(vllm, policy_dir):

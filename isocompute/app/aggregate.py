@@ -1,12 +1,15 @@
 """Turn k sampled answers into one: plurality vote, or best-of-k under a verifier score.
 
-Majority (plurality) vote counts each extracted answer; samples with no extractable answer (``None``)
-do not vote. Ties between the most frequent answers are broken deterministically:
+Majority (plurality) vote counts each answer label — an extracted answer, or (in the gateway) its
+equivalence class id; samples with no answer (``None``) do not vote. Ties between the most frequent
+answers are broken by ``tie_break``:
 
-* ``tie_break="first"`` (default): the tied answer whose first occurrence comes earliest in sample
-  order wins. Same samples in the same order → same winner, with no randomness at all.
-* ``tie_break="seeded"``: a uniformly random tied answer, drawn with ``numpy.random.default_rng(seed)``;
-  the same seed gives the same winner.
+* ``tie_break="first"``: the tied answer whose first occurrence comes earliest in sample order wins.
+  Same samples in the same order → same winner, with no randomness at all.
+* ``tie_break="seeded"`` (the gateway's default): a uniformly random tied answer, drawn with
+  ``numpy.random.default_rng(seed)``; the same seed gives the same winner, no seed a fresh draw. The
+  offline estimators give each of t tied answers credit 1/t, which is exactly the expected accuracy of
+  this uniform pick (``first`` is biased toward answers the model tends to give early).
 
 The representative sample of the winner is the first sample that gave it: its text is what the client
 receives. Worked example::
@@ -18,13 +21,13 @@ receives. Worked example::
 Best-of-k picks the sample with the highest verifier score (first one on ties); an answer-less sample
 can still win best-of if the verifier scores it highest, since the verifier judges the whole text.
 
-What it ignores: answer normalisation (``isocompute.tasks`` extracts and normalises; here answers are
-compared as exact strings) and weighting votes by score.
+What it ignores: answer equivalence (:mod:`isocompute.app.voting` merges answers into classes first;
+here labels are compared as they are) and weighting votes by score.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -42,15 +45,15 @@ class Vote:
     ``n_valid`` counts samples with an answer; ``tied`` says whether the winner was decided by a tie-break.
     """
 
-    answer: str | None
+    answer: Hashable | None
     index: int
-    counts: dict[str, int] = field(default_factory=dict)
+    counts: dict[Hashable, int] = field(default_factory=dict)
     n_valid: int = 0
     tied: bool = False
 
 
 def majority_vote(
-    answers: Sequence[str | None], *, tie_break: TieBreak = "first", seed: int | None = None
+    answers: Sequence[Hashable | None], *, tie_break: TieBreak = "first", seed: int | None = None
 ) -> Vote:
     """Plurality vote over ``answers`` (see the module docstring for ties and ``None``).
 
@@ -60,8 +63,8 @@ def majority_vote(
         raise ValueError("majority_vote needs at least one sample")
     if tie_break not in ("first", "seeded"):
         raise ValueError(f"tie_break must be 'first' or 'seeded'; got {tie_break!r}")
-    counts: dict[str, int] = {}
-    first: dict[str, int] = {}
+    counts: dict[Hashable, int] = {}
+    first: dict[Hashable, int] = {}
     for i, a in enumerate(answers):
         if a is None:
             continue
@@ -79,7 +82,7 @@ def majority_vote(
                 tied=len(tied) > 1)
 
 
-def best_of(answers: Sequence[str | None], scores: Sequence[float]) -> Vote:
+def best_of(answers: Sequence[Hashable | None], scores: Sequence[float]) -> Vote:
     """The sample with the highest verifier score (the earliest one among equal scores).
 
     ``counts`` still reports the plurality counts so clients can see agreement alongside the score.
@@ -90,7 +93,7 @@ def best_of(answers: Sequence[str | None], scores: Sequence[float]) -> Vote:
     if not np.all(np.isfinite(s)):
         raise ValueError("verifier scores must be finite")
     idx = int(np.argmax(s))  # argmax returns the first maximum
-    counts: dict[str, int] = {}
+    counts: dict[Hashable, int] = {}
     for a in answers:
         if a is not None:
             counts[a] = counts.get(a, 0) + 1

@@ -1,11 +1,8 @@
-"""Running a routed request upstream, within its deadline, with every failure mapped to 502/503/504.
+"""Running upstream calls within a request's deadline, with every failure mapped to 502/503/504.
 
-:func:`execute` runs a request's samples: today **one wave** — for each distinct k, the prompts with
-that k go upstream together in ONE ``engine.generate(prompts, n=k, …)`` call (a single prompt → a single
-call), so the engine shares each prompt's prefix across its k samples. A plan (a schedule of waves,
-e.g. 1, 1, 2, 4, 8, with a stopping rule checked on the vote between waves) becomes a loop over
-:func:`run_wave` here, each wave asking only the prompts whose rule has not fired yet; the gateway's
-routing and accounting read the samples that came back, however many waves drew them.
+:func:`run_wave` draws one wave: for each distinct wave size n, the prompts with that n go upstream
+together in ONE ``engine.generate(prompts, n, …)`` call, so the engine shares each prompt's prefix across
+its n samples. A plan's waves are a loop over it (:mod:`isocompute.app.plan_run`).
 
 Every await on an upstream goes through :meth:`Backend.call`: one :class:`Deadline` per request (set
 when the request arrives; the probe call and the waves share it, so no request outlives it; the engine
@@ -52,7 +49,7 @@ from isocompute.engines.base import (
 )
 from isocompute.errors import EngineUnavailable, InputError
 
-__all__ = ["Backend", "Deadline", "execute", "run_wave"]
+__all__ = ["Backend", "Deadline", "run_wave"]
 
 log = logging.getLogger("isocompute.app")
 T = TypeVar("T")
@@ -138,13 +135,3 @@ async def run_wave(engine: Engine, prompts: list[str], ns: list[int], *, max_tok
         for i, comps in zip(idx, out, strict=True):
             results[i] = list(comps)
     return results
-
-
-async def execute(backend: Backend, prompts: list[str], ks: list[int], *, max_tokens: int, temperature: float,
-                  seed: int | None, deadline: Deadline) -> list[list[Completion]]:
-    """Every prompt's samples for its k: today one wave of n = k (module docstring)."""
-    t0 = time.perf_counter()
-    out = await backend.call(run_wave(backend.engine, prompts, ks, max_tokens=max_tokens, temperature=temperature,
-                                      seed=seed), deadline=deadline, what="the sampling call")
-    backend.metrics.upstream_latency.observe(time.perf_counter() - t0)
-    return out

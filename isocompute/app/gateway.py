@@ -1,28 +1,36 @@
-"""The gateway's work behind the routes: price → decide → execute → vote → account.
+"""The gateway's work behind the routes: price → decide → run the plans → vote → account.
 
 For a request with prompts ``x_1 … x_P``, arriving with a deadline ``upstream_timeout_s`` away:
 
 1. **price** (:func:`isocompute.app.pricing.price_request`): the budget in samples and in the policy's
-   unit, checked against the server's and the policy's limits; the cap on samples per prompt; the
-   budget controller's key;
+   unit, checked against the server's and the policy's limits; the caps on samples and on waves per
+   prompt; the budget controller's key;
 2. **decide**: the key's :class:`~isocompute.app.budget_control.BudgetController` gives the internal
-   budget ``b`` (the priced budget itself when control is off), the policy's probe runs when it has one,
-   and ``policy.decide(texts, b)`` returns an action (k) per prompt, λ and the expected cost — the
-   policy is reached only through :class:`~isocompute.app.serving_policy.ServingPolicy`; k is capped;
-3. **execute** (:func:`isocompute.app.execute.execute`): the samples, upstream, within the deadline;
-4. **vote**: every sample's answer is extracted (``isocompute.tasks.extract.extract_answer``) and voted
-   on (``app.aggregate``); the winning sample's text is the answer. Samples that failed upstream (fewer
-   than k returned, or ``finish_reason`` ``error``/``abort``) are left out and the answer says ``partial``;
-5. **account**: the realised cost (k in samples; prefill once + every decode in FLOPs) goes to the
-   controller, FLOPs and samples to the metrics and the response.
+   budget ``b`` (the priced budget itself when control is off); when the rule serving ``b`` reads the
+   prompt features (``policy.needs_features(b)``) the policy's probe runs, if it has one; then
+   ``policy.decide(texts, b)`` returns a plan per prompt, λ, the expected cost and the rule of the
+   never-worse chain that decided — the policy is reached only through
+   :class:`~isocompute.app.serving_policy.ServingPolicy`; each plan is cut to the caps (``Plan.capped``);
+3. **run the plans** (:func:`isocompute.app.plan_run.run_plans`): waves of samples upstream within the
+   deadline, each prompt's answers merged into equivalence classes (:mod:`isocompute.app.voting`) and
+   its stopping rule checked between waves;
+4. **vote**: the plurality over answer classes (ties: ``tie_break``, by default a seeded random pick —
+   the offline estimators give t tied classes 1/t of the credit each, and a uniform pick is the
+   unbiased match) or best-of under the verifier; the winning sample's text is the answer. Samples that
+   failed upstream (fewer returned, or ``finish_reason`` ``error``/``abort``) do not vote and the answer
+   says ``partial``;
+5. **account**: what was actually spent — the samples the waves drew, not the plan's maximum (samples;
+   in FLOPs each wave's decodes plus the prompt's prefill, once per plan with ``prefix_caching``, else
+   once per wave) — goes to the controller, the metrics and the response.
 
 A policy with a probe feature needs one cheap model call per prompt before it can decide, and a policy
 with extra feature blocks computes them inside ``decide`` (:mod:`isocompute.app.extras`). Both are part
-of the request's cost: ``expected_cost`` includes their declared costs (the policy adds them to every
-action), ``flops`` and ``usage.flops`` their FLOPs, the controller is charged k + their cost, and
-``isocompute.probe`` itemises the probe. A ``decide`` with extra blocks runs in the gateway's one decide
-worker thread, off the event loop (the encoder takes milliseconds per prompt); a text-only policy
-decides inline (~0.5 ms).
+of the request's cost when the serving rule reads them: ``expected_cost`` includes their declared costs,
+``flops`` and ``usage.flops`` their FLOPs, the controller is charged the samples + their cost, and
+``isocompute.probe`` itemises the probe. Where a fallback rule serves (``fixed_plan``, ``uniform``),
+neither runs and nothing is charged for them. A ``decide`` with extra blocks runs in the gateway's one
+decide worker thread, off the event loop (the encoder takes milliseconds per prompt); a text-only
+policy decides inline (~0.5 ms).
 
 Ignores: streaming and stop strings.
 """
@@ -34,80 +42,30 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
-from isocompute.app.aggregate import Vote, best_of, majority_vote
+from isocompute.app.answer import Answer, Verifier, answer_info, pick_sample, plan_flops
 from isocompute.app.auth import Principal
 from isocompute.app.budget_control import BudgetController, ControllerBank
 from isocompute.app.chat import policy_text, render_chat
 from isocompute.app.errors import ModelNotFound
-from isocompute.app.execute import Backend, Deadline, execute
+from isocompute.app.execute import Backend, Deadline
 from isocompute.app.extras import FeatureCall, ProbeCall, feature_call, probe_call
 from isocompute.app.metrics import Metrics
+from isocompute.app.plan_run import SEED_MODULUS, PlanRun, run_plans
 from isocompute.app.pricing import BudgetPlan, budget_unit, price_request
 from isocompute.app.readiness import UpstreamHealth
-from isocompute.app.schemas import ChatMessage, IsoComputeInfo, ProbeInfo
+from isocompute.app.routing import Routing
+from isocompute.app.schemas import ChatMessage
 from isocompute.app.serving_policy import PolicyDecision, ServingPolicy, as_serving_policy
 from isocompute.app.settings import Settings
-from isocompute.engines.base import Completion, Engine, UpstreamBadResponse
+from isocompute.app.voting import Voter
+from isocompute.engines.base import Engine, UpstreamBadResponse
 from isocompute.errors import EngineUnavailable, InputError
 
 __all__ = ["Answer", "FeatureCall", "Gateway", "ProbeCall", "Routing", "Verifier", "policy_text", "render_chat"]
-
-FAILED_REASONS = frozenset({"error", "abort"})
-SEED_MODULUS = 2**31
-
-
-class Verifier(Protocol):
-    """Scores complete samples for ``strategy="best_of"`` (higher is better)."""
-
-    def score(self, prompt: str, texts: list[str]) -> list[float]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Routing:
-    """The decision for one request: its priced budget; per prompt the samples to draw (k, capped), the
-    k the policy asked for, the action and its expected cost (policy unit, probe included); λ (None for
-    a classifier policy, whose knob is the internal budget); the internal budget handed to the policy and
-    the key's controller; the probe call and the extra features when the policy has them."""
-
-    plan: BudgetPlan
-    ks: list[int]
-    policy_ks: list[int]
-    actions: list[int]
-    costs: list[float]
-    lam: float | None
-    expected_cost: float
-    internal_budget: float
-    controller: BudgetController
-    probe: ProbeCall | None = None
-    features: FeatureCall | None = None
-
-    @classmethod
-    def of(cls, decision: PolicyDecision, plan: BudgetPlan, n: int, **rest: Any) -> Routing:
-        policy_ks = [int(k) for k in np.asarray(decision.k).reshape(-1)]
-        actions = [int(a) for a in np.asarray(decision.action_index).reshape(-1)]
-        costs = [float(c) for c in np.asarray(decision.costs, dtype=float).reshape(-1)]
-        if not (len(policy_ks) == len(actions) == len(costs) == n):
-            raise RuntimeError(f"policy returned {len(policy_ks)} decisions for {n} prompts")
-        lam = None if decision.lam is None else float(decision.lam)
-        return cls(plan, [max(1, min(k, plan.cap)) for k in policy_ks], policy_ks, actions, costs, lam,
-                   float(decision.expected_cost), **rest)
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """One prompt's aggregated answer, ready to become a response choice."""
-
-    text: str
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-    flops: float | None
-    info: IsoComputeInfo
 
 
 class Gateway:
@@ -125,6 +83,7 @@ class Gateway:
         model_flops: Any = None,
         context_limit: int | None = None,
         verifier: Verifier | None = None,
+        grader: Any = None,
     ) -> None:
         self.policy: ServingPolicy | None = None if policy is None else as_serving_policy(policy)
         self.engine = engine
@@ -140,11 +99,15 @@ class Gateway:
         self.controllers = ControllerBank(max_keys=settings.control_max_keys,
                                           on_evict=lambda key: metrics.forget(self._labels.pop(key, "")))
         self._labels: dict[Any, str] = {}
+        self.voter = Voter(settings.answer_kind, timeout_s=settings.vote_timeout_s, grader=grader)
         self._decide_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="isocompute-decide")
 
     def close(self) -> None:
-        """Stop the decide worker (requests still running in it finish first)."""
-        self._decide_pool.shutdown(wait=True, cancel_futures=True)
+        """Stop the decide and vote workers (requests still running in them finish first)."""
+        try:
+            self._decide_pool.shutdown(wait=True, cancel_futures=True)
+        finally:
+            self.voter.close()
 
     def deadline(self) -> Deadline:
         """A new request's deadline: ``upstream_timeout_s`` from now."""
@@ -233,30 +196,34 @@ class Gateway:
         deadline: Deadline,
         prompt_tokens: list[int] | None = None,
         policy_prompts: list[str] | None = None,
+        max_waves: int | None = None,
     ) -> Routing:
-        """Decide k for every prompt (module docstring, steps 1–2). Raises BudgetError / PermissionDenied.
+        """Decide a plan for every prompt (module docstring, steps 1–2). Raises BudgetError / PermissionDenied.
 
         ``policy_prompts`` (default ``prompts``) is the text the policy sees: for chat, the question
         without the chat template (see :func:`policy_text`). A probe policy's probe call happens here,
-        after the budget checks, so a refused request costs no model call.
+        after the budget checks (so a refused request costs no model call), and only when the rule
+        serving the budget reads it.
         """
         policy = self._loaded_policy()  # one policy for the whole request, whatever /admin/reload does
         texts = prompts if policy_prompts is None else policy_prompts
-        plan = self._price(policy, principal, budget, unit, max_samples, max_tokens, temperature, prompt_tokens)
+        plan = self._price(policy, principal, budget, unit, max_samples, max_waves, max_tokens, temperature,
+                           prompt_tokens)
         ctl = self._controller(plan, policy)
         internal = ctl.internal if self.settings.budget_control else plan.policy_budget
+        reads = policy.needs_features(internal)
         probe = None
-        if policy.probe is not None:
+        if reads and policy.probe is not None:
             probe = await probe_call(self.backend, texts, policy.probe, plan, deadline, tokenizer=self.tokenizer,
                                      model_flops=self.model_flops)
-        decision, features = await self._decide(policy, texts, internal, probe, plan)
+        decision, features = await self._decide(policy, texts, internal, probe, plan, reads)
         routing = Routing.of(decision, plan, len(prompts), internal_budget=float(internal), controller=ctl,
                              probe=probe, features=features)
         self._export(routing)
         return routing
 
     def _price(self, policy: ServingPolicy, principal: Principal, budget: float | None, unit: str | None,
-               max_samples: int | None, max_tokens: int, temperature: float,
+               max_samples: int | None, max_waves: int | None, max_tokens: int, temperature: float,
                prompt_tokens: list[int] | None) -> BudgetPlan:
         s = self.settings
         resolved = budget_unit(budget, unit, s.default_budget_unit)
@@ -264,7 +231,7 @@ class Gateway:
                  else self._sample_flops(policy, prompt_tokens, max_tokens))
         plan = price_request(budget, resolved, caller=principal.name, policy_range=policy.budget_range,
                              policy_unit=policy.cost_unit, sample_flops=flops, limits=s, max_samples=max_samples,
-                             temperature=temperature, max_tokens=max_tokens)
+                             temperature=temperature, max_tokens=max_tokens, max_waves=max_waves)
         principal.check_budget(plan.samples)
         return plan
 
@@ -282,14 +249,16 @@ class Gateway:
         return self.controllers.get(plan.key, make)
 
     async def _decide(self, policy: ServingPolicy, texts: list[str], internal: float, probe: ProbeCall | None,
-                      plan: BudgetPlan) -> tuple[PolicyDecision, FeatureCall | None]:
+                      plan: BudgetPlan, reads: bool) -> tuple[PolicyDecision, FeatureCall | None]:
+        """``policy.decide``; ``reads``: the serving rule reads the features (then the extra blocks are
+        computed, and paid for)."""
         def decide() -> tuple[PolicyDecision, FeatureCall | None]:
             t0 = time.perf_counter()
             decision = policy.decide(texts, internal, probe=None if probe is None else np.asarray(probe.values))
             self.metrics.decision.observe(time.perf_counter() - t0)
-            return decision, feature_call(policy, texts, plan)
+            return decision, feature_call(policy, texts, plan) if reads else None
 
-        if policy.feature_extras:
+        if reads and policy.feature_extras:
             # a model call per prompt (milliseconds): off the event loop, one at a time (decide is not
             # written to run concurrently with itself)
             return await asyncio.get_running_loop().run_in_executor(self._decide_pool, decide)
@@ -321,58 +290,46 @@ class Gateway:
         strategy: str,
         deadline: Deadline,
     ) -> list[Answer]:
-        """Sample, vote and account for every prompt of a routed request (module docstring, steps 3–5)."""
+        """Run, vote and account for every prompt of a routed request (module docstring, steps 3–5)."""
         if strategy == "best_of" and self.verifier is None:
             raise InputError("strategy 'best_of' needs a verifier and this server has none configured; "
                              "use strategy 'majority'")
-        results = await execute(self.backend, prompts, routing.ks, max_tokens=max_tokens, temperature=temperature,
-                                seed=seed, deadline=deadline)
-        return [self._answer(prompts[i], results[i], routing, i, strategy, seed) for i in range(len(prompts))]
+        runs = await run_plans(self.backend, prompts, routing.plans, routing.policy_plans, voter=self.voter,
+                               extract=self.extract, max_tokens=max_tokens, temperature=temperature, seed=seed,
+                               deadline=deadline)
+        return [self._answer(prompts[i], runs[i], routing, i, strategy, seed) for i in range(len(prompts))]
 
-    def _answer(self, prompt: str, comps: list[Completion], routing: Routing, i: int, strategy: str,
+    def _answer(self, prompt: str, run: PlanRun, routing: Routing, i: int, strategy: str,
                 seed: int | None) -> Answer:
-        k = routing.ks[i]
-        ok = [c for c in comps if c.finish_reason not in FAILED_REASONS][:k]
+        ok = run.usable
         if not ok:
             self.metrics.upstream_errors.labels("bad_response").inc()
-            raise UpstreamBadResponse(f"upstream {self.engine.name} returned no usable sample of {k}; "
+            raise UpstreamBadResponse(f"upstream {self.engine.name} returned no usable sample of {run.drawn}; "
                                       "check the upstream server and retry")
-        if len(ok) < k:
+        if len(ok) < run.drawn:
             self.metrics.upstream_errors.labels("partial").inc()
-        answers = [self.extract(c.text) for c in ok]
-        vote: Vote
-        if strategy == "best_of":
-            assert self.verifier is not None
-            vote = best_of(answers, self.verifier.score(prompt, [c.text for c in ok]))
-        else:
-            vote = majority_vote(answers, tie_break=self.settings.tie_break, seed=seed)
-        chosen = ok[vote.index]
-        drawn = comps[:k]  # what was generated (and paid for): at most k samples
-        prompt_tokens = max(c.prompt_tokens for c in drawn)
-        completion_tokens = sum(c.completion_tokens for c in drawn)
-        flops = self._flops(routing, i, prompt_tokens, [c.completion_tokens for c in drawn])
-        self.metrics.k.observe(k)
-        self.metrics.samples.inc(k)
-        self._charge(routing, i, k, flops)
-        pr = routing.probe
-        info = IsoComputeInfo(
-            action=routing.actions[i], k=k, policy_k=routing.policy_ks[i], strategy=strategy,  # type: ignore[arg-type]
-            answer=vote.answer, votes=vote.counts, samples_received=len(ok), partial=len(ok) < k,
-            lambda_=routing.lam, budget=routing.plan.budget, budget_unit=routing.plan.unit,  # type: ignore[arg-type]
-            internal_budget=routing.internal_budget, expected_cost=routing.costs[i],
-            policy_unit=routing.plan.policy_unit, flops=flops,  # type: ignore[arg-type]
-            probe=None if pr is None else ProbeInfo(name=pr.name, value=pr.values[i], tokens=pr.tokens[i],
-                                                    cost=pr.declared_cost, flops=pr.flops[i]),
-        )
+        picked = pick_sample(run, strategy, tie_break=self.settings.tie_break, seed=seed, prompt=prompt,
+                             verifier=self.verifier)
+        chosen = run.samples[picked.index]
+        assert chosen is not None
+        got = [c for c in run.samples if c is not None]
+        prompt_tokens = max(c.prompt_tokens for c in got)
+        completion_tokens = sum(c.completion_tokens for c in got)
+        flops = self._flops(routing, i, prompt_tokens, run)
+        m = self.metrics
+        m.k.observe(run.drawn)
+        m.samples.inc(run.drawn)
+        m.waves.observe(len(run.wave_sizes))
+        m.stops.labels(run.stopped or "plan_end").inc()
+        self._charge(routing, i, run.drawn, flops)
+        info = answer_info(run, routing, i, picked, strategy=strategy, flops=flops)
         return Answer(chosen.text, chosen.finish_reason, prompt_tokens, completion_tokens, flops, info)
 
-    def _flops(self, routing: Routing, i: int, prompt_tokens: int, completion_tokens: list[int]) -> float | None:
-        """The prompt's FLOPs: its samples (prefill once + every decode), its probe call and extra features."""
+    def _flops(self, routing: Routing, i: int, prompt_tokens: int, run: PlanRun) -> float | None:
+        """The prompt's FLOPs: its waves (:func:`plan_flops`), its probe call and extra features."""
         if self.model_flops is None:
             return None
-        from isocompute.flops import request_flops
-
-        flops = float(request_flops(self.model_flops, prompt_tokens, completion_tokens))
+        flops = plan_flops(self.model_flops, prompt_tokens, run, prefix_caching=self.settings.prefix_caching)
         pr, fe = routing.probe, routing.features
         if pr is not None and pr.flops[i] is not None:
             flops += float(pr.flops[i])  # type: ignore[arg-type]
@@ -394,12 +351,16 @@ class Gateway:
         if st.mean_cost is not None:
             self.metrics.mean_cost.labels(plan.label).set(st.mean_cost)
 
-    def _charge(self, routing: Routing, i: int, k: int, flops: float | None) -> None:
-        """Charge the key's controller what the prompt cost, in the request's unit. Without the model's
-        config a FLOP budget is charged the action's expected cost (probe and extras included)."""
+    def _charge(self, routing: Routing, i: int, drawn: int, flops: float | None) -> None:
+        """Charge the key's controller what the prompt cost, in the request's unit: the samples its waves
+        drew (not the plan's maximum) plus the probe and extra features it paid for; a FLOP budget its
+        measured FLOPs, or without the model's config the samples at the conversion's FLOPs each."""
         plan, pr, fe = routing.plan, routing.probe, routing.features
         paid = (0.0 if pr is None else pr.costs[i]) + (0.0 if fe is None else fe.costs[i])
-        cost = float(k) + paid if plan.unit == "samples" else (flops if flops is not None else routing.costs[i])
+        if plan.unit == "samples":
+            cost = float(drawn) + paid
+        else:
+            cost = flops if flops is not None else plan.in_request_unit(float(drawn), "samples") + paid
         if not math.isfinite(cost):
             return
         routing.controller.observe(cost)

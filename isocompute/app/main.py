@@ -2,8 +2,9 @@
 
 The lifespan (not the import, not ``create_app``) reads the API keys, loads the policy
 (``Policy.load(policy_dir)``), builds the engine (``engines.registry.make_engine``), finds the model's
-tokenizer (for chat templates and prompt-length checks) and its config (for FLOP accounting), and
-starts the readiness task (:mod:`isocompute.app.readiness`), which keeps checking the upstream with real
+tokenizer (for chat templates and prompt-length checks) and its config (for FLOP accounting), starts
+the math-verify pool when answers are merged as ``math`` (``answer_kind``; a missing or broken
+math-verify stops the start-up with the fix), and starts the readiness task (:mod:`isocompute.app.readiness`), which keeps checking the upstream with real
 requests. Shutdown stops that task and closes the gateway and the engine it built — each step even when
 an earlier one fails or the shutdown itself is cancelled. Tests can pass an already-built
 ``policy``/``engine`` (they are then not closed) or override the route dependencies.
@@ -105,6 +106,19 @@ async def upstream_model_dir(engine: Engine, timeout: float = 10.0) -> Path | No
     return path if path is not None and (path / "config.json").is_file() else None
 
 
+def start_grader(s: Settings) -> Any:
+    """The math-verify pool for ``answer_kind = "math"`` (started now, so a broken install fails the start-up
+    with its fix, not the first request), else None. Its per-item timeout is the vote's; a hung worker is
+    killed a second after its items' time."""
+    if s.answer_kind != "math":
+        return None
+    from isocompute.tasks.grading import Grader
+
+    grader = Grader(workers=s.grade_workers, timeout=s.vote_timeout_s, grace=1.0)
+    grader.__enter__()
+    return grader
+
+
 def build_keystore(s: Settings) -> KeyStore:
     records = list(s.api_keys)
     if s.api_keys_file is not None:
@@ -132,9 +146,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = BatchingEngine(engine, max_rows=s.batch_max_rows)
     model_dir = s.model_dir or await upstream_model_dir(engine)
     tokenizer, model_flops, context = await asyncio.to_thread(model_facts, engine, model_dir)
+    grader = await asyncio.to_thread(start_grader, s)
     gw = Gateway(policy=policy, engine=engine, settings=s, metrics=app.state.metrics, extract=extract_answer,
                  tokenizer=tokenizer, model_flops=model_flops, context_limit=context,
-                 verifier=injected["verifier"])
+                 verifier=injected["verifier"], grader=grader)
     app.state.gateway = gw
     # Move what startup loaded (policy, features, tokenizer) out of the GC's young generations: rare
     # 50-70 ms full collections traversing them were seen inside decide.
@@ -154,8 +169,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             try:
                 gw.close()
             finally:
-                if owned:
-                    await engine.aclose()
+                try:
+                    if grader is not None:
+                        await asyncio.to_thread(grader.close)
+                finally:
+                    if owned:
+                        await engine.aclose()
 
 
 def create_app(

@@ -5,10 +5,12 @@ metric                                 kind       labels / meaning
 =====================================  =========  ====================================================
 isocompute_requests_total              counter    route, status: requests answered
 isocompute_request_latency_seconds     histogram  route: wall time from request to response
-isocompute_upstream_latency_seconds    histogram  the sampling call of a request
+isocompute_upstream_latency_seconds    histogram  one wave's sampling call
 isocompute_policy_decision_seconds     histogram  ``Policy.decide`` inside a request
-isocompute_k_chosen                    histogram  samples k per prompt after caps
+isocompute_k_chosen                    histogram  samples drawn per prompt, all waves of its plan
 isocompute_samples_total               counter    samples requested upstream
+isocompute_waves                       histogram  waves (upstream calls) per prompt's plan
+isocompute_plan_stops_total            counter    reason (rule, plan_end, cap, deadline, upstream_error)
 isocompute_flops_total                 counter    FLOPs spent (prefill once + every decode)
 isocompute_lambda                      gauge      budget_key: λ of the last decision
 isocompute_internal_budget             gauge      budget_key: the controller's internal budget
@@ -19,7 +21,7 @@ isocompute_upstream_errors_total       counter    kind (timeout, circuit_open, u
 
 ``budget_key`` is ``"<key name>:<budget><unit>"`` (e.g. ``anonymous:4samples``), with ``:max<cap>`` when
 the request's cap on samples is below the server's (``anonymous:4samples:max2``; greedy requests are
-capped at 1); labels of keys the controller bank evicts are removed and never set again by a request
+capped at 1) and ``:waves<cap>`` when its cap on waves is; labels of keys the controller bank evicts are removed and never set again by a request
 still in flight, so the label set stays bounded by ``control_max_keys``.
 """
 
@@ -48,8 +50,12 @@ class Metrics:
                                           buckets=LATENCY_BUCKETS, registry=r)
         self.decision = Histogram("isocompute_policy_decision_seconds", "Policy.decide wall time",
                                   buckets=DECISION_BUCKETS, registry=r)
-        self.k = Histogram("isocompute_k_chosen", "Samples k per prompt", buckets=K_BUCKETS, registry=r)
+        self.k = Histogram("isocompute_k_chosen", "Samples drawn per prompt (all waves)", buckets=K_BUCKETS,
+                           registry=r)
         self.samples = Counter("isocompute_samples", "Samples requested upstream", registry=r)
+        self.waves = Histogram("isocompute_waves", "Waves (upstream calls) per prompt's plan", buckets=K_BUCKETS,
+                               registry=r)
+        self.stops = Counter("isocompute_plan_stops", "Plans stopped, by reason", ["reason"], registry=r)
         self.flops = Counter("isocompute_flops", "FLOPs spent upstream", registry=r)
         self.lam = Gauge("isocompute_lambda", "λ of the last decision", ["budget_key"], registry=r)
         self.internal_budget = Gauge("isocompute_internal_budget", "Controller's internal budget",

@@ -12,16 +12,18 @@ which measures the error in the request's unit, corrects the conversion online).
 ``B_samples ≤ max_budget`` (the server's limit is in samples), then ``B_policy`` inside the policy's
 calibrated range.
 
-The cap on samples per prompt is ``min(server max_samples, request max_samples)``, and 1 at temperature
-0: greedy samples are all the same sample, so the engine draws one and one is charged. The budget
-controller's key is ``(caller, B, u, cap)``: a capped request cannot spend what an uncapped one can, so
-capped traffic gets its own controller instead of pulling everyone's internal budget to the top of its
-range.
+The cap on samples per prompt (all of a plan's waves together) is ``min(server max_samples, request
+max_samples)``, and the cap on waves ``min(server max_waves, request max_waves)``; both are 1 at
+temperature 0: greedy samples are all the same sample, so the engine draws one and one is charged. The
+budget controller's key is ``(caller, B, u, cap, wave cap)``: a capped request cannot spend what an
+uncapped one can, so capped traffic gets its own controller instead of pulling everyone's internal
+budget to the top of its range.
 
 Worked example: ``B = 2e9`` FLOPs, a samples policy calibrated on [1, 16], ``s = 5e8`` →
-``B_samples = B_policy = 4``; at temperature 0.7 with no request cap and a server cap of 64 the key is
-``("anonymous", 2e9, "flops", 64)``, labelled ``anonymous:2e+09flops``; with ``max_samples = 2`` it is
-``(…, 2)``, labelled ``anonymous:2e+09flops:max2``.
+``B_samples = B_policy = 4``; at temperature 0.7 with no request cap and server caps of 64 samples and
+32 waves the key is ``("anonymous", 2e9, "flops", 64, 32)``, labelled ``anonymous:2e+09flops``; with
+``max_samples = 2`` it is ``(…, 2, 32)``, labelled ``anonymous:2e+09flops:max2``, and with ``max_waves = 3``
+``(…, 64, 3)``, labelled ``anonymous:2e+09flops:waves3``.
 
 Ignores: the caller's own limit (``Principal.check_budget``: a permission, checked by the gateway), and
 the price of the probe and extra features, which the policy already adds to every action's cost
@@ -45,7 +47,8 @@ class BudgetPlan:
     ``budget``/``unit``: ``B`` and ``u`` as the request means them (the server default when it sent
     none); ``samples``: ``B_samples``; ``policy_budget``/``policy_unit``: ``B_policy`` and ``p``;
     ``sample_flops``: ``s`` (None when both units are samples and it was not needed); ``cap``: the most
-    samples per prompt; ``key``/``label``: the budget controller's key and its metric label.
+    samples per prompt; ``wave_cap``: the most waves per prompt; ``key``/``label``: the budget
+    controller's key and its metric label.
     """
 
     budget: float
@@ -55,7 +58,8 @@ class BudgetPlan:
     policy_unit: str
     sample_flops: float | None
     cap: int
-    key: tuple[str, float, str, int]
+    wave_cap: int
+    key: tuple[str, float, str, int, int]
     label: str
 
     def in_request_unit(self, cost: float, unit: str) -> float:
@@ -91,9 +95,10 @@ def price_request(
     max_samples: int | None,
     temperature: float,
     max_tokens: int,
+    max_waves: int | None = None,
 ) -> BudgetPlan:
     """Price one request (module docstring). ``limits`` gives the server's defaults and limits
-    (``default_budget``, ``default_budget_unit``, ``max_budget``, ``max_samples``); ``sample_flops`` may be
+    (``default_budget``, ``default_budget_unit``, ``max_budget``, ``max_samples``, ``max_waves``); ``sample_flops`` may be
     None when the server cannot count FLOPs (no model config), which is fine unless a unit is ``flops``.
 
     Raises :class:`BudgetError` (→ 400) with the fix.
@@ -116,6 +121,8 @@ def price_request(
         raise BudgetError(f"budget {shown} is outside the policy's calibrated range [{lo:g}, {hi:g}] "
                           f"{policy_unit} per request; send a budget in that range")
     cap = 1 if temperature == 0 else min(limits.max_samples, max_samples or limits.max_samples)
-    label = f"{caller}:{B:g}{unit}" + ("" if cap == limits.max_samples else f":max{cap}")
+    wave_cap = 1 if temperature == 0 else min(limits.max_waves, max_waves or limits.max_waves)
+    label = (f"{caller}:{B:g}{unit}" + ("" if cap == limits.max_samples else f":max{cap}")
+             + ("" if wave_cap == limits.max_waves else f":waves{wave_cap}"))
     return BudgetPlan(B, unit, b_samples, b_policy, policy_unit, None if unit == policy_unit == "samples" else s,
-                      cap, (caller, B, unit, cap), label)
+                      cap, wave_cap, (caller, B, unit, cap, wave_cap), label)

@@ -5,7 +5,7 @@ endpoint               what it does
 =====================  ======================================================================
 POST /v1/chat/completions  chat request → one aggregated assistant message + ``isocompute``
 POST /v1/completions   text prompt(s) → one aggregated choice per prompt + ``isocompute``
-POST /v1/route         the decision alone (k per prompt, λ, internal budget): a dry run
+POST /v1/route         the decision alone (plan per prompt, λ, internal budget, rule): a dry run
 GET  /v1/models        the served model id (so OpenAI clients can list it)
 GET  /health           the process is alive
 GET  /ready            policy loaded and the upstream answers real requests now (else 503)
@@ -191,7 +191,7 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=GENERATE_ERRORS)
 async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, caller: CallerDep,
                            request: Request) -> ChatCompletionResponse:
-    """Answer a chat under a compute budget: k samples, one vote, one assistant message."""
+    """Answer a chat under a compute budget: a plan's waves of samples, one vote, one assistant message."""
     deadline = gw.deadline()
     _log_unknown(req)
     _refuse_unsupported(req)
@@ -203,8 +203,9 @@ async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, caller: C
 
     async def answer() -> Answer:
         routing = await gw.route(prompts, principal=caller, budget=req.budget, unit=req.budget_unit,
-                                 max_samples=req.max_samples, max_tokens=max_tokens, temperature=temperature,
-                                 deadline=deadline, prompt_tokens=counts, policy_prompts=[policy_text(req.messages)])
+                                 max_samples=req.max_samples, max_waves=req.max_waves, max_tokens=max_tokens,
+                                 temperature=temperature, deadline=deadline, prompt_tokens=counts,
+                                 policy_prompts=[policy_text(req.messages)])
         [ans] = await gw.complete(prompts, routing, max_tokens=max_tokens, temperature=temperature, seed=seed,
                                   strategy=req.strategy, deadline=deadline)
         return ans
@@ -231,8 +232,8 @@ async def completions(req: CompletionRequest, gw: GatewayDep, caller: CallerDep,
 
     async def answer() -> list[Answer]:
         routing = await gw.route(prompts, principal=caller, budget=req.budget, unit=req.budget_unit,
-                                 max_samples=req.max_samples, max_tokens=max_tokens, temperature=temperature,
-                                 deadline=deadline, prompt_tokens=counts)
+                                 max_samples=req.max_samples, max_waves=req.max_waves, max_tokens=max_tokens,
+                                 temperature=temperature, deadline=deadline, prompt_tokens=counts)
         return await gw.complete(prompts, routing, max_tokens=max_tokens, temperature=temperature, seed=seed,
                                  strategy=req.strategy, deadline=deadline)
 
@@ -247,7 +248,7 @@ async def completions(req: CompletionRequest, gw: GatewayDep, caller: CallerDep,
 
 @router.post("/v1/route", response_model=RouteResponse, responses=ROUTE_ERRORS)
 async def route(req: RouteRequest, gw: GatewayDep, caller: CallerDep, request: Request) -> RouteResponse:
-    """The decision alone: k per prompt under the budget, without sampling (a dry run)."""
+    """The decision alone: a plan per prompt under the budget, without sampling (a dry run)."""
     deadline = gw.deadline()
     _log_unknown(req)
     gw.check_model(req.model)
@@ -260,13 +261,16 @@ async def route(req: RouteRequest, gw: GatewayDep, caller: CallerDep, request: R
     # a probe policy's probe call is upstream work, which a client that goes away cancels.
     r = await unless_disconnected(request, gw.route(
         prompts, principal=caller, budget=req.budget, unit=req.budget_unit, max_samples=req.max_samples,
-        max_tokens=max_tokens, temperature=temperature, deadline=deadline, prompt_tokens=counts,
+        max_waves=req.max_waves, max_tokens=max_tokens, temperature=temperature, deadline=deadline, prompt_tokens=counts,
         policy_prompts=None if req.messages is None else [policy_text(req.messages)]))
     return RouteResponse(
         model=gw.settings.served_model, budget=r.plan.budget, budget_unit=r.plan.unit,  # type: ignore[arg-type]
-        internal_budget=r.internal_budget, lambda_=r.lam,
-        decisions=[RouteDecision(action=a, k=k, policy_k=pk, expected_cost=c)
-                   for a, k, pk, c in zip(r.actions, r.ks, r.policy_ks, r.costs, strict=True)],
+        internal_budget=r.internal_budget, lambda_=r.lam, rule=r.rule, rule_evidence=r.rule_evidence,
+        decisions=[RouteDecision(action=r.actions[i], plan=r.plans[i].name, policy_plan=r.policy_plans[i].name,
+                                 k=r.ks[i], policy_k=r.policy_ks[i], expected_cost=r.costs[i],
+                                 expected_samples=None if r.expected_samples is None else r.expected_samples[i],
+                                 expected_waves=None if r.expected_waves is None else r.expected_waves[i])
+                   for i in range(len(prompts))],
     )
 
 

@@ -5,7 +5,10 @@ Extensions (every request type):
 * ``budget`` — target mean cost per request under this key: samples (default unit) or FLOPs;
   omitted → the server's ``default_budget``;
 * ``budget_unit`` — ``"samples"`` | ``"flops"``;
-* ``max_samples`` — hard cap on k for this request (never exceeded, also not by budget control);
+* ``max_samples`` — hard cap on the samples drawn for this request, over all its waves (never exceeded,
+  also not by budget control);
+* ``max_waves`` — hard cap on the waves (upstream calls) of this request's plan (the server's
+  ``max_waves`` is the most it may ask);
 * ``strategy`` — ``"majority"`` (plurality vote over extracted answers) | ``"best_of"`` (highest verifier
   score; only when the server has a verifier).
 
@@ -17,7 +20,8 @@ an engine, so every back-end accepts it.
 
 Responses follow OpenAI; the first choice carries the aggregated answer (the text of one sample that
 gave the winning answer); ``usage`` adds ``flops``; ``isocompute`` (top level, and on each choice of a
-multi-prompt completion) reports the decision and the vote.
+multi-prompt completion) reports the decision, the plan as it ran (waves, samples, why it stopped) and
+the vote over answer classes.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 BudgetUnit = Literal["samples", "flops"]
 Strategy = Literal["majority", "best_of"]
+StopReason = Literal["rule", "plan_end", "cap", "deadline", "upstream_error"]
 
 _INT64 = 2**63
 
@@ -77,6 +82,7 @@ class ChatCompletionRequest(_Open):
     budget: float | None = Field(None, gt=0, allow_inf_nan=False)
     budget_unit: BudgetUnit | None = None
     max_samples: int | None = Field(None, ge=1)
+    max_waves: int | None = Field(None, ge=1)
     strategy: Strategy = "majority"
     # --- end of extensions -----------------------------------------------------------------------
 
@@ -106,6 +112,7 @@ class CompletionRequest(_Open):
     budget: float | None = Field(None, gt=0, allow_inf_nan=False)
     budget_unit: BudgetUnit | None = None
     max_samples: int | None = Field(None, ge=1)
+    max_waves: int | None = Field(None, ge=1)
     strategy: Strategy = "majority"
     # --- end of extensions -----------------------------------------------------------------------
 
@@ -121,6 +128,7 @@ class RouteRequest(_Open):
     budget: float | None = Field(None, gt=0, allow_inf_nan=False)
     budget_unit: BudgetUnit | None = None
     max_samples: int | None = Field(None, ge=1)
+    max_waves: int | None = Field(None, ge=1)
     # --- end of extensions -----------------------------------------------------------------------
 
 
@@ -145,18 +153,41 @@ class ProbeInfo(BaseModel):
 
 
 class IsoComputeInfo(BaseModel):
-    """What the gateway decided and how the vote went, for one prompt."""
+    """What the gateway decided, how its plan ran and how the vote went, for one prompt."""
 
     model_config = ConfigDict(populate_by_name=True)
 
-    action: int = Field(description="index of the policy's action")
-    k: int = Field(description="samples drawn (after max_samples caps)")
-    policy_k: int = Field(description="samples the policy asked for before caps")
+    action: int = Field(description="index of the policy's action (its plan)")
+    plan: str = Field(description="the plan the gateway ran, RULE@SCHEDULE (the policy's, cut by max_samples / "
+                                  "max_waves)")
+    policy_plan: str = Field(description="the plan the policy chose, before caps")
+    waves: int = Field(description="waves run: upstream calls of n = wave size")
+    wave_sizes: list[int] = Field(description="samples drawn in each wave")
+    stopped: StopReason = Field(description="why sampling stopped: rule (the plan's stopping rule fired), plan_end "
+                                            "(no waves left), cap (max_samples / max_waves cut the plan), deadline "
+                                            "or upstream_error (a later wave failed; the vote used the waves before)")
+    stop_statistic: float | None = Field(None, description="the stopping rule's statistic after the last wave "
+                                                           "(e.g. the lead for lead:m); null for the rule none")
+    stop_detail: str | None = Field(None, description="the failure that stopped a plan early (deadline, "
+                                                      "upstream_error)")
+    k: int = Field(description="samples drawn, all waves together")
+    policy_k: int = Field(description="the most samples the policy's plan may draw, before caps")
+    expected_samples: float | None = Field(None, description="samples the policy expected the plan to draw here")
+    expected_waves: float | None = Field(None, description="waves the policy expected the plan to run here")
+    rule: str | None = Field(None, description="the rule of the never-worse chain that decided: learned | "
+                                               "fixed_plan | uniform")
+    rule_evidence: dict[str, Any] | None = Field(None, description="why that rule serves at this budget (the "
+                                                                   "cross-validated gains the fit recorded)")
     strategy: Strategy
-    answer: str | None = Field(description="winning extracted answer (null when no sample had one)")
-    votes: dict[str, int] = Field(description="answer → votes, in order of first occurrence")
+    answer: str | None = Field(description="winning answer (its class's first extracted answer; null when no "
+                                           "sample had one)")
+    votes: dict[str, int] = Field(description="answer class → votes (equivalent answers merged), each class "
+                                              "shown by its first answer, in order of first occurrence")
+    votes_complete: bool = Field(True, description="false when the time limit cut the merging of answers short "
+                                                   "(equal answers may then vote apart, never wrongly together)")
     samples_received: int
-    partial: bool = Field(description="true when fewer than k samples came back; the vote used what arrived")
+    partial: bool = Field(description="true when fewer samples came back than were drawn, or a later wave "
+                                      "failed; the vote used what arrived")
     lambda_: float | None = Field(None, alias="lambda", description="λ (price of one cost unit) of the decision")
     budget: float
     budget_unit: BudgetUnit
@@ -213,8 +244,12 @@ class RouteDecision(BaseModel):
     model_config = ConfigDict(populate_by_name=True)
 
     action: int
-    k: int
+    plan: str = Field(description="the plan a request would run (after max_samples / max_waves caps)")
+    policy_plan: str = Field(description="the plan the policy chose")
+    k: int = Field(description="the most samples the plan may draw (after caps)")
     policy_k: int
+    expected_samples: float | None = None
+    expected_waves: float | None = None
     expected_cost: float | None = None
 
 
@@ -227,6 +262,8 @@ class RouteResponse(BaseModel):
     budget_unit: BudgetUnit
     internal_budget: float
     lambda_: float | None = Field(None, alias="lambda")
+    rule: str | None = None
+    rule_evidence: dict[str, Any] | None = None
     decisions: list[RouteDecision]
 
 

@@ -5,12 +5,18 @@ was calibrated for and their unit, the probe feature and extra feature blocks it
 declared costs), one sample's FLOPs for unit conversion, and ``decide``. The gateway calls nothing else,
 so any object with these members can serve — a test's fake, a policy from another library.
 
-``decide(texts, budget, probe=…)`` returns a :class:`PolicyDecision`: per prompt an action index, the
-number of samples k it means, and its expected cost in :attr:`ServingPolicy.cost_unit` (probe and extra
-features included), plus λ (``None`` for a classifier, whose knob is the budget itself). Today an action
-is "k samples at once"; when a policy returns a plan (waves of samples and a stopping rule), the plan
-joins this decision and :mod:`isocompute.app.execute` runs it — the gateway's pricing and budget
-control do not change.
+``decide(texts, budget, probe=…)`` returns a :class:`PolicyDecision`: per prompt an action index, its
+**plan** (:class:`isocompute.solver.plans.Plan`: a schedule of waves and a stopping rule checked on the
+vote between waves; "k samples at once" is the one-wave plan ``none@k``), the most samples k the plan
+may draw, the samples and waves it is expected to draw, and its expected cost in
+:attr:`ServingPolicy.cost_unit` (probe and extra features included where they are read), plus λ
+(``None`` for a classifier, whose knob is the budget itself) and which rule of the never-worse chain
+decided (``learned`` | ``fixed_plan`` | ``uniform``) with its evidence. :mod:`isocompute.app.plan_run`
+runs the plans; pricing and budget control do not depend on them.
+
+``needs_features(budget)`` says beforehand whether a decision at that budget reads the prompt features
+(and the probe): where a fallback rule serves it does not, and the gateway then neither calls the probe
+nor pays for it.
 
 :class:`FittedPolicy` adapts the project's own :class:`isocompute.policy.policy.Policy` (whose facts
 live on ``config`` and on fitted attributes) to the contract; :func:`as_serving_policy` picks the
@@ -28,6 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from isocompute.errors import InputError
+from isocompute.solver.plans import Plan
 
 __all__ = ["FittedPolicy", "PolicyDecision", "ProbeFeature", "ServingPolicy", "as_serving_policy"]
 
@@ -44,11 +51,16 @@ class ProbeFeature(Protocol):
 class PolicyDecision(Protocol):
     """What ``decide`` returns for N prompts (:class:`isocompute.policy.policy.Decision` is one)."""
 
-    k: np.ndarray  # (N,) samples per prompt
-    action_index: np.ndarray  # (N,) index of the action chosen
+    k: np.ndarray  # (N,) the most samples each prompt's plan may draw
+    action_index: np.ndarray  # (N,) index of the action (plan) chosen
+    plans: tuple[Plan, ...]  # (N,) each prompt's plan
+    expected_samples: np.ndarray | None  # (N,) samples each plan is expected to draw here (None: unknown)
+    expected_waves: np.ndarray | None  # (N,) waves (upstream calls) it is expected to run
     costs: np.ndarray  # (N,) expected cost, in the policy's unit, probe and extra features included
     lam: float | None  # λ of the decision; None when the knob is the budget itself
     expected_cost: float
+    rule: str  # the never-worse chain's rule that decided: learned | fixed_plan | uniform
+    rule_evidence: dict[str, Any] | None  # why that rule serves at this budget (JSON-able)
 
 
 @runtime_checkable
@@ -90,6 +102,11 @@ class ServingPolicy(Protocol):
         """The extra feature blocks' FLOPs for each text."""
         ...
 
+    def needs_features(self, budget: float) -> bool:
+        """Whether ``decide`` at ``budget`` reads the prompt features and the probe (False where a
+        fallback rule serves: then no probe is called and its cost is not paid)."""
+        ...
+
     def decide(self, texts: Sequence[str], budget: float, *, probe: np.ndarray | None = None) -> PolicyDecision:
         """Actions for ``texts`` at mean cost ``budget``; ``probe`` holds the probe's value per text
         exactly when :attr:`probe` is set."""
@@ -119,6 +136,9 @@ class FittedPolicy:
     def extra_flops(self, texts: Sequence[str]) -> Sequence[float]:
         return [float(f) for f in self.policy.features_.extra_flops(list(texts))]
 
+    def needs_features(self, budget: float) -> bool:
+        return bool(self.policy.needs_features(budget))
+
     def decide(self, texts: Sequence[str], budget: float, *, probe: np.ndarray | None = None) -> PolicyDecision:
         if probe is None:
             return self.policy.decide(texts, budget)
@@ -126,8 +146,9 @@ class FittedPolicy:
 
 
 _CONTRACT = ("budget_range", "cost_unit", "probe", "feature_extras", "feature_cost", "sample_flops", "extra_flops",
-             "decide")
-_POLICY_MEMBERS = ("config", "budget_range", "feature_cost_", "action_costs_", "actions", "features_", "decide")
+             "needs_features", "decide")
+_POLICY_MEMBERS = ("config", "budget_range", "feature_cost_", "action_costs_", "actions", "features_",
+                   "needs_features", "decide")
 
 
 def as_serving_policy(policy: Any) -> ServingPolicy:

@@ -27,6 +27,7 @@ from pydantic_settings import (
 )
 
 from isocompute.app.auth import ApiKeyRecord
+from isocompute.errors import InputError
 
 CONFIG_ENV = "ISOCOMPUTE_CONFIG"
 
@@ -47,6 +48,7 @@ class Settings(BaseSettings):
     default_budget: float = Field(4.0, gt=0, allow_inf_nan=False)
     default_budget_unit: Literal["samples", "flops"] = "samples"
     max_samples: int = Field(64, ge=1)
+    max_waves: int = Field(32, ge=1)
     max_budget: float = Field(64.0, gt=0, allow_inf_nan=False)
     temperature: float = Field(0.7, ge=0, le=2)
     default_max_tokens: int = Field(256, ge=1)
@@ -57,7 +59,11 @@ class Settings(BaseSettings):
     retry_after_s: int = Field(5, ge=0)
     ready_probe_timeout_s: float = Field(30.0, gt=0)
     ready_interval_s: float = Field(5.0, gt=0)
-    tie_break: Literal["first", "seeded"] = "first"
+    tie_break: Literal["first", "seeded"] = "seeded"
+    answer_kind: str = "number"
+    vote_timeout_s: float = Field(2.0, gt=0)
+    grade_workers: int = Field(1, ge=1)
+    prefix_caching: bool = True
     batch_requests: bool = True
     batch_max_rows: int = Field(64, ge=1)
     budget_control: bool = True
@@ -77,6 +83,16 @@ class Settings(BaseSettings):
                 "e.g. `printf %s \"$KEY\" | sha256sum`; never the key itself"
             )
         return None if v is None else v.lower()
+
+    @field_validator("answer_kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        from isocompute.tasks.equivalence import kind_of
+
+        try:
+            return kind_of(v)
+        except InputError as e:
+            raise ValueError(str(e)) from None
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:

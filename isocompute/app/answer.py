@@ -1,0 +1,109 @@
+"""One prompt's answer from its plan's samples: the sample that represents the vote, and what it cost.
+
+* :func:`pick_sample`: ``strategy="majority"`` votes over the samples' **answer classes** (the merge of
+  :mod:`isocompute.app.voting`: equivalent answers are one class) with :func:`isocompute.app.aggregate.majority_vote`
+  — ties by ``tie_break`` — and represents the winning class by its first sample; ``"best_of"`` takes the
+  sample the verifier scores highest. Only usable samples (returned, not failed) take part.
+* :func:`answer_info`: the response's ``isocompute`` object — the decision, the plan as it ran, the vote;
+* :func:`plan_flops`: the FLOPs of a plan's samples — every decode step, and the prompt's prefill once
+  per plan when the upstream caches prefixes across requests (vLLM's automatic prefix caching), else
+  once per wave (each wave is one request with n = wave size, whose samples share one prefill).
+
+Worked example: waves 1, 1, 2 with 10 prompt tokens and completions of 5, 6, 5, 7 tokens → with
+prefix caching ``prefill(10) + Σ decode``; without it ``3 · prefill(10) + Σ decode``.
+
+Ignores: the probe call's and extra features' FLOPs (the gateway adds them) and tie-breaking best-of by
+anything but sample order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from isocompute.app.aggregate import Vote, best_of, majority_vote
+from isocompute.app.plan_run import PlanRun
+from isocompute.app.routing import Routing
+from isocompute.app.schemas import IsoComputeInfo, ProbeInfo
+
+__all__ = ["Answer", "Picked", "Verifier", "answer_info", "pick_sample", "plan_flops"]
+
+
+class Verifier(Protocol):
+    """Scores complete samples for ``strategy="best_of"`` (higher is better)."""
+
+    def score(self, prompt: str, texts: list[str]) -> list[float]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One prompt's aggregated answer, ready to become a response choice."""
+
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    flops: float | None
+    info: IsoComputeInfo
+
+
+@dataclass(frozen=True, slots=True)
+class Picked:
+    """The sample that answers (``index`` into ``PlanRun.samples``), its class's answer (None: no
+    answer), and whether a tie-break chose it."""
+
+    index: int
+    answer: str | None
+    tied: bool
+
+
+def pick_sample(run: PlanRun, strategy: str, *, tie_break: Any, seed: int | None, prompt: str,
+                verifier: Verifier | None) -> Picked:
+    """The answering sample of ``run`` (module docstring); ``run`` has at least one usable sample and a vote."""
+    assert run.votes is not None
+    ok = run.usable
+    classes = [run.votes.classes[j] for j in ok]
+    vote: Vote
+    if strategy == "best_of":
+        assert verifier is not None  # the gateway refuses best_of without one
+        texts = [c.text for c in (run.samples[j] for j in ok) if c is not None]
+        vote = best_of(classes, verifier.score(prompt, texts))
+    else:
+        vote = majority_vote(classes, tie_break=tie_break, seed=seed)
+    cls = vote.answer
+    return Picked(ok[vote.index], None if cls is None else run.votes.representatives[int(cls)], vote.tied)
+
+
+def plan_flops(model: Any, prompt_tokens: int, run: PlanRun, *, prefix_caching: bool) -> float:
+    """FLOPs of ``run``'s samples that came back (module docstring)."""
+    from isocompute.flops import request_flops
+
+    waves, start = [], 0
+    for n in run.wave_sizes:
+        waves.append([c.completion_tokens for c in run.samples[start:start + n] if c is not None])
+        start += n
+    if prefix_caching:
+        return float(request_flops(model, prompt_tokens, [m for w in waves for m in w]))
+    return float(sum(request_flops(model, prompt_tokens, w) for w in waves))
+
+
+def answer_info(run: PlanRun, routing: Routing, i: int, picked: Picked, *, strategy: str,
+                flops: float | None) -> IsoComputeInfo:
+    """Prompt ``i``'s ``isocompute`` object (fields documented on :class:`IsoComputeInfo`)."""
+    assert run.votes is not None
+    received = len(run.usable)
+    pr, es, ew = routing.probe, routing.expected_samples, routing.expected_waves
+    return IsoComputeInfo(
+        action=routing.actions[i], plan=run.plan.name, policy_plan=run.policy_plan.name,
+        waves=len(run.wave_sizes), wave_sizes=run.wave_sizes, stopped=run.stopped,  # type: ignore[arg-type]
+        stop_statistic=run.statistic, stop_detail=run.detail, k=run.drawn, policy_k=routing.policy_ks[i],
+        expected_samples=None if es is None else es[i], expected_waves=None if ew is None else ew[i],
+        rule=routing.rule, rule_evidence=routing.rule_evidence, strategy=strategy,  # type: ignore[arg-type]
+        answer=picked.answer, votes=run.votes.as_dict(), votes_complete=run.votes.complete,
+        samples_received=received, partial=received < run.drawn or run.stopped in ("deadline", "upstream_error"),
+        lambda_=routing.lam, budget=routing.plan.budget, budget_unit=routing.plan.unit,  # type: ignore[arg-type]
+        internal_budget=routing.internal_budget, expected_cost=routing.costs[i],
+        policy_unit=routing.plan.policy_unit, flops=flops,  # type: ignore[arg-type]
+        probe=None if pr is None else ProbeInfo(name=pr.name, value=pr.values[i], tokens=pr.tokens[i],
+                                                cost=pr.declared_cost, flops=pr.flops[i]),
+    )

@@ -1,0 +1,76 @@
+"""A routed request: what the gateway decided for each of its prompts, before anything is sampled.
+
+:class:`Routing` gathers the priced budget (:class:`~isocompute.app.pricing.BudgetPlan`), the policy's
+decision read through the :class:`~isocompute.app.serving_policy.PolicyDecision` contract, and each
+prompt's plan cut to the request's caps: ``Plan.capped(max_samples=cap, max_waves=wave cap)``. A policy
+whose actions are "k samples at once" may leave ``plans`` empty; its prompts then run the one-wave
+plans ``none@k``.
+
+Worked example: the policy chooses ``lead:m=2@1x2,2,4`` (at most 8 samples) and the request sends
+``max_samples = 3`` → the plan run is ``lead:m=2@1x3`` (``ks = [3]``, ``policy_ks = [8]``).
+
+Ignores: running the plans (:mod:`isocompute.app.plan_run`) and the controller's arithmetic
+(:mod:`isocompute.app.budget_control`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from isocompute.app.budget_control import BudgetController
+from isocompute.app.extras import FeatureCall, ProbeCall
+from isocompute.app.pricing import BudgetPlan
+from isocompute.app.serving_policy import PolicyDecision
+from isocompute.solver.plans import Plan
+
+__all__ = ["Routing"]
+
+
+def _floats(x: Any, n: int) -> list[float] | None:
+    return None if x is None else [float(v) for v in np.asarray(x, dtype=float).reshape(-1)][:n]
+
+
+@dataclass(frozen=True, slots=True)
+class Routing:
+    """The decision for one request: its priced budget; per prompt the plan to run (the policy's, cut to
+    the caps) and the policy's own, their most samples (``ks``, ``policy_ks``), the action, its expected
+    cost (policy unit, probe included where read), samples and waves; λ (None for a classifier policy,
+    whose knob is the internal budget); the rule of the never-worse chain that decided and its evidence;
+    the internal budget handed to the policy and the key's controller; the probe call and the extra
+    features when the serving rule reads them."""
+
+    plan: BudgetPlan
+    plans: list[Plan]
+    policy_plans: list[Plan]
+    ks: list[int]
+    policy_ks: list[int]
+    actions: list[int]
+    costs: list[float]
+    expected_samples: list[float] | None
+    expected_waves: list[float] | None
+    lam: float | None
+    expected_cost: float
+    rule: str | None
+    rule_evidence: dict[str, Any] | None
+    internal_budget: float
+    controller: BudgetController
+    probe: ProbeCall | None = None
+    features: FeatureCall | None = None
+
+    @classmethod
+    def of(cls, decision: PolicyDecision, plan: BudgetPlan, n: int, **rest: Any) -> Routing:
+        policy_ks = [int(k) for k in np.asarray(decision.k).reshape(-1)]
+        actions = [int(a) for a in np.asarray(decision.action_index).reshape(-1)]
+        costs = [float(c) for c in np.asarray(decision.costs, dtype=float).reshape(-1)]
+        # a policy whose actions are "k samples at once" may leave plans empty: the one-wave plans none@k
+        policy_plans = list(decision.plans) or [Plan((k,)) for k in policy_ks]
+        if not (len(policy_ks) == len(actions) == len(costs) == len(policy_plans) == n):
+            raise RuntimeError(f"policy returned {len(policy_ks)} decisions for {n} prompts")
+        plans = [p.capped(max_samples=plan.cap, max_waves=plan.wave_cap) for p in policy_plans]
+        lam = None if decision.lam is None else float(decision.lam)
+        return cls(plan, plans, policy_plans, [p.max_samples for p in plans], policy_ks, actions, costs,
+                   _floats(decision.expected_samples, n), _floats(decision.expected_waves, n), lam,
+                   float(decision.expected_cost), decision.rule, decision.rule_evidence, **rest)
