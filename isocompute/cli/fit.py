@@ -138,6 +138,56 @@ def parse_features(text: str | None) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from isocompute.cli.models_input import is_multi
+
+    if is_multi(args):
+        return run_models(args)
+    return run_one(args)
+
+
+def base_config(args: argparse.Namespace, *, plans: tuple[str, ...], cost_unit: str) -> Any:
+    """The PolicyConfig of the flags (budget range 1:16 unless --budgets)."""
+    from isocompute.policy.policy import PolicyConfig
+
+    budgets = parse_budgets(args.budgets) if args.budgets is not None else [1.0, 16.0]
+    return PolicyConfig(
+        actions=parse_actions(args.actions), strategy=args.strategy, budget_range=(min(budgets), max(budgets)),
+        learner=args.learner, cost_unit=cost_unit, calibration_folds=args.calibration_folds,
+        n_components=args.svd_components, n_rounds=args.n_rounds, calibrate_to=args.calibrate_to, seed=args.seed,
+        fallback=() if args.no_fallback else None, plans=plans, plan_costs=args.plan_costs,
+        fixed_plan_level=args.fixed_plan_level, fallback_level=args.fallback_level,
+        fallback_margin=args.fallback_margin)
+
+
+def run_models(args: argparse.Namespace) -> int:
+    """``fit --outcomes NAME=TABLE …``: a multi-model policy (:mod:`isocompute.policy.multi_fit`)."""
+    from isocompute.cli.models_input import load_estimates
+    from isocompute.policy.multi_fit import fit_multi_policy
+
+    if args.probe_model is not None or args.features or args.shrinkage != "none" or args.min_samples or \
+            args.ragged != "error" or args.strategy != "majority":
+        raise InputError("with several models (--outcomes) the policy reads the prompt text only and votes by "
+                         "majority: drop --probe-model, --features, --shrinkage, --min-samples, --ragged and --strategy.")
+    config = base_config(args, plans=(), cost_unit="flops")
+    me, inputs = load_estimates(args, config.actions)
+    policy = fit_multi_policy(me, config, max_actions=args.max_actions, feasible_budgets=args.budgets is None,
+                              progress=True)
+    policy.save(args.out, inputs=inputs)
+    from isocompute.cli.console import console as make_console
+
+    console = make_console()
+    td = policy.training_data_
+    console.print(f"policy → {args.out}  ({len(me.prompts)} prompts × models {', '.join(policy.models)} (cheapest "
+                  f"first); {td['kept_actions']} of {td['menu_actions']} actions kept (hull, each model's plans, "
+                  f"the oracle's most used); budgets [{policy.config.budget_range[0]:.4g}, "
+                  f"{policy.config.budget_range[1]:.4g}] FLOPs)")
+    console.print(f"default learner: [bold]{policy.default_learner_}[/bold] — "
+                  f"{policy.selection_.get('why', policy.selection_['rule'])}")
+    _print_chain(console, policy)
+    return 0
+
+
+def run_one(args: argparse.Namespace) -> int:
     from isocompute.policy.fitting import fit_policy, training_table
     from isocompute.policy.policy import PolicyConfig
 
@@ -243,6 +293,7 @@ def _print_fit(args: argparse.Namespace, policy: Any, n_prompts: int, probe_note
 
 def _print_chain(console: Any, policy: Any) -> None:
     """Which rule serves where (the never-worse chain of the default learner), with the evidence."""
+    from rich.markup import escape
     from rich.table import Table
 
     from isocompute.policy.evaluate import default_budgets
@@ -264,7 +315,7 @@ def _print_chain(console: Any, policy: Any) -> None:
             f"{x.rule} vs {x.baseline} " + ("—" if x.gain is None or x.ci95 is None else
                                             f"{100 * x.gain:+.2f}% [{100 * x.ci95[0]:+.2f}, {100 * x.ci95[1]:+.2f}]")
             for x in c.tests) or "—"
-        t.add_row(f"{b:.4g}", c.rule, _plays(policy, c.rule, b), tests, str(c.tests[0].n) if c.tests else "—")
+        t.add_row(f"{b:.4g}", c.rule, escape(_plays(policy, c.rule, b)), tests, str(c.tests[0].n) if c.tests else "—")
     console.print(t)
 
 
@@ -277,6 +328,9 @@ def _plays(policy: Any, rule: str, budget: float) -> str:
     names = [p.name for p in policy.plans]
     if rule == "fixed_plan":
         return policy.fixed_plan_at(budget).describe(names)
+    if rule == "single_model":
+        model, choice = policy.single_model_at(budget)
+        return f"{model}: {choice.describe(names)}"
     lad = policy.ladder
     lo, hi, q = uniform_mix(policy.sample_action_costs[lad], budget)
     if q <= 0 or q >= 1:
@@ -288,7 +342,8 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "fit", help="learn a budget-conditioned allocation policy from an outcome table",
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("outcomes", type=Path, help="outcome table (.jsonl; or a Qwen CoT evaluation dump)")
+    p.add_argument("outcomes", type=Path, nargs="?",
+                   help="outcome table (.jsonl; or a Qwen CoT evaluation dump); or --outcomes NAME=TABLE per model")
     p.add_argument("--actions", default="1,2,4,8,16", help="sample counts k to choose from, comma-separated")
     p.add_argument("--strategy", default="majority", choices=STRATEGIES, help="how k samples become one answer")
     p.add_argument("--plans",
@@ -351,4 +406,10 @@ def register(subparsers: Any) -> None:
                         "on the training prompts need less protection than the learned rule's --fallback-level)")
     p.add_argument("--fallback-margin", type=float, default=0.0,
                    help="relative gain over the next rule a rule's lower confidence bound must exceed")
+    from isocompute.cli.models_input import add_model_args
+
+    add_model_args(p)
+    p.add_argument("--max-actions", type=int, default=40,
+                   help="several models: the most actions the learner chooses from after pruning the menu on the "
+                        "training prompts (the hull and each model's plans are always kept)")
     p.set_defaults(func=run)

@@ -94,7 +94,12 @@ def load_policy(cls: Any, artifact_dir: str | Path) -> Any:
     manifest = load_manifest(d, kind=KIND, schema_version=SCHEMA_VERSION)
     try:
         meta = json.loads((d / "policy.json").read_text())
-        obj = cls(PolicyConfig.from_dict(meta["config"]))
+        config = PolicyConfig.from_dict(meta["config"])
+        if config.model_actions:  # several models: the multi-model policy, whatever class was asked for
+            from isocompute.policy.multi_policy import MultiPolicy
+
+            cls = MultiPolicy
+        obj = cls(config)
         obj.features_ = PromptFeatures.load(d)
         obj.action_costs_ = np.asarray(meta["action_costs"], dtype=np.float64)
         if [p.name for p in obj.plans] != meta.get("plans", [p.name for p in obj.plans]):
