@@ -61,6 +61,7 @@ class FakePolicy:
     budget_range = (1.0, 16.0)
     cost_unit = "samples"
     probe = None
+    models: tuple[str, ...] = ()
     feature_extras = ()
     feature_cost = 0.0
     sample_flops = None

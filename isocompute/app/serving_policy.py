@@ -22,8 +22,14 @@ nor pays for it.
 live on ``config`` and on fitted attributes) to the contract; :func:`as_serving_policy` picks the
 adapter, or accepts an object that already implements the contract, and says what is missing otherwise.
 
-Ignores: how a policy decides (LightGBM, a table, a rule), and policies with several models (a later
-issue adds the model to the decision).
+Several models: :attr:`ServingPolicy.models` names the models a policy routes between, cheapest first
+(``()`` for a single-model policy). A multi-model policy (:class:`isocompute.policy.multi_policy.MultiPolicy`)
+fills ``model_actions`` on its decision — per prompt an :class:`isocompute.solver.model_actions.Action`,
+stages of (model, plan): one plan, a cascade or an ensemble — with ``plans`` then ``()`` and ``k`` each
+action's most samples summed over its stages; its ``decide`` takes ``model=NAME`` to pin one model (only
+actions whose every stage is on it; an InputError naming the known models otherwise).
+
+Ignores: how a policy decides (LightGBM, a table, a rule).
 """
 
 from __future__ import annotations
@@ -83,6 +89,11 @@ class ServingPolicy(Protocol):
         ...
 
     @property
+    def models(self) -> tuple[str, ...]:
+        """The models it routes between, cheapest first; ``()`` for a single-model policy."""
+        ...
+
+    @property
     def feature_extras(self) -> tuple[str, ...]:
         """Names of the extra feature blocks ``decide`` computes on this machine (e.g. ``("minilm",)``)."""
         ...
@@ -122,6 +133,7 @@ class FittedPolicy:
         self.budget_range = (float(policy.budget_range[0]), float(policy.budget_range[1]))
         self.cost_unit = str(config.cost_unit)
         self.probe = config.probe
+        self.models = tuple(getattr(policy, "models", ()))
         self.feature_extras = tuple(config.feature_extras)
         self.feature_cost = float(policy.feature_cost_)
         self.sample_flops = self._sample_flops() if self.cost_unit == "flops" else None
@@ -145,7 +157,7 @@ class FittedPolicy:
         return self.policy.decide(texts, budget, probe=probe)
 
 
-_CONTRACT = ("budget_range", "cost_unit", "probe", "feature_extras", "feature_cost", "sample_flops", "extra_flops",
+_CONTRACT = ("budget_range", "cost_unit", "probe", "models", "feature_extras", "feature_cost", "sample_flops", "extra_flops",
              "needs_features", "decide")
 _POLICY_MEMBERS = ("config", "budget_range", "feature_cost_", "action_costs_", "actions", "features_",
                    "needs_features", "decide")
