@@ -172,6 +172,7 @@ def run_models(args: argparse.Namespace) -> int:
     me, inputs = load_estimates(args, config.actions)
     policy = fit_multi_policy(me, config, max_actions=args.max_actions, feasible_budgets=args.budgets is None,
                               progress=True)
+    policy.training_data_["menu"] = {"plans": args.plans, "orders": args.orders, "max_actions": args.max_actions}
     policy.save(args.out, inputs=inputs)
     from isocompute.cli.console import console as make_console
 

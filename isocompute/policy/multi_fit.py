@@ -34,7 +34,12 @@ from isocompute.errors import InputError
 from isocompute.policy.config import PolicyConfig
 from isocompute.policy.multi_menu import MAX_ACTIONS, prune_menu
 from isocompute.policy.multi_policy import MultiPolicy
-from isocompute.solver.action_estimates import ActionEstimates, estimate_menu, fit_vote_weights, models_by_cost
+from isocompute.solver.action_estimates import (
+    ActionEstimates,
+    estimate_menu,
+    fit_vote_weights,
+    models_by_cost,
+)
 from isocompute.solver.allocate import feasible_range
 from isocompute.solver.model_actions import MenuConfig
 from isocompute.solver.model_tables import ModelTables, join_tables

@@ -112,6 +112,7 @@ def load_policy(cls: Any, artifact_dir: str | Path) -> Any:
         obj.default_learner_ = meta["default_learner"]
         obj.selection_ = meta["selection"]
         obj.n_train_ = meta["n_train"]
+        obj.training_data_ = meta.get("training_data")
         obj.train_lengths_ = np.asarray(meta["heuristic"]["train_prompt_lengths"], dtype=np.int64)
         grid = budget_grid(*obj.config.budget_range, N_CALIBRATION)
         chains = meta.get("fallback") or {}  # absent before the fallback: the learned rule everywhere
