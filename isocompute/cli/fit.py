@@ -171,8 +171,9 @@ def run_models(args: argparse.Namespace) -> int:
     config = base_config(args, plans=(), cost_unit="flops")
     me, inputs = load_estimates(args, config.actions)
     policy = fit_multi_policy(me, config, max_actions=args.max_actions, feasible_budgets=args.budgets is None,
-                              progress=True)
-    policy.training_data_["menu"] = {"plans": args.plans, "orders": args.orders, "max_actions": args.max_actions}
+                              learn_on=args.learn_on, progress=True)
+    policy.training_data_["menu"] = {"plans": args.plans, "orders": args.orders, "max_actions": args.max_actions,
+                                     "learn_on": args.learn_on}
     policy.save(args.out, inputs=inputs)
     from isocompute.cli.console import console as make_console
 
@@ -180,7 +181,7 @@ def run_models(args: argparse.Namespace) -> int:
     td = policy.training_data_
     console.print(f"policy → {args.out}  ({len(me.prompts)} prompts × models {', '.join(policy.models)} (cheapest "
                   f"first); {td['kept_actions']} of {td['menu_actions']} actions kept (hull, each model's plans, "
-                  f"the oracle's most used); budgets [{policy.config.budget_range[0]:.4g}, "
+                  f"the oracle's most used), the learners choose among {td['learnable_actions']} ({args.learn_on}); budgets [{policy.config.budget_range[0]:.4g}, "
                   f"{policy.config.budget_range[1]:.4g}] FLOPs)")
     console.print(f"default learner: [bold]{policy.default_learner_}[/bold] — "
                   f"{policy.selection_.get('why', policy.selection_['rule'])}")
@@ -413,4 +414,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-actions", type=int, default=40,
                    help="several models: the most actions the learner chooses from after pruning the menu on the "
                         "training prompts (the hull and each model's plans are always kept)")
+    p.add_argument("--learn-on", default="hull", choices=("hull", "menu"),
+                   help="several models: the actions the learners choose among — the hull of the kept actions' mean "
+                        "(FLOPs, accuracy) on the training prompts, or every kept action")
     p.set_defaults(func=run)

@@ -10,7 +10,10 @@
 and returns a :class:`ModelEstimates` (the joined tables, the FLOP shapes, the models cheapest first and
 the menu's estimates). :func:`fit_multi_policy` fits a :class:`~isocompute.policy.multi_policy.MultiPolicy`
 on rows of it: vote weights fitted on those rows (:func:`~isocompute.solver.action_estimates.fit_vote_weights`),
-the menu pruned on them (:func:`isocompute.policy.multi_menu.prune_menu`), the budget range — by default
+the menu pruned on them (:func:`isocompute.policy.multi_menu.prune_menu`), the learners restricted to the
+kept actions on the hull of their mean (cost, utility) on those rows (``learn_on="hull"``: labels 0 off
+it, so neither learner picks a column no fixed mix would — every model's other plans stay in the menu
+for the single-model rule and a model pin), the budget range — by default
 everything the kept actions can spend, rounded inwards to 4 significant digits as
 :func:`isocompute.policy.fitting.default_budget_range` does — and the policy fitted on the kept columns.
 Example: three MATH-500 models, 3,150 actions → 40 kept, budgets [1.2e13, 4.6e14] FLOPs.
@@ -32,7 +35,7 @@ import numpy as np
 
 from isocompute.errors import InputError
 from isocompute.policy.config import PolicyConfig
-from isocompute.policy.multi_menu import MAX_ACTIONS, prune_menu
+from isocompute.policy.multi_menu import MAX_ACTIONS, hull_columns, prune_menu
 from isocompute.policy.multi_policy import MultiPolicy
 from isocompute.solver.action_estimates import (
     ActionEstimates,
@@ -43,6 +46,8 @@ from isocompute.solver.action_estimates import (
 from isocompute.solver.allocate import feasible_range
 from isocompute.solver.model_actions import MenuConfig
 from isocompute.solver.model_tables import ModelTables, join_tables
+
+LEARN_ON = ("hull", "menu")
 
 
 @dataclass(frozen=True, eq=False)
@@ -105,10 +110,14 @@ def budget_range_of(C: np.ndarray) -> tuple[float, float]:
 
 
 def fit_multi_policy(me: ModelEstimates, config: PolicyConfig, *, rows: Sequence[int] | np.ndarray | None = None,
-                     max_actions: int = MAX_ACTIONS, feasible_budgets: bool = True,
+                     max_actions: int = MAX_ACTIONS, feasible_budgets: bool = True, learn_on: str = "hull",
                      progress: bool = False) -> MultiPolicy:
     """Fit a multi-model policy on ``rows`` of ``me`` (default all prompts; module docstring). ``config``
-    gives everything but the menu (its ``models``/``model_actions`` are set here; cost unit flops)."""
+    gives everything but the menu (its ``models``/``model_actions`` are set here; cost unit flops).
+    ``learn_on``: the columns the learners may choose — ``hull`` (default) the vertices of the upper
+    concave hull of the kept actions' mean (cost, utility) on these rows, ``menu`` every kept action."""
+    if learn_on not in LEARN_ON:
+        raise InputError(f"learn_on must be one of {', '.join(LEARN_ON)}; got {learn_on!r}.")
     r = np.arange(len(me.prompts)) if rows is None else np.asarray(rows, dtype=np.int64)
     est = me.estimates.subset(r)
     est = fit_vote_weights(est)
@@ -121,12 +130,19 @@ def fit_multi_policy(me: ModelEstimates, config: PolicyConfig, *, rows: Sequence
     if feasible_budgets:
         cfg = dataclasses.replace(cfg, budget_range=budget_range_of(est.cost))
     prompts = [me.prompts[i] for i in r]
+    labels = est.utility
+    learnable = np.arange(len(est.actions))
+    if learn_on == "hull":  # the learners' labels are 0 off the hull: they never choose those columns
+        learnable = hull_columns(est.utility.mean(axis=0), est.cost.mean(axis=0))
+        labels = np.zeros_like(est.utility)
+        labels[:, learnable] = est.utility[:, learnable]
     policy = MultiPolicy(cfg)
     policy.fit_arrays(prompts, est.utility, est.cost, samples=est.samples.sum(axis=2), waves=est.waves,
-                      progress=progress)
+                      labels=labels, progress=progress)
     policy.training_data_ = {"prompts_in_table": len(me.prompts), "dropped": 0, "dropped_ids": [], "min_samples": 0,
                              "ragged_prompts": 0, "summary": "", "menu_actions": len(me.estimates.actions),
-                             "kept_actions": len(est.actions)}
+                             "kept_actions": len(est.actions), "learn_on": learn_on,
+                             "learnable_actions": len(learnable)}
     return policy
 
 

@@ -15,7 +15,10 @@ adds (``isocompute fit`` caches the training prompts' probe values there). No pi
 refuses another kind, schema or a checksum mismatch; artifacts written before the probe, the extra
 features or the fallback existed load with ``probe=None``, ``feature_extras=()``, ``feature_cost_ = 0``
 and the learned rule serving every budget; artifacts written before plans (integer actions) load as
-the one-wave plans ``none@k`` (samples k, one wave).
+the one-wave plans ``none@k`` (samples k, one wave). A multi-model policy (config ``models`` and
+``model_actions``) stores its actions by stable names in ``plans`` too (``MODEL/PLAN`` stages,
+:func:`isocompute.solver.model_actions.parse_action`) and loads as
+:class:`~isocompute.policy.multi_policy.MultiPolicy` whichever class asked.
 
 Ignores: how the policy was fitted (:mod:`isocompute.policy.policy`); the files are only read back.
 """
