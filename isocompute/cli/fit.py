@@ -330,6 +330,8 @@ def _plays(policy: Any, rule: str, budget: float) -> str:
     names = [p.name for p in policy.plans]
     if rule == "fixed_plan":
         return policy.fixed_plan_at(budget).describe(names)
+    if rule == "escalate":
+        return "ranked by headroom: " + policy.fixed_plan_at(budget).describe(names)
     if rule == "single_model":
         model, choice = policy.single_model_at(budget)
         return f"{model}: {choice.describe(names)}"

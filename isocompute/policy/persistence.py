@@ -139,6 +139,8 @@ def load_policy(cls: Any, artifact_dir: str | Path) -> Any:
         raise ArtifactError(f"{d}: the policy artifact is incomplete or malformed ({type(e).__name__}: {e}); "
                             "re-create it with `isocompute fit`.") from e
     obj.manifest_ = manifest
+    if hasattr(obj, "load_extras"):  # a multi-model policy's escalate scores
+        obj.load_extras(d)
     return obj
 
 
