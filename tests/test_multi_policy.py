@@ -227,3 +227,31 @@ def test_tiny_world_fit_and_report(tiny_world, tmp_path):
     rep = json.loads((out / "report.json").read_text())
     assert rep["models"] == ["tiny-s", "tiny-l"] and not rep["completion_only"]
     assert all(e["methods"]["learned"]["cost"] > 0 for e in rep["budgets"])
+
+
+def test_escalate_gives_the_dearer_action_to_the_prompts_the_score_ranks_first():
+    from isocompute.policy.crossfit import crossfit_folds
+    from isocompute.policy.fixed_plans import FixedPlanChoice
+    from isocompute.policy.multi_escalate import HeadroomScore
+
+    rng = np.random.default_rng(0)
+    n = 300
+    hard = rng.random(n) < 0.3  # the dearer action helps exactly the hard prompts, which the feature shows
+    X = np.column_stack([hard + 0.1 * rng.standard_normal(n), rng.standard_normal(n)])
+    U = np.column_stack([np.where(hard, 0.2, 1.0), np.ones(n)])
+    C = np.column_stack([np.ones(n), np.full(n, 3.0)])
+    folds = crossfit_folds(n, 3, 0)
+    score = HeadroomScore(n_rounds=20, min_data_in_leaf=5).fit(X, U, C, folds, rng.random(n))
+    assert (score.base_, score.top_) == (0, 1)
+    budgets = [1.0, 1.6, 2.0, 3.0]
+    esc = score.oof_scores(U, C, folds, budgets)
+    from isocompute.policy.fixed_rule import fixed_plan_scores
+
+    fixed = fixed_plan_scores(U, C, folds, budgets)
+    assert esc[0].mean() == pytest.approx(fixed[0].mean())  # no mix at the cheapest budget: the same action
+    assert esc[1].mean() > fixed[1].mean() + 0.1  # a share 0.3 of the dearer action, on the hard prompts
+    assert esc[3].mean() == pytest.approx(1.0)
+    choice = FixedPlanChoice(0, 1, 0.3, 1.6, 1.6, 0.0)
+    g = np.array([0.9, 0.1, 0.5])
+    assert HeadroomScore.actions(g, choice, 0.4).tolist() == [1, 0, 1]
+    assert HeadroomScore.actions(g, FixedPlanChoice(1, 1, 0.0, 3, 3, 1), 0.4).tolist() == [1, 1, 1]

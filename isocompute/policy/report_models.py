@@ -9,11 +9,14 @@ never-worse chain's rule). Per budget, the methods:
 * **oracle** — the Lagrangian oracle over every action of the full menu, in hindsight (a bound);
 * **learned** — the policy as served, with the share of prompts each rule served;
 * **best single model** — each model's best fixed plan (one of its plans, or a budget-matched mix of
-  two) chosen on the fold's training part at the budget the learned policy *realised* on the held-out
-  part (matched FLOPs, fold by fold), and of the models the one with the best held-out accuracy, picked
-  in hindsight (the choice most favourable to the baseline); where a model's cheapest plan costs more, it
-  plays that plan, and it is no candidate at that budget if that is over 5% more on some fold (so at the
-  grid's cheapest budget the cheapest model is compared, spending what its cheapest plan spends);
+  two) chosen on the training folds and scored held out on a fine grid of budgets (``n_fine``, the same
+  fold splits), its curve of (mean realised FLOPs, per-prompt utility) interpolated at the learned
+  policy's mean *realised* FLOPs — a mix of two neighbouring grid points, itself a fixed policy — and of
+  the models the one with the best accuracy there, picked in hindsight (the choice most favourable to
+  the baseline); a model whose curve starts more than 5% above that cost is no candidate (at the grid's
+  cheapest budget the cheapest model's cheapest plan is compared, spending what it spends). Matching
+  each fold's realised cost instead would hand the baseline the folds' prompt-length noise (a fold of
+  long answers buys it more samples);
 * **uniform maj@k** of each model (adjacent k mixed to the budget; None outside its range);
 * **fixed cascade** — one cascade (or a mix of two) for everyone, chosen on the training folds
   (:func:`isocompute.policy.model_baselines.best_fixed`, the same folds).
@@ -23,8 +26,9 @@ single model carries a paired bootstrap 95% CI over prompts. **Reach**: for each
 grid budget at which a method's held-out accuracy reaches that model's uniform maj@16 accuracy, its
 realised FLOPs, and that as a fraction of maj@16's FLOPs (target ≤ 1/4).
 
-Worked example: at a budget of 2.5e13 FLOPs the learned policy realises 2.47e13 on a fold; the best
-single model's fixed plan is then chosen at 2.47e13 on the other four folds and scored on this one.
+Worked example: at a budget of 2.5e13 FLOPs the learned policy realises 2.47e13 on average; the best
+single model's curve has held-out points (2.40e13, 0.9700) and (2.55e13, 0.9730), so its matched point
+is 0.9714 at 2.47e13 (t = 0.47 of the way).
 
 Ignores: serving latency, and Monte Carlo noise in the weighted votes' columns (taken as estimated).
 """
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,7 +48,7 @@ from isocompute.policy.model_baselines import best_fixed, uniform_at_budget, uni
 from isocompute.policy.multi_fit import ModelEstimates, fit_multi_policy, policy_columns
 from isocompute.solver.action_estimates import oracle
 
-REACH_TOLERANCE = 0.05  # a model is a baseline candidate where its cheapest plan costs at most 5% more
+REACH_TOLERANCE = 0.05  # a model is a baseline candidate where its curve reaches the cost within 5%
 
 def budget_grid(me: ModelEstimates, n: int, k_top: int = 16) -> np.ndarray:
     """``n`` log-spaced mean-FLOPs budgets from the cheapest model's 1-sample cost to the dearest
@@ -67,7 +72,7 @@ def _gain(method: np.ndarray, base: np.ndarray, rng: np.random.Generator, n_boot
 
 def evaluate_models(me: ModelEstimates, config: PolicyConfig, budgets: Sequence[float], *, folds: int = 5,
                     seeds: Sequence[int] = (0, 1, 2), max_actions: int = 40, learn_on: str = "hull",
-                    n_boot: int = 2000, seed: int = 0,
+                    n_fine: int = 60, n_boot: int = 2000, seed: int = 0,
                     progress: bool = False) -> dict[str, Any]:
     """The report's figures (module docstring) as a JSON-able dict."""
     from tqdm.auto import tqdm
@@ -78,10 +83,7 @@ def evaluate_models(me: ModelEstimates, config: PolicyConfig, budgets: Sequence[
     model_cols = {m: est.columns(model=m) for m in me.models}
     S = len(seeds)
     learned_u, learned_c = np.zeros((S, B, N)), np.zeros((S, B, N))
-    single_u = {m: np.zeros((S, B, N)) for m in me.models}
-    single_c = {m: np.zeros((S, B, N)) for m in me.models}
     rules: list[dict[str, int]] = [{} for _ in range(B)]
-    out_of_reach = {m: np.zeros(B, dtype=bool) for m in me.models}
     kept = []
     with tqdm(total=S * folds, desc="report: fold fits", unit="fit", disable=not progress) as bar:
         for si, s in enumerate(seeds):
@@ -99,25 +101,19 @@ def evaluate_models(me: ModelEstimates, config: PolicyConfig, budgets: Sequence[
                     a = cols[d.action_index]
                     learned_u[si, bi, ho], learned_c[si, bi, ho] = est.utility[ho, a], est.cost[ho, a]
                     rules[bi][d.rule] = rules[bi].get(d.rule, 0) + len(ho)
-                    realised = float(learned_c[si, bi, ho].mean())
-                    for m, mc in model_cols.items():
-                        U, C = est.utility[:, mc], est.cost[:, mc]
-                        cheapest = float(C[tr].mean(axis=0).min())
-                        if cheapest > realised * (1 + REACH_TOLERANCE):  # no candidate at these FLOPs
-                            out_of_reach[m][bi] = True
-                        ch = choose_fixed_plan(U[tr], C[tr], max(realised, cheapest))
-                        single_u[m][si, bi, ho], single_c[m][si, bi, ho] = ch.utility(U[ho]), ch.cost(C[ho])
                 bar.update(1)
     rng = np.random.default_rng(seed)
     lu, lc = learned_u.mean(axis=0), learned_c.mean(axis=0)
-    su = {m: v.mean(axis=0) for m, v in single_u.items()}
-    sc = {m: v.mean(axis=0) for m, v in single_c.items()}
+    curves = {m: single_model_curve(est, model_cols[m], folds, seeds, n_fine) for m in me.models}
     cascades = est.columns(kind="cascade")
     rows, cascade_u = [], []
     for bi, b in enumerate(budgets):
         orc = oracle(est, float(b))
-        cands = [m for m in me.models if not out_of_reach[m][bi]] or [me.models[0]]
-        best_m = max(cands, key=lambda m: su[m][bi].mean())
+        target = float(lc[bi].mean())
+        at = {m: curve.at(target) for m, curve in curves.items()}
+        cands = [m for m in me.models if at[m][1] <= target * (1 + REACH_TOLERANCE)] or [me.models[0]]
+        best_m = max(cands, key=lambda m: at[m][0].mean())
+        base_u, base_c = at[best_m]
         cas = _fixed_over_seeds(est, cascades, float(b), folds, seeds)
         cascade_u.append(None if cas is None else cas[0])
         uni = {m: uniform_at_budget(est, m, float(b)) for m in me.models}
@@ -127,19 +123,61 @@ def evaluate_models(me: ModelEstimates, config: PolicyConfig, budgets: Sequence[
                 "oracle": {"accuracy": orc.accuracy, "cost": orc.mean_cost},
                 "learned": {"accuracy": float(lu[bi].mean()), "cost": float(lc[bi].mean()),
                             "rules": {r: n / (S * N) for r, n in sorted(rules[bi].items())}},
-                "best_single": {"accuracy": float(su[best_m][bi].mean()), "cost": float(sc[best_m][bi].mean()),
-                                "model": best_m},
+                "best_single": {"accuracy": float(base_u.mean()), "cost": base_c, "model": best_m},
                 "fixed_cascade": None if cas is None else {"accuracy": float(cas[0].mean()), "cost": float(cas[1].mean()),
                                                            "plays": cas[2]},
                 **{f"uniform {m}": None if h is None else {"accuracy": h.accuracy, "cost": h.mean_cost,
                                                            "plays": h.choices[0]} for m, h in uni.items()},
             },
-            "gain_vs_best_single": _gain(lu[bi], su[best_m][bi], rng, n_boot),
+            "gain_vs_best_single": _gain(lu[bi], base_u, rng, n_boot),
         })
     reach = _reach(me, budgets, lu, lc, cascade_u)
     return {"models": list(me.models), "n_prompts": N, "folds": folds, "seeds": list(seeds), "cost_unit": "flops",
             "menu_actions": len(est.actions), "kept_actions": [int(min(kept)), int(max(kept))],
             "completion_only": all(est.completion_only.values()), "budgets": rows, "reach": reach}
+
+
+@dataclass(frozen=True, eq=False)
+class Curve:
+    """A method's held-out curve: per budget of a fine grid, the per-prompt utility (B, N) and the mean
+    realised cost (B,), averaged over fold splits; :meth:`at` interpolates it at a mean cost."""
+
+    utility: np.ndarray
+    cost: np.ndarray
+
+    def at(self, cost: float) -> tuple[np.ndarray, float]:
+        """(per-prompt utility, mean cost) of the budget-matched mix of the two grid points whose mean
+        costs bracket ``cost`` (an achievable point: play one with probability 1 − t, the other with t);
+        the cheapest point below the curve, the best point above it."""
+        order = np.argsort(self.cost, kind="stable")
+        c, u = self.cost[order], self.utility[order]
+        if cost <= c[0]:
+            return u[0], float(c[0])
+        if cost >= c[-1]:
+            j = int(np.argmax(u.mean(axis=1)))
+            return u[j], float(c[j])
+        k = int(np.searchsorted(c, cost))
+        t = (cost - c[k - 1]) / max(c[k] - c[k - 1], 1e-300)
+        return (1 - t) * u[k - 1] + t * u[k], float(cost)
+
+
+def single_model_curve(est: Any, cols: np.ndarray, folds: int, seeds: Sequence[int], n_fine: int) -> Curve:
+    """One model's best fixed plan on a fine log grid from its cheapest plan's to its dearest plan's mean
+    cost, chosen on each split's training folds and scored on the held-out one, averaged over seeds."""
+    c_bar = est.cost[:, cols].mean(axis=0)
+    grid = np.geomspace(c_bar.min(), c_bar.max(), n_fine)
+    U, C = est.utility[:, cols], est.cost[:, cols]
+    N = U.shape[0]
+    util, cost = np.zeros((len(seeds), n_fine, N)), np.zeros((len(seeds), n_fine, N))
+    for si, s in enumerate(seeds):
+        fold = fold_assignment(N, folds, s)
+        for f in range(folds):
+            tr, ho = fold != f, fold == f
+            floor = float(C[tr].mean(axis=0).min())
+            for gi, b in enumerate(grid):
+                ch = choose_fixed_plan(U[tr], C[tr], max(float(b), floor))
+                util[si, gi, ho], cost[si, gi, ho] = ch.utility(U[ho]), ch.cost(C[ho])
+    return Curve(util.mean(axis=0), cost.mean(axis=0).mean(axis=1))
 
 
 def _fixed_over_seeds(est: Any, cols: np.ndarray, budget: float, folds: int,
