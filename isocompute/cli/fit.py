@@ -171,9 +171,9 @@ def run_models(args: argparse.Namespace) -> int:
     config = base_config(args, plans=(), cost_unit="flops")
     me, inputs = load_estimates(args, config.actions)
     policy = fit_multi_policy(me, config, max_actions=args.max_actions, feasible_budgets=args.budgets is None,
-                              learn_on=args.learn_on, progress=True)
+                              learn_on=args.learn_on, fallback=_rules(args.fallback_rules), progress=True)
     policy.training_data_["menu"] = {"plans": args.plans, "orders": args.orders, "max_actions": args.max_actions,
-                                     "learn_on": args.learn_on}
+                                     "learn_on": args.learn_on, "fallback": list(policy.config.fallback)}
     policy.save(args.out, inputs=inputs)
     from isocompute.cli.console import console as make_console
 
@@ -187,6 +187,11 @@ def run_models(args: argparse.Namespace) -> int:
                   f"{policy.selection_.get('why', policy.selection_['rule'])}")
     _print_chain(console, policy)
     return 0
+
+
+def _rules(text: str | None) -> tuple[str, ...] | None:
+    """--fallback-rules "escalate,single_model" → the tuple (None: the default chain)."""
+    return None if text is None else tuple(r.strip() for r in text.split(",") if r.strip())
 
 
 def run_one(args: argparse.Namespace) -> int:
@@ -416,6 +421,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-actions", type=int, default=40,
                    help="several models: the most actions the learner chooses from after pruning the menu on the "
                         "training prompts (the hull and each model's plans are always kept)")
+    p.add_argument("--fallback-rules",
+                   help="several models: the never-worse chain after the learned rule, comma-separated among "
+                        "escalate, fixed_plan, single_model (default: all three, in that order)")
     p.add_argument("--learn-on", default="hull", choices=("hull", "menu"),
                    help="several models: the actions the learners choose among — the hull of the kept actions' mean "
                         "(FLOPs, accuracy) on the training prompts, or every kept action")

@@ -52,7 +52,8 @@ def run_models(args: argparse.Namespace) -> int:
     config = policy.config  # fit_multi_policy replaces its menu per fold
     report = evaluate_models(me, config, budgets, folds=args.folds, seeds=parse_seeds(args.seeds),
                              max_actions=int(menu.get("max_actions", len(policy.plans))),
-                             learn_on=menu.get("learn_on", "hull"), n_boot=args.bootstrap,
+                             learn_on=menu.get("learn_on", "hull"), fallback=policy.config.fallback,
+                             n_boot=args.bootstrap,
                              seed=args.seed, progress=True)
     report["policy"] = {"path": str(args.policy), "default_learner": policy.default_learner_,
                         "config": policy.config.to_dict(), "menu": menu}

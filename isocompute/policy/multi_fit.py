@@ -111,11 +111,13 @@ def budget_range_of(C: np.ndarray) -> tuple[float, float]:
 
 def fit_multi_policy(me: ModelEstimates, config: PolicyConfig, *, rows: Sequence[int] | np.ndarray | None = None,
                      max_actions: int = MAX_ACTIONS, feasible_budgets: bool = True, learn_on: str = "hull",
-                     progress: bool = False) -> MultiPolicy:
+                     fallback: Sequence[str] | None = None, progress: bool = False) -> MultiPolicy:
     """Fit a multi-model policy on ``rows`` of ``me`` (default all prompts; module docstring). ``config``
     gives everything but the menu (its ``models``/``model_actions`` are set here; cost unit flops).
     ``learn_on``: the columns the learners may choose — ``hull`` (default) the vertices of the upper
-    concave hull of the kept actions' mean (cost, utility) on these rows, ``menu`` every kept action."""
+    concave hull of the kept actions' mean (cost, utility) on these rows, ``menu`` every kept action.
+    ``fallback``: the never-worse chain after the learned rule (default ``escalate, fixed_plan,
+    single_model``; ``()`` when ``config.fallback`` is empty, i.e. ``--no-fallback``)."""
     if learn_on not in LEARN_ON:
         raise InputError(f"learn_on must be one of {', '.join(LEARN_ON)}; got {learn_on!r}.")
     r = np.arange(len(me.prompts)) if rows is None else np.asarray(rows, dtype=np.int64)
@@ -126,7 +128,8 @@ def fit_multi_policy(me: ModelEstimates, config: PolicyConfig, *, rows: Sequence
         raise InputError("a multi-model policy reads the prompt text only; drop --probe-model and --features.")
     cfg = dataclasses.replace(config, cost_unit="flops", plans=(), models=me.models,
                               model_actions=tuple(a.name for a in est.actions),
-                              fallback=None if config.fallback is None or config.fallback else ())
+                              fallback=(tuple(fallback) if fallback is not None
+                                        else None if config.fallback else ()))
     if feasible_budgets:
         cfg = dataclasses.replace(cfg, budget_range=budget_range_of(est.cost))
     prompts = [me.prompts[i] for i in r]

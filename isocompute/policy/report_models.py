@@ -72,7 +72,7 @@ def _gain(method: np.ndarray, base: np.ndarray, rng: np.random.Generator, n_boot
 
 def evaluate_models(me: ModelEstimates, config: PolicyConfig, budgets: Sequence[float], *, folds: int = 5,
                     seeds: Sequence[int] = (0, 1, 2), max_actions: int = 40, learn_on: str = "hull",
-                    n_fine: int = 60, n_boot: int = 2000, seed: int = 0,
+                    fallback: Sequence[str] | None = None, n_fine: int = 60, n_boot: int = 2000, seed: int = 0,
                     progress: bool = False) -> dict[str, Any]:
     """The report's figures (module docstring) as a JSON-able dict."""
     from tqdm.auto import tqdm
@@ -91,7 +91,7 @@ def evaluate_models(me: ModelEstimates, config: PolicyConfig, budgets: Sequence[
             for f in range(folds):
                 tr, ho = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
                 pol = fit_multi_policy(me, dataclasses.replace(config, seed=s), rows=tr, max_actions=max_actions,
-                                       learn_on=learn_on)
+                                       learn_on=learn_on, fallback=fallback)
                 kept.append(len(pol.plans))
                 cols = policy_columns(pol, est)
                 lo, hi = pol.budget_range
