@@ -60,8 +60,9 @@ class Decision:
     Several models (:mod:`isocompute.policy.multi_policy`): ``model_actions`` gives per prompt the
     :class:`~isocompute.solver.model_actions.Action` to run (stages of (model, plan): one plan, a cascade
     or an ensemble; ``Action.name`` / ``parse_action`` for its stable name), ``plans`` is then ``()``, ``k``
-    each action's most samples summed over its stages, costs in FLOPs, and ``rule`` may be
-    ``single_model`` (the best single model's best fixed plan, or a pinned model's). ``model_actions`` is
+    each action's most samples summed over its stages, costs in FLOPs, and ``rule`` may also be
+    ``escalate`` (the fixed action's mix, the dearer action to the prompts a learned score ranks first)
+    or ``single_model`` (the best single model's best fixed plan, or a pinned model's). ``model_actions`` is
     ``()`` for a single-model policy.
     """
 
