@@ -23,7 +23,8 @@ never-worse chain's rule). Per budget, the methods:
 
 Utilities are expectations per prompt, averaged over seeds; the learned policy's gain over the best
 single model carries a paired bootstrap 95% CI over prompts. **Reach**: for each model, the smallest
-grid budget at which a method's held-out accuracy reaches that model's uniform maj@16 accuracy, its
+budget (of the shown grid and ``n_reach`` more log-spaced ones, where the learned policy also decides)
+at which a method's held-out accuracy reaches that model's uniform maj@16 accuracy, its
 realised FLOPs, and that as a fraction of maj@16's FLOPs (target ≤ 1/4).
 
 Worked example: at a budget of 2.5e13 FLOPs the learned policy realises 2.47e13 on average; the best
@@ -72,14 +73,17 @@ def _gain(method: np.ndarray, base: np.ndarray, rng: np.random.Generator, n_boot
 
 def evaluate_models(me: ModelEstimates, config: PolicyConfig, budgets: Sequence[float], *, folds: int = 5,
                     seeds: Sequence[int] = (0, 1, 2), max_actions: int = 40, learn_on: str = "hull",
-                    fallback: Sequence[str] | None = None, n_fine: int = 60, n_boot: int = 2000, seed: int = 0,
+                    fallback: Sequence[str] | None = None, n_fine: int = 60, n_reach: int = 30, n_boot: int = 2000,
+                    seed: int = 0,
                     progress: bool = False) -> dict[str, Any]:
     """The report's figures (module docstring) as a JSON-able dict."""
     from tqdm.auto import tqdm
 
     est = me.estimates
+    shown = np.asarray(budgets, dtype=np.float64)
+    budgets = np.unique(np.concatenate([shown, np.geomspace(shown.min(), shown.max(), n_reach)])) if n_reach else shown
+    rows_at = np.searchsorted(budgets, shown)  # the shown budgets' places in the evaluated grid
     N, B = len(me.prompts), len(budgets)
-    budgets = np.asarray(budgets, dtype=np.float64)
     model_cols = {m: est.columns(model=m) for m in me.models}
     S = len(seeds)
     learned_u, learned_c = np.zeros((S, B, N)), np.zeros((S, B, N))
@@ -106,16 +110,17 @@ def evaluate_models(me: ModelEstimates, config: PolicyConfig, budgets: Sequence[
     lu, lc = learned_u.mean(axis=0), learned_c.mean(axis=0)
     curves = {m: single_model_curve(est, model_cols[m], folds, seeds, n_fine) for m in me.models}
     cascades = est.columns(kind="cascade")
-    rows, cascade_u = [], []
-    for bi, b in enumerate(budgets):
+    cascade_u = [_fixed_over_seeds(est, cascades, float(b), folds, seeds) for b in budgets]
+    rows = []
+    for bi in rows_at:
+        b = budgets[bi]
         orc = oracle(est, float(b))
         target = float(lc[bi].mean())
         at = {m: curve.at(target) for m, curve in curves.items()}
         cands = [m for m in me.models if at[m][1] <= target * (1 + REACH_TOLERANCE)] or [me.models[0]]
         best_m = max(cands, key=lambda m: at[m][0].mean())
         base_u, base_c = at[best_m]
-        cas = _fixed_over_seeds(est, cascades, float(b), folds, seeds)
-        cascade_u.append(None if cas is None else cas[0])
+        cas = cascade_u[bi]
         uni = {m: uniform_at_budget(est, m, float(b)) for m in me.models}
         rows.append({
             "budget": float(b),
@@ -131,7 +136,7 @@ def evaluate_models(me: ModelEstimates, config: PolicyConfig, budgets: Sequence[
             },
             "gain_vs_best_single": _gain(lu[bi], base_u, rng, n_boot),
         })
-    reach = _reach(me, budgets, lu, lc, cascade_u)
+    reach = _reach(me, budgets, lu, lc, [None if c is None else c[0] for c in cascade_u])
     return {"models": list(me.models), "n_prompts": N, "folds": folds, "seeds": list(seeds), "cost_unit": "flops",
             "menu_actions": len(est.actions), "kept_actions": [int(min(kept)), int(max(kept))],
             "completion_only": all(est.completion_only.values()), "budgets": rows, "reach": reach}
@@ -194,7 +199,7 @@ def _fixed_over_seeds(est: Any, cols: np.ndarray, budget: float, folds: int,
 def _reach(me: ModelEstimates, budgets: np.ndarray, lu: np.ndarray, lc: np.ndarray,
            cascade_u: list[np.ndarray | None]) -> list[dict[str, Any]]:
     """Per model: its maj@16 accuracy and FLOPs, and the first grid budget where the learned policy (and
-    the fixed cascade) reach that accuracy, with the learned policy's realised FLOPs there."""
+    the fixed cascade) reach that accuracy, with the learned policy's realised FLOPs there (``budgets``: the shown grid and ``n_reach`` more log-spaced ones)."""
     est = me.estimates
     out = []
     for m in me.models:
