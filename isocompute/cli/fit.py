@@ -160,7 +160,7 @@ def run_one(args: argparse.Namespace) -> int:
         feature_extras=parse_features(args.features), extra_components=args.extra_components,
         feature_cost=args.feature_cost, fallback=() if args.no_fallback else None,
         plans=parse_plans(args.plans, actions, args.strategy), plan_costs=args.plan_costs,
-        fixed_plan_level=args.fixed_plan_level,
+        fixed_plan_level=0.95 if args.fixed_plan_level is None else args.fixed_plan_level,
         fallback_level=args.fallback_level, fallback_margin=args.fallback_margin, min_samples=args.min_samples,
         ragged=args.ragged, shrinkage=args.shrinkage,
     )
@@ -363,9 +363,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--fallback-level", type=float, default=0.99,
                    help="one-sided confidence level of the never-worse tests (learned vs fixed plan vs uniform, per "
                         "budget)")
-    p.add_argument("--fixed-plan-level", type=float, default=0.95,
+    p.add_argument("--fixed-plan-level", type=float,
                    help="one-sided confidence level of the fixed plan's test against uniform (two numbers chosen "
-                        "on the training prompts need less protection than the learned rule's --fallback-level)")
+                        "on the training prompts need less protection than the learned rule's --fallback-level); "
+                        "default 0.95, and with several models --fallback-level (the fixed action is chosen among "
+                        "dozens, Monte Carlo-estimated votes among them)")
     p.add_argument("--fallback-margin", type=float, default=0.0,
                    help="relative gain over the next rule a rule's lower confidence bound must exceed")
     from isocompute.cli.models_input import add_model_args

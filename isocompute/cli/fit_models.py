@@ -27,7 +27,8 @@ def base_config(args: argparse.Namespace, *, plans: tuple[str, ...], cost_unit: 
         learner=args.learner, cost_unit=cost_unit, calibration_folds=args.calibration_folds,
         n_components=args.svd_components, n_rounds=args.n_rounds, calibrate_to=args.calibrate_to, seed=args.seed,
         fallback=() if args.no_fallback else None, plans=plans, plan_costs=args.plan_costs,
-        fixed_plan_level=args.fixed_plan_level, fallback_level=args.fallback_level,
+        fixed_plan_level=args.fallback_level if args.fixed_plan_level is None else args.fixed_plan_level,
+        fallback_level=args.fallback_level,
         fallback_margin=args.fallback_margin)
 
 
