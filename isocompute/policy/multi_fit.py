@@ -91,11 +91,13 @@ def model_estimates(tables: Mapping[str, Any], *, params: Mapping[str, float] | 
 
     mt = join_tables(dict(tables))
     flops = resolve_model_flops(mt, params=params, configs=configs)  # before alignment: fail fast on costs
-    if grader is None:
-        with Grader(workers=2) as g:
-            al = align_answers(mt.answers(), mt.kind, golds=mt.golds, grader=g, cache=align_cache)
-    else:
-        al = align_answers(mt.answers(), mt.kind, golds=mt.golds, grader=grader, cache=align_cache)
+    own = grader is None
+    g = Grader(workers=2) if own else grader  # its pool starts on the first grading call: not on a cache hit
+    try:
+        al = align_answers(mt.answers(), mt.kind, golds=mt.golds, grader=g, cache=align_cache)
+    finally:
+        if own:
+            g.close()
     mt = mt.with_classes(al.classes)
     est = estimate_menu(mt, flops, menu)
     return ModelEstimates(mt, flops, tuple(models_by_cost(mt, flops)), est)
