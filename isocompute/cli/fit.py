@@ -380,6 +380,6 @@ def register(subparsers: Any) -> None:
                    help="several models: the never-worse chain after the learned rule, comma-separated among "
                         "escalate, fixed_plan, single_model (default: all three, in that order)")
     p.add_argument("--learn-on", default="hull", choices=("hull", "menu"),
-                   help="several models: the actions the learners choose among — the hull of the kept actions' mean "
-                        "(FLOPs, accuracy) on the training prompts, or every kept action")
+                   help="several models: the actions the learners are trained toward (labels 0 elsewhere) — the "
+                        "hull of the kept actions' mean (FLOPs, accuracy) on the training prompts, or every kept action")
     p.set_defaults(func=run)

@@ -54,7 +54,7 @@ def run_models(args: argparse.Namespace) -> int:
     td = policy.training_data_
     console.print(f"policy → {args.out}  ({len(me.prompts)} prompts × models {', '.join(policy.models)} (cheapest "
                   f"first); {td['kept_actions']} of {td['menu_actions']} actions kept (hull, each model's plans, "
-                  f"the oracle's most used), the learners choose among {td['learnable_actions']} ({args.learn_on}); budgets [{policy.config.budget_range[0]:.4g}, "
+                  f"the oracle's most used), the learners are trained toward {td['learnable_actions']} ({args.learn_on}); budgets [{policy.config.budget_range[0]:.4g}, "
                   f"{policy.config.budget_range[1]:.4g}] FLOPs)")
     console.print(f"default learner: [bold]{policy.default_learner_}[/bold] — "
                   f"{policy.selection_.get('why', policy.selection_['rule'])}")

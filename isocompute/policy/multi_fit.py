@@ -10,10 +10,11 @@
 and returns a :class:`ModelEstimates` (the joined tables, the FLOP shapes, the models cheapest first and
 the menu's estimates). :func:`fit_multi_policy` fits a :class:`~isocompute.policy.multi_policy.MultiPolicy`
 on rows of it: vote weights fitted on those rows (:func:`~isocompute.solver.action_estimates.fit_vote_weights`),
-the menu pruned on them (:func:`isocompute.policy.multi_menu.prune_menu`), the learners restricted to the
+the menu pruned on them (:func:`isocompute.policy.multi_menu.prune_menu`), the learners trained toward the
 kept actions on the hull of their mean (cost, utility) on those rows (``learn_on="hull"``: labels 0 off
-it, so neither learner picks a column no fixed mix would — every model's other plans stay in the menu
-for the single-model rule and a model pin), the budget range — by default
+it; every model's other plans stay in the menu for the single-model rule and a model pin — a soft
+restriction: the classifier's oracle labels never name an off-hull column, but the utility learner's Û
+of one can still win, e.g. ``Qwen3-14B/none@16`` for 0.4–6% of MATH-500 prompts), the budget range — by default
 everything the kept actions can spend, rounded inwards to 4 significant digits as
 :func:`isocompute.policy.fitting.default_budget_range` does — and the policy fitted on the kept columns.
 Example: three MATH-500 models, 3,150 actions → 40 kept, budgets [1.2e13, 4.6e14] FLOPs.
@@ -116,8 +117,8 @@ def fit_multi_policy(me: ModelEstimates, config: PolicyConfig, *, rows: Sequence
                      fallback: Sequence[str] | None = None, progress: bool = False) -> MultiPolicy:
     """Fit a multi-model policy on ``rows`` of ``me`` (default all prompts; module docstring). ``config``
     gives everything but the menu (its ``models``/``model_actions`` are set here; cost unit flops).
-    ``learn_on``: the columns the learners may choose — ``hull`` (default) the vertices of the upper
-    concave hull of the kept actions' mean (cost, utility) on these rows, ``menu`` every kept action.
+    ``learn_on``: the columns the learners are trained toward — ``hull`` (default) the vertices of the
+    upper concave hull of the kept actions' mean (cost, utility) on these rows, ``menu`` every kept action.
     ``fallback``: the never-worse chain after the learned rule (default ``escalate, fixed_plan,
     single_model``; ``()`` when ``config.fallback`` is empty, i.e. ``--no-fallback``)."""
     if learn_on not in LEARN_ON:
@@ -137,7 +138,7 @@ def fit_multi_policy(me: ModelEstimates, config: PolicyConfig, *, rows: Sequence
     prompts = [me.prompts[i] for i in r]
     labels = est.utility
     learnable = np.arange(len(est.actions))
-    if learn_on == "hull":  # the learners' labels are 0 off the hull: they never choose those columns
+    if learn_on == "hull":  # the learners' labels are 0 off the hull (a soft restriction, module docstring)
         learnable = hull_columns(est.utility.mean(axis=0), est.cost.mean(axis=0))
         labels = np.zeros_like(est.utility)
         labels[:, learnable] = est.utility[:, learnable]
