@@ -43,7 +43,7 @@ def is_multi(args: argparse.Namespace) -> bool:
         raise InputError("pass either one outcome table (positional) or several with --outcomes NAME=TABLE, not both.")
     if not multi and args.outcomes is None:
         raise InputError("pass an outcome table (positional), or one per model with --outcomes NAME=TABLE (repeated).")
-    if not multi and (args.model_params or args.model_configs or args.align_cache):
+    if not multi and any(getattr(args, k, None) for k in ("model_params", "model_configs", "align_cache")):
         raise InputError("--model-params, --model and --align-cache apply to several models; add --outcomes "
                          "NAME=TABLE for each model.")
     return multi
