@@ -86,9 +86,9 @@ def pool_names(s: Settings, injected: dict[str, Engine] | None) -> list[str]:
     return list(dict.fromkeys([*s.model_upstreams, *s.model_dirs, *(injected or {})]))
 
 
-def has_bare_pool(s: Settings, injected: Engine | None) -> bool:
-    return injected is not None or bool(s.upstreams) or s.model_dir is not None or not (s.model_upstreams
-                                                                                          or s.model_dirs)
+def has_bare_pool(s: Settings, injected: Engine | None, names: list[str]) -> bool:
+    """Whether there is a bare (unnamed) pool: one configured or injected, or no named pool at all."""
+    return injected is not None or bool(s.upstreams) or s.model_dir is not None or not names
 
 
 def model_facts(engine: Engine, model_dir: Path | None) -> tuple[Any, Any, int | None]:
@@ -205,7 +205,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     pools: dict[str, ModelPool] = {}
     try:
         engine = None
-        if has_bare_pool(s, injected["engine"]):
+        if has_bare_pool(s, injected["engine"], names):
             engine, facts = await start_pool(s, injected["engine"], s.model_dir, owned)
         for name in names:
             given = (injected["engines"] or {}).get(name)
