@@ -190,7 +190,7 @@ def test_a_single_model_server_keeps_its_model_check():
 
 def test_a_policy_on_a_model_without_a_pool_stops_the_start_up():
     c, _ = client("s/none@2 > x/none@2", eng=engines())
-    with pytest.raises(InputError, match=r"model\(s\) x .*--upstream x=URL"):
+    with pytest.raises(InputError, match=r"no pool for model\(s\) x, .*--upstream x=URL"):
         with c:
             pass
 

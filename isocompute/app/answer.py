@@ -19,7 +19,7 @@ anything but sample order.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -29,7 +29,8 @@ from isocompute.app.plan_run import PlanRun
 from isocompute.app.routing import Routing
 from isocompute.app.schemas import IsoComputeInfo, ProbeInfo, StageInfo
 
-__all__ = ["Answer", "Picked", "Verifier", "action_info", "answer_info", "pick_sample", "plan_flops"]
+__all__ = ["Answer", "Picked", "StageCost", "Verifier", "action_info", "answer_info", "pick_sample", "plan_flops",
+           "stage_costs"]
 
 
 class Verifier(Protocol):
@@ -113,6 +114,28 @@ def answer_info(run: PlanRun, routing: Routing, i: int, picked: Picked, *, strat
         probe=None if pr is None else ProbeInfo(name=pr.name, value=pr.values[i], tokens=pr.tokens[i],
                                                 cost=pr.declared_cost, flops=pr.flops[i]),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class StageCost:
+    """What one stage of an action spent: its prompt's tokens (each model reads the prompt), its samples'
+    completion tokens, and their FLOPs on that stage's model (None without its config)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    flops: float | None
+
+
+def stage_costs(run: ActionRun, model_flops: Mapping[str, Any], *, prefix_caching: bool) -> list[StageCost]:
+    """Each stage's :class:`StageCost`: :func:`plan_flops` of its waves on ``model_flops[its model]``."""
+    out = []
+    for st in run.stages:
+        got = [c for c in st.run.samples if c is not None]
+        p = max((c.prompt_tokens for c in got), default=0)
+        mf = model_flops.get(st.model)
+        out.append(StageCost(p, sum(c.completion_tokens for c in got),
+                             None if mf is None else plan_flops(mf, p, st.run, prefix_caching=prefix_caching)))
+    return out
 
 
 def action_info(run: ActionRun, routing: Routing, i: int, picked: Picked, *, strategy: str, flops: float | None,

@@ -55,7 +55,15 @@ from typing import Any
 import numpy as np
 
 from isocompute.app.action_run import ActionRun, run_actions
-from isocompute.app.answer import Answer, Verifier, action_info, answer_info, pick_sample, plan_flops
+from isocompute.app.answer import (
+    Answer,
+    Verifier,
+    action_info,
+    answer_info,
+    pick_sample,
+    plan_flops,
+    stage_costs,
+)
 from isocompute.app.auth import Principal
 from isocompute.app.budget_control import BudgetController, ControllerBank
 from isocompute.app.chat import policy_text, render_chat
@@ -399,17 +407,11 @@ class Gateway:
                              verifier=self.verifier, weights=run.weights)
         chosen = final.samples[picked.index]
         assert chosen is not None
-        prompt_tokens = completion_tokens = 0
-        stage_flops: list[float | None] = []
-        for st in run.stages:
-            got = [c for c in st.run.samples if c is not None]
-            p = max((c.prompt_tokens for c in got), default=0)
-            prompt_tokens += p  # each model reads the prompt
-            completion_tokens += sum(c.completion_tokens for c in got)
-            mf = self.pools[st.model].model_flops
-            stage_flops.append(None if mf is None else plan_flops(mf, p, st.run,
-                                                                  prefix_caching=self.settings.prefix_caching))
-        flops = None if any(f is None for f in stage_flops) else self._paid_flops(routing, i, sum(stage_flops))  # type: ignore[arg-type]
+        costs = stage_costs(run, {m: p.model_flops for m, p in self.pools.items()},
+                            prefix_caching=self.settings.prefix_caching)
+        stage_flops = [c.flops for c in costs]
+        known = [f for f in stage_flops if f is not None]
+        flops = self._paid_flops(routing, i, sum(known)) if len(known) == len(costs) else None
         m = self.metrics
         m.k.observe(run.drawn)
         m.samples.inc(run.drawn)
@@ -417,7 +419,8 @@ class Gateway:
         m.stops.labels(run.stopped).inc()
         self._charge(routing, i, run.drawn, flops)
         info = action_info(run, routing, i, picked, strategy=strategy, flops=flops, stage_flops=stage_flops)
-        return Answer(chosen.text, chosen.finish_reason, prompt_tokens, completion_tokens, flops, info)
+        return Answer(chosen.text, chosen.finish_reason, sum(c.prompt_tokens for c in costs),
+                      sum(c.completion_tokens for c in costs), flops, info)
 
     def _paid_flops(self, routing: Routing, i: int, flops: float) -> float:
         """``flops`` of the samples plus the prompt's probe call and extra features; counted in the metric."""

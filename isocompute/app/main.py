@@ -218,7 +218,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                                        completion_tokens=s.default_max_tokens)
             missing = missing_pools(policy.models, pools)
             if missing:
-                raise InputError(missing_pools_message(missing, pools, f"--action {s.action!r}"))
+                raise InputError(missing_pools_message(missing, pools, f"the action {s.action!r}"))
         grader = await asyncio.to_thread(start_grader, s)
     except BaseException:
         for e in owned:

@@ -137,6 +137,14 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("no policy: pass --policy DIR (a directory written by `isocompute fit`) or --action ACTION")
     if s.engine in ("transformers", "vllm") and s.model_dir is None and not s.model_dirs:
         raise InputError(f"--engine {s.engine} needs --model DIR (a checkpoint directory)")
+    if s.action is not None:  # checked here too, so the operator reads one line, not a start-up traceback
+        from isocompute.app.pools import missing_pools, missing_pools_message
+        from isocompute.solver.model_actions import parse_action
+
+        named = dict.fromkeys([*s.model_upstreams, *s.model_dirs])
+        missing = missing_pools(parse_action(s.action).models, named)
+        if missing:
+            raise InputError(missing_pools_message(missing, named, f"--action {s.action!r}"))
     # Keep idle connections longer than common client pools do (httpx: 5 s), so a client never sends on a
     # connection the server is closing at that moment.
     uvicorn.run(create_app(s), host=s.host, port=s.port, log_level=args.log_level, timeout_keep_alive=75)
