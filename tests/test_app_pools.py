@@ -251,3 +251,76 @@ def test_serve_flags_name_pools():
         split_named(["bad name=http://h:1"], "--upstream")
     with pytest.raises(InputError, match="action"):
         settings_from_args(argparse.Namespace(**{**vars(args), "action": "s/none@2 >"}))
+
+
+class TwoActions(FakePolicy):
+    """Prompts containing "l first" run ``l/none@2``, the others the cascade ``CASCADE``."""
+
+    models = ("s", "l")
+
+    def decide(self, prompts, budget, *, probe=None, model=None):
+        acts = tuple(parse_action("l/none@2" if "l first" in p else CASCADE) for p in prompts)
+        n = len(prompts)
+        return FakeDecision(k=np.array([sum(a.max_samples.values()) for a in acts]), action_index=np.zeros(n, int),
+                            plans=tuple(a.stages[0].plan for a in acts), costs=np.full(n, 2.0), expected_cost=2.0,
+                            model_actions=acts)
+
+
+def test_prompts_of_one_request_run_their_stages_in_lock_step_grouped_by_model():
+    eng = {"s": ConfigEngine({"easy": UNANIMOUS, "split": SPLIT, "l first": SEVEN}, continuing=True, cfg=SMALL),
+           "l": ConfigEngine(SEVEN, continuing=True, cfg=LARGE)}
+    c, _ = client(policy=TwoActions(), eng=eng)
+    with c:
+        r = c.post("/v1/completions", json=completion(["easy", "split", "l first"], budget=4))
+    assert r.status_code == 200, r.text
+    assert eng["s"].calls == [(["easy", "split"], 1)] * 2  # stage 1 of the cascades, together
+    assert eng["l"].calls == [(["l first"], 2), (["split"], 4)]  # stage 1 of "l first", then split's stage 2
+    got = [[(st["model"], st["stopped"]) for st in ch["isocompute"]["stages"]] for ch in r.json()["choices"]]
+    assert got == [[("s", "rule")], [("s", "escalated"), ("l", "plan_end")], [("l", "plan_end")]]
+
+
+def test_a_client_that_disconnects_during_a_later_stage_cancels_it():
+    import time
+
+    import httpx
+    from app_fakes import serve_in_thread
+
+    from isocompute.engines.vllm_server import free_port
+
+    eng = engines(s=SPLIT, delay=10.0)
+    s = Settings(upstream_timeout_s=30, ready_probe_timeout_s=30)
+    policy = FixedActionPolicy(parse_action(CASCADE), {"s": None, "l": None})
+    port = free_port()
+    stop = serve_in_thread(create_app(s, policy=policy, engines=eng), port)
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=completion("bye", budget=4), timeout=0.5)
+        t0 = time.monotonic()
+        while ["bye"] not in eng["l"].cancelled:
+            assert time.monotonic() - t0 < 3.0, "tiny-l's stage was not cancelled"
+            time.sleep(0.02)
+        assert eng["s"].calls == [(["bye"], 1)] * 2 and eng["l"].calls == [(["bye"], 4)]
+    finally:
+        stop()
+
+
+@pytest.mark.slow
+def test_in_process_pools_per_model_for_real(tiny_world):
+    """``--engine transformers --model tiny-s=DIR --model tiny-l=DIR``: two in-process pools on the tiny
+    world's real models, each with its own config (FLOPs) and chat template."""
+    from isocompute.app.main import create_app
+
+    dirs = {name: d for name, (d, _) in tiny_world.items()}
+    s = Settings(engine="transformers", model_dirs=dirs, action="tiny-s/none@1 > tiny-l/none@2",
+                 default_max_tokens=4, max_tokens_limit=8, upstream_timeout_s=60, ready_probe_timeout_s=30)
+    with TestClient(create_app(s)) as c:
+        r = c.post("/v1/chat/completions", json={"model": "isocompute", "max_tokens": 4, "temperature": 1.0,
+                                                  "seed": 1, "messages": [{"role": "user", "content": "What is 2 + 3?"}]})
+        assert r.status_code == 200, r.text
+        assert c.get("/ready").status_code == 200
+    info, usage = r.json()["isocompute"], r.json()["usage"]
+    assert [(st["model"], st["samples"], st["stopped"]) for st in info["stages"]] == [
+        ("tiny-s", 1, "escalated"), ("tiny-l", 2, "plan_end")]
+    flops = [st["flops"] for st in info["stages"]]
+    assert all(f > 0 for f in flops) and usage["flops"] == pytest.approx(sum(flops))
+    assert flops[1] / 2 > flops[0]  # a tiny-l sample costs more than a tiny-s one
