@@ -324,3 +324,13 @@ def test_in_process_pools_per_model_for_real(tiny_world):
     flops = [st["flops"] for st in info["stages"]]
     assert all(f > 0 for f in flops) and usage["flops"] == pytest.approx(sum(flops))
     assert flops[1] / 2 > flops[0]  # a tiny-l sample costs more than a tiny-s one
+
+
+def test_ready_names_the_pool_when_the_default_pool_is_a_named_one():
+    eng = {"s": ConfigEngine(fail=EngineUnavailable("down"), cfg=SMALL), "l": ConfigEngine(cfg=LARGE)}
+    c, _ = client(eng=eng)
+    with c:
+        gw = c.app.state.gateway
+        assert gw.engine is eng["s"] and gw.pools["s"].backend is gw.backend  # no bare pool: the first named
+        r = c.get("/ready")
+    assert r.status_code == 503 and r.json()["detail"].startswith("model pool 's': ")

@@ -119,7 +119,7 @@ class Gateway:
             name: Pool.of(name, facts, metrics, self.backend if facts.engine is engine else None)
             for name, facts in (pools or {}).items()}
         self.health: UpstreamHealth | PoolsHealth = (
-            PoolsHealth({DEFAULT: default, **self.pools}) if self.pools else self.backend.health)
+            PoolsHealth({**self.pools, DEFAULT: default}) if self.pools else self.backend.health)
         self.policy: ServingPolicy | None = None if policy is None else self._check_pools(as_serving_policy(policy))
         self.controllers = ControllerBank(max_keys=settings.control_max_keys,
                                           on_evict=lambda key: metrics.forget(self._labels.pop(key, "")))
@@ -373,11 +373,7 @@ class Gateway:
         prompt_tokens = max(c.prompt_tokens for c in got)
         completion_tokens = sum(c.completion_tokens for c in got)
         flops = self._flops(routing, i, prompt_tokens, run)
-        m = self.metrics
-        m.k.observe(run.drawn)
-        m.samples.inc(run.drawn)
-        m.waves.observe(len(run.wave_sizes))
-        m.stops.labels(run.stopped or "plan_end").inc()
+        self._count(run.drawn, len(run.wave_sizes), run.stopped or "plan_end")
         self._charge(routing, i, run.drawn, flops)
         info = answer_info(run, routing, i, picked, strategy=strategy, flops=flops)
         return Answer(chosen.text, chosen.finish_reason, prompt_tokens, completion_tokens, flops, info)
@@ -412,15 +408,18 @@ class Gateway:
         stage_flops = [c.flops for c in costs]
         known = [f for f in stage_flops if f is not None]
         flops = self._paid_flops(routing, i, sum(known)) if len(known) == len(costs) else None
-        m = self.metrics
-        m.k.observe(run.drawn)
-        m.samples.inc(run.drawn)
-        m.waves.observe(len(run.wave_sizes))
-        m.stops.labels(run.stopped).inc()
+        self._count(run.drawn, len(run.wave_sizes), run.stopped)
         self._charge(routing, i, run.drawn, flops)
         info = action_info(run, routing, i, picked, strategy=strategy, flops=flops, stage_flops=stage_flops)
         return Answer(chosen.text, chosen.finish_reason, sum(c.prompt_tokens for c in costs),
                       sum(c.completion_tokens for c in costs), flops, info)
+
+    def _count(self, drawn: int, waves: int, stopped: str) -> None:
+        m = self.metrics
+        m.k.observe(drawn)
+        m.samples.inc(drawn)
+        m.waves.observe(waves)
+        m.stops.labels(stopped).inc()
 
     def _paid_flops(self, routing: Routing, i: int, flops: float) -> float:
         """``flops`` of the samples plus the prompt's probe call and extra features; counted in the metric."""

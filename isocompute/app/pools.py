@@ -72,7 +72,9 @@ class Pool:
 
 
 class PoolsHealth:
-    """Readiness of several pools: ``ok`` when every one answers; ``detail`` names the first that does not."""
+    """Readiness of several pools: ``ok`` when every one answers; ``detail`` names the first that does not
+    (a pool listed under two names — the default pool is one of the named ones — is checked once, under
+    the name listed first)."""
 
     def __init__(self, pools: Mapping[str, Pool]) -> None:
         self._pools = pools
