@@ -15,9 +15,11 @@ import pytest
 from app_fakes import FakeDecision, FakeEngine, FakePolicy, completion
 from fastapi.testclient import TestClient
 
+from isocompute.app.action_run import stage_seed
 from isocompute.app.aggregate import majority_vote, weighted_vote
 from isocompute.app.fixed_action import FixedActionPolicy
 from isocompute.app.main import create_app
+from isocompute.app.plan_run import wave_seed
 from isocompute.app.settings import Settings
 from isocompute.errors import EngineUnavailable, InputError
 from isocompute.flops import load_model_flops, request_flops
@@ -77,6 +79,7 @@ def test_a_split_cheap_model_escalates_to_the_next_stage():
     info = body["isocompute"]
     assert stages(info) == [("s", "lead:m=2@1x2", 2, 2, "escalated"), ("l", "none@4", 4, 1, "plan_end")]
     assert [n for _, n in eng["s"].calls] == [1, 1] and [n for _, n in eng["l"].calls] == [4]
+    assert eng["s"].seeds == [3, wave_seed(3, 1)] and eng["l"].seeds == [stage_seed(3, 1)]  # a replay draws the same
     assert info["model_action"] == info["plan"] == CASCADE and info["vote"] == "last"
     assert (info["k"], info["waves"], info["wave_sizes"], info["stopped"]) == (6, 3, [1, 1, 4], "plan_end")
     assert info["answer"] == "7" and info["votes"] == {"7": 4}  # the last stage's vote

@@ -221,8 +221,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                 raise InputError(missing_pools_message(missing, pools, f"the action {s.action!r}"))
         grader = await asyncio.to_thread(start_grader, s)
     except BaseException:
-        for e in owned:
-            await e.aclose()
+        await close_all(owned)  # a start-up that fails leaves no engine open
         raise
     gw = Gateway(policy=policy, engine=engine, settings=s, metrics=app.state.metrics, extract=extract_answer,
                  tokenizer=facts.tokenizer, model_flops=facts.model_flops, context_limit=facts.context_limit,
