@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 from app_fakes import FakeDecision, FakeEngine, FakePolicy, completion
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from isocompute.app.action_run import stage_seed
 from isocompute.app.aggregate import majority_vote, weighted_vote
@@ -337,3 +339,45 @@ def test_ready_names_the_pool_when_the_default_pool_is_a_named_one():
         assert gw.engine is eng["s"] and gw.pools["s"].backend is gw.backend  # no bare pool: the first named
         r = c.get("/ready")
     assert r.status_code == 503 and r.json()["detail"].startswith("model pool 's': ")
+
+
+# ------------------------------------------------------------------------------- invariants (hypothesis)
+
+PLANS = ("none@1", "none@2", "lead:m=2@1x2", "lead:m=2@1x3", "lead:m=2@2,2")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plans=st.lists(st.sampled_from(PLANS), min_size=1, max_size=3), cap=st.integers(1, 8),
+       wave_cap=st.integers(1, 6), scripts=st.lists(st.sampled_from([UNANIMOUS, SPLIT, SEVEN]), min_size=3,
+                                                    max_size=3))
+def test_an_action_never_exceeds_its_caps_and_escalates_only_when_its_plan_ran_out(plans, cap, wave_cap, scripts):
+    import asyncio
+
+    from isocompute.app.action_run import run_actions
+    from isocompute.app.execute import Backend, Deadline
+    from isocompute.app.metrics import Metrics
+    from isocompute.app.readiness import UpstreamHealth
+    from isocompute.app.voting import Voter
+    from isocompute.tasks.extract import extract_answer
+
+    names = ["m0", "m1", "m2"][:len(plans)]
+    action = parse_action(" > ".join(f"{m}/{p}" for m, p in zip(names, plans, strict=True)))
+    eng = {m: FakeEngine(scripts[j], continuing=True) for j, m in enumerate(names)}
+    metrics = Metrics()
+    backends = {m: Backend(e, metrics, UpstreamHealth()) for m, e in eng.items()}
+    [run] = asyncio.run(run_actions(backends.__getitem__, lambda m: ["q"], [action], cap=cap, wave_cap=wave_cap,
+                                    voter=Voter("number", timeout_s=1.0), extract=extract_answer, max_tokens=4,
+                                    temperature=1.0, seed=0, deadline=Deadline.after(10.0)))
+    drawn = sum(n for e in eng.values() for _, n in e.calls)
+    assert run.drawn == drawn <= cap and len(run.wave_sizes) == sum(len(e.calls) for e in eng.values()) <= wave_cap
+    for j, sr in enumerate(run.stages):
+        later = j + 1 < len(run.stages)
+        assert (sr.stopped == "escalated") == later  # every stage but the last escalated, and only those
+        if later:  # it ran its whole plan (uncut) and its rule did not fire
+            assert sr.run.plan == sr.stage.plan and sr.run.drawn == sr.stage.plan.max_samples
+    last = run.stages[-1]
+    if last.stopped == "plan_end" and len(run.stages) < len(action.stages):
+        raise AssertionError("a plan that ran out with a stage left and caps to spare must escalate")
+    if last.stopped == "rule":
+        assert last.run.votes is not None and max(last.run.votes.counts) >= 2
+    assert run.final is not None and run.final is last.run  # vote "last": the last stage's samples
