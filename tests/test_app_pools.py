@@ -381,3 +381,32 @@ def test_an_action_never_exceeds_its_caps_and_escalates_only_when_its_plan_ran_o
     if last.stopped == "rule":
         assert last.run.votes is not None and max(last.run.votes.counts) >= 2
     assert run.final is not None and run.final is last.run  # vote "last": the last stage's samples
+
+
+class TemplateTokenizer:
+    """A tokenizer whose chat template tags the text with its model's name (one token per character)."""
+
+    chat_template = "tag"
+    bos_token = None
+
+    def __init__(self, tag):
+        self.tag = tag
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
+        return "".join(f"<{self.tag}>{m['content']}</{self.tag}>" for m in messages)
+
+    def __call__(self, texts, add_special_tokens=True):
+        return {"input_ids": [list(t) for t in texts]}
+
+
+def test_each_model_reads_a_chat_in_its_own_template():
+    eng = engines(s=SPLIT, l=SEVEN)
+    for name, e in eng.items():
+        e.tokenizer = TemplateTokenizer(name)
+    c, _ = client(eng=eng)
+    with c:
+        r = c.post("/v1/chat/completions", json={"model": "isocompute", "budget": 4,
+                                                  "messages": [{"role": "user", "content": "What is 5 + 7?"}]})
+    assert r.status_code == 200, r.text
+    assert {p for ps, _ in eng["s"].calls for p in ps} == {"<s>What is 5 + 7?</s>"}
+    assert {p for ps, _ in eng["l"].calls for p in ps} == {"<l>What is 5 + 7?</l>"}
