@@ -201,9 +201,11 @@ def test_a_policy_on_a_model_without_a_pool_stops_the_start_up():
 
 
 class Unpooled(FakePolicy):
-    """A policy that says it is single-model but decides an action on a model with no pool."""
+    """A policy that says it runs on model s alone but decides an action on y too, which has no pool."""
 
-    def decide(self, prompts, budget, *, probe=None):
+    models = ("s",)
+
+    def decide(self, prompts, budget, *, probe=None, model=None):
         a = parse_action("s/none@1 > y/none@1")
         n = len(prompts)
         return FakeDecision(k=np.full(n, 2), action_index=np.zeros(n, int), plans=(a.stages[0].plan,) * n,

@@ -259,8 +259,8 @@ class Gateway:
             probe = await probe_call(self.backend, texts, policy.probe, plan, deadline, tokenizer=self.tokenizer,
                                      model_flops=self.model_flops)
         decision, features = await self._decide(policy, texts, internal, probe, plan, reads, model)
-        routing = Routing.of(decision, plan, len(prompts), internal_budget=float(internal), controller=ctl,
-                             probe=probe, features=features)
+        routing = Routing.of(decision, plan, len(prompts), multi_model=bool(policy.models),
+                             internal_budget=float(internal), controller=ctl, probe=probe, features=features)
         missing = missing_pools((m for a in routing.model_actions for m in a.models), self.pools)
         if missing:
             raise EngineUnavailable(missing_pools_message(missing, self.pools, "this request's actions"))

@@ -65,13 +65,15 @@ class Routing:
     model_actions: tuple[Action, ...] = ()
 
     @classmethod
-    def of(cls, decision: PolicyDecision, plan: BudgetPlan, n: int, **rest: Any) -> Routing:
+    def of(cls, decision: PolicyDecision, plan: BudgetPlan, n: int, *, multi_model: bool = False,
+           **rest: Any) -> Routing:
+        """``multi_model``: the policy has ``models`` (only then does its decision carry ``model_actions``)."""
         policy_ks = [int(k) for k in np.asarray(decision.k).reshape(-1)]
         actions = [int(a) for a in np.asarray(decision.action_index).reshape(-1)]
         costs = [float(c) for c in np.asarray(decision.costs, dtype=float).reshape(-1)]
         # a policy whose actions are "k samples at once" may leave plans empty: the one-wave plans none@k
         policy_plans = list(decision.plans) or [Plan((k,)) for k in policy_ks]
-        model_actions = tuple(decision.model_actions)
+        model_actions = tuple(decision.model_actions) if multi_model else ()
         if not (len(policy_ks) == len(actions) == len(costs) == len(policy_plans) == n) or (
                 model_actions and len(model_actions) != n):
             raise RuntimeError(f"policy returned {len(policy_ks)} decisions for {n} prompts")

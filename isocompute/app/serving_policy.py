@@ -28,6 +28,8 @@ decision carries ``model_actions``: per prompt an :class:`isocompute.solver.mode
 chain of stages, each a plan on one model: single, cascade or ensemble), run across the gateway's
 model pools by :mod:`isocompute.app.action_run`; ``plans`` is then not read. ``decide(…, model=NAME)``
 restricts the choice to actions whose every stage is on that model (a request's ``model`` field pins it).
+The gateway reads ``model_actions`` only from a policy whose ``models`` is not empty (a single-model
+policy's decision need not carry it).
 
 Ignores: how a policy decides (LightGBM, a table, a rule).
 """
@@ -68,7 +70,7 @@ class PolicyDecision(Protocol):
     expected_cost: float
     rule: str  # the never-worse chain's rule that decided: learned | fixed_plan | uniform
     rule_evidence: dict[str, Any] | None  # why that rule serves at this budget (JSON-able)
-    model_actions: tuple[Action, ...]  # (N,) each prompt's multi-model action; () for a single-model policy
+    model_actions: tuple[Action, ...]  # (N,) each prompt's multi-model action (read only when policy.models)
 
 
 @runtime_checkable
@@ -162,12 +164,7 @@ class FittedPolicy:
         kw: dict[str, Any] = {} if probe is None else {"probe": probe}
         if model is not None:  # only a multi-model Policy takes it (the gateway pins only to its models)
             kw["model"] = model
-        d = self.policy.decide(texts, budget, **kw)
-        if not hasattr(d, "model_actions"):
-            # a Decision from before several models (single-model): no multi-model actions. Remove once
-            # isocompute.policy.decision.Decision carries model_actions (default ()).
-            object.__setattr__(d, "model_actions", ())
-        return d
+        return self.policy.decide(texts, budget, **kw)
 
 
 _CONTRACT = ("budget_range", "cost_unit", "probe", "feature_extras", "feature_cost", "sample_flops", "models",
