@@ -6,7 +6,7 @@ endpoint               what it does
 POST /v1/chat/completions  chat request → one aggregated assistant message + ``isocompute``
 POST /v1/completions   text prompt(s) → one aggregated choice per prompt + ``isocompute``
 POST /v1/route         the decision alone (plan per prompt, λ, internal budget, rule): a dry run
-GET  /v1/models        the served model id (so OpenAI clients can list it)
+GET  /v1/models        the served model id, then a multi-model policy's models (``model`` pins one)
 GET  /health           the process is alive
 GET  /ready            policy loaded and the upstream answers real requests now (else 503)
 GET  /metrics          Prometheus text format

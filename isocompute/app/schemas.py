@@ -21,7 +21,9 @@ an engine, so every back-end accepts it.
 Responses follow OpenAI; the first choice carries the aggregated answer (the text of one sample that
 gave the winning answer); ``usage`` adds ``flops``; ``isocompute`` (top level, and on each choice of a
 multi-prompt completion) reports the decision, the plan as it ran (waves, samples, why it stopped) and
-the vote over answer classes.
+the vote over answer classes; for a multi-model action also the action's name, its final vote and each
+stage that ran (:class:`StageInfo`: model, plan, waves, samples, why it stopped, FLOPs), the top-level
+waves, samples and FLOPs summing them.
 """
 
 from __future__ import annotations
