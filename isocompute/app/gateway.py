@@ -32,6 +32,14 @@ neither runs and nothing is charged for them. A ``decide`` with extra blocks run
 decide worker thread, off the event loop (the encoder takes milliseconds per prompt); a text-only
 policy decides inline (~0.5 ms).
 
+**Several models** (:mod:`isocompute.app.pools`): the gateway holds a pool per model name besides the
+default one. A multi-model policy's decision carries an action per prompt (``model_actions``); step 3
+then runs each action's stages on their models' pools (:func:`isocompute.app.action_run.run_actions`:
+cascades escalate when a stage's plan ran out without its rule firing, the caps bound the whole
+action), step 4 votes over the last stage's samples or over all of them with per-model weights, and
+step 5 sums the stages: samples, and FLOPs each on its own model's FLOP model. A request's ``model``
+naming one of ``policy.models`` pins the decision to actions on that model alone.
+
 Ignores: streaming and stop strings.
 """
 
@@ -40,13 +48,22 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from isocompute.app.answer import Answer, Verifier, answer_info, pick_sample, plan_flops
+from isocompute.app.action_run import ActionRun, run_actions
+from isocompute.app.answer import (
+    Answer,
+    Verifier,
+    action_info,
+    answer_info,
+    pick_sample,
+    plan_flops,
+    stage_costs,
+)
 from isocompute.app.auth import Principal
 from isocompute.app.budget_control import BudgetController, ControllerBank
 from isocompute.app.chat import policy_text, render_chat
@@ -55,6 +72,7 @@ from isocompute.app.execute import Backend, Deadline
 from isocompute.app.extras import FeatureCall, ProbeCall, feature_call, probe_call
 from isocompute.app.metrics import Metrics
 from isocompute.app.plan_run import SEED_MODULUS, PlanRun, run_plans
+from isocompute.app.pools import DEFAULT, ModelPool, Pool, PoolsHealth, missing_pools, missing_pools_message
 from isocompute.app.pricing import BudgetPlan, budget_unit, price_request
 from isocompute.app.readiness import UpstreamHealth
 from isocompute.app.routing import Routing
@@ -84,8 +102,8 @@ class Gateway:
         context_limit: int | None = None,
         verifier: Verifier | None = None,
         grader: Any = None,
+        pools: Mapping[str, ModelPool] | None = None,
     ) -> None:
-        self.policy: ServingPolicy | None = None if policy is None else as_serving_policy(policy)
         self.engine = engine
         self.settings = settings
         self.metrics = metrics
@@ -94,8 +112,15 @@ class Gateway:
         self.model_flops = model_flops
         self.context_limit = context_limit
         self.verifier = verifier
-        self.health = UpstreamHealth()
-        self.backend = Backend(engine, metrics, self.health)
+        self.backend = Backend(engine, metrics, UpstreamHealth())
+        default = Pool(DEFAULT, engine, self.backend, tokenizer, model_flops, context_limit)
+        # named pools (model name → pool); the default pool's engine, when it is one of them, keeps its backend
+        self.pools: dict[str, Pool] = {
+            name: Pool.of(name, facts, metrics, self.backend if facts.engine is engine else None)
+            for name, facts in (pools or {}).items()}
+        self.health: UpstreamHealth | PoolsHealth = (
+            PoolsHealth({**self.pools, DEFAULT: default}) if self.pools else self.backend.health)
+        self.policy: ServingPolicy | None = None if policy is None else self._check_pools(as_serving_policy(policy))
         self.controllers = ControllerBank(max_keys=settings.control_max_keys,
                                           on_evict=lambda key: metrics.forget(self._labels.pop(key, "")))
         self._labels: dict[Any, str] = {}
@@ -114,16 +139,25 @@ class Gateway:
         return Deadline.after(self.settings.upstream_timeout_s)
 
     async def watch_upstream(self) -> None:
-        """The readiness task (:meth:`UpstreamHealth.watch`); runs until cancelled."""
+        """The readiness task (:meth:`UpstreamHealth.watch`, one per pool); runs until cancelled."""
         s = self.settings
-        await self.health.watch(self.engine, interval_s=s.ready_interval_s, timeout_s=s.ready_probe_timeout_s)
+        backends = {id(b): b for b in [self.backend, *(p.backend for p in self.pools.values())]}
+        await asyncio.gather(*(b.health.watch(b.engine, interval_s=s.ready_interval_s,
+                                              timeout_s=s.ready_probe_timeout_s) for b in backends.values()))
 
     # ---- policy ---------------------------------------------------------------------------------
 
     def replace_policy(self, policy: Any) -> None:
-        """Swap in a reloaded policy; the old controllers' internal budgets no longer apply."""
-        self.policy = as_serving_policy(policy)
+        """Swap in a reloaded policy; the old controllers' internal budgets no longer apply. Raises
+        :class:`InputError` when its models have no pool here."""
+        self.policy = self._check_pools(as_serving_policy(policy))
         self.controllers.clear()
+
+    def _check_pools(self, policy: ServingPolicy) -> ServingPolicy:
+        missing = missing_pools(policy.models, self.pools)
+        if missing:
+            raise InputError(missing_pools_message(missing, self.pools))
+        return policy
 
     def _loaded_policy(self) -> ServingPolicy:
         if self.policy is None:
@@ -132,12 +166,18 @@ class Gateway:
 
     # ---- input checks ---------------------------------------------------------------------------
 
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.settings.served_model:
-            raise ModelNotFound(
-                f"model {model!r} is not served here; send model={self.settings.served_model!r} "
-                "(GET /v1/models lists it)"
-            )
+    def check_model(self, model: str | None) -> str | None:
+        """The model a request pins (one of a multi-model policy's ``models``), None when it pins none."""
+        served = self.settings.served_model
+        models = () if self.policy is None else self.policy.models
+        if model is None or model == served:
+            return None
+        if model in models:
+            return model
+        if models:
+            raise InputError(f"model {model!r} is not served here; send model={served!r} (the policy chooses the "
+                             f"models) or one of {', '.join(models)} to pin it (GET /v1/models lists them)")
+        raise ModelNotFound(f"model {model!r} is not served here; send model={served!r} (GET /v1/models lists it)")
 
     def chat_prompt(self, messages: Sequence[ChatMessage]) -> str:
         if self.tokenizer is None:
@@ -197,13 +237,15 @@ class Gateway:
         prompt_tokens: list[int] | None = None,
         policy_prompts: list[str] | None = None,
         max_waves: int | None = None,
+        model: str | None = None,
     ) -> Routing:
         """Decide a plan for every prompt (module docstring, steps 1–2). Raises BudgetError / PermissionDenied.
 
         ``policy_prompts`` (default ``prompts``) is the text the policy sees: for chat, the question
         without the chat template (see :func:`policy_text`). A probe policy's probe call happens here,
         after the budget checks (so a refused request costs no model call), and only when the rule
-        serving the budget reads it.
+        serving the budget reads it. ``model`` (from :meth:`check_model`) pins the decision to that model.
+        Raises EngineUnavailable (503) when an action names a model with no pool.
         """
         policy = self._loaded_policy()  # one policy for the whole request, whatever /admin/reload does
         texts = prompts if policy_prompts is None else policy_prompts
@@ -216,9 +258,12 @@ class Gateway:
         if reads and policy.probe is not None:
             probe = await probe_call(self.backend, texts, policy.probe, plan, deadline, tokenizer=self.tokenizer,
                                      model_flops=self.model_flops)
-        decision, features = await self._decide(policy, texts, internal, probe, plan, reads)
-        routing = Routing.of(decision, plan, len(prompts), internal_budget=float(internal), controller=ctl,
-                             probe=probe, features=features)
+        decision, features = await self._decide(policy, texts, internal, probe, plan, reads, model)
+        routing = Routing.of(decision, plan, len(prompts), multi_model=bool(policy.models),
+                             internal_budget=float(internal), controller=ctl, probe=probe, features=features)
+        missing = missing_pools((m for a in routing.model_actions for m in a.models), self.pools)
+        if missing:
+            raise EngineUnavailable(missing_pools_message(missing, self.pools, "this request's actions"))
         self._export(routing)
         return routing
 
@@ -249,12 +294,16 @@ class Gateway:
         return self.controllers.get(plan.key, make)
 
     async def _decide(self, policy: ServingPolicy, texts: list[str], internal: float, probe: ProbeCall | None,
-                      plan: BudgetPlan, reads: bool) -> tuple[PolicyDecision, FeatureCall | None]:
+                      plan: BudgetPlan, reads: bool, model: str | None = None
+                      ) -> tuple[PolicyDecision, FeatureCall | None]:
         """``policy.decide``; ``reads``: the serving rule reads the features (then the extra blocks are
-        computed, and paid for)."""
+        computed, and paid for); ``model`` is passed only when a request pins one."""
+        pin: dict[str, Any] = {} if model is None else {"model": model}
+
         def decide() -> tuple[PolicyDecision, FeatureCall | None]:
             t0 = time.perf_counter()
-            decision = policy.decide(texts, internal, probe=None if probe is None else np.asarray(probe.values))
+            decision = policy.decide(texts, internal, probe=None if probe is None else np.asarray(probe.values),
+                                     **pin)
             self.metrics.decision.observe(time.perf_counter() - t0)
             return decision, feature_call(policy, texts, plan) if reads else None
 
@@ -289,11 +338,19 @@ class Gateway:
         seed: int | None,
         strategy: str,
         deadline: Deadline,
+        messages: Sequence[ChatMessage] | None = None,
     ) -> list[Answer]:
-        """Run, vote and account for every prompt of a routed request (module docstring, steps 3–5)."""
+        """Run, vote and account for every prompt of a routed request (module docstring, steps 3–5).
+        ``messages``: a chat's, so each model's stage reads them in its own chat template."""
         if strategy == "best_of" and self.verifier is None:
             raise InputError("strategy 'best_of' needs a verifier and this server has none configured; "
                              "use strategy 'majority'")
+        if routing.model_actions:
+            acts = await run_actions(
+                lambda m: self.pools[m].backend, self._prompts_for(prompts, messages), routing.model_actions,
+                cap=routing.plan.cap, wave_cap=routing.plan.wave_cap, voter=self.voter, extract=self.extract,
+                max_tokens=max_tokens, temperature=temperature, seed=seed, deadline=deadline)
+            return [self._answer_action(prompts[i], acts[i], routing, i, strategy, seed) for i in range(len(prompts))]
         runs = await run_plans(self.backend, prompts, routing.plans, routing.policy_plans, voter=self.voter,
                                extract=self.extract, max_tokens=max_tokens, temperature=temperature, seed=seed,
                                deadline=deadline)
@@ -316,20 +373,56 @@ class Gateway:
         prompt_tokens = max(c.prompt_tokens for c in got)
         completion_tokens = sum(c.completion_tokens for c in got)
         flops = self._flops(routing, i, prompt_tokens, run)
-        m = self.metrics
-        m.k.observe(run.drawn)
-        m.samples.inc(run.drawn)
-        m.waves.observe(len(run.wave_sizes))
-        m.stops.labels(run.stopped or "plan_end").inc()
+        self._count(run.drawn, len(run.wave_sizes), run.stopped or "plan_end")
         self._charge(routing, i, run.drawn, flops)
         info = answer_info(run, routing, i, picked, strategy=strategy, flops=flops)
         return Answer(chosen.text, chosen.finish_reason, prompt_tokens, completion_tokens, flops, info)
 
-    def _flops(self, routing: Routing, i: int, prompt_tokens: int, run: PlanRun) -> float | None:
-        """The prompt's FLOPs: its waves (:func:`plan_flops`), its probe call and extra features."""
-        if self.model_flops is None:
-            return None
-        flops = plan_flops(self.model_flops, prompt_tokens, run, prefix_caching=self.settings.prefix_caching)
+    def _prompts_for(self, prompts: list[str], messages: Sequence[ChatMessage] | None) -> Callable[[str], list[str]]:
+        """Each model's prompts: a chat rendered in that pool's own chat template, else the text as sent."""
+        def of(model: str) -> list[str]:
+            tok = self.pools[model].tokenizer
+            if messages is None or tok is None or tok is self.tokenizer:
+                return prompts
+            return [render_chat(tok, messages)]
+
+        return of
+
+    def _answer_action(self, prompt: str, run: ActionRun, routing: Routing, i: int, strategy: str,
+                       seed: int | None) -> Answer:
+        """A multi-model action's answer (module docstring, steps 4–5), its stages summed."""
+        final = run.final
+        if final is None or not final.usable:
+            self.metrics.upstream_errors.labels("bad_response").inc()
+            raise UpstreamBadResponse(f"the pools of {', '.join(run.action.models)} returned no usable sample of "
+                                      f"{run.drawn}; check those upstream servers and retry")
+        received = sum(len(st.run.usable) for st in run.stages)
+        if received < run.drawn:
+            self.metrics.upstream_errors.labels("partial").inc()
+        picked = pick_sample(final, strategy, tie_break=self.settings.tie_break, seed=seed, prompt=prompt,
+                             verifier=self.verifier, weights=run.weights)
+        chosen = final.samples[picked.index]
+        assert chosen is not None
+        costs = stage_costs(run, {m: p.model_flops for m, p in self.pools.items()},
+                            prefix_caching=self.settings.prefix_caching)
+        stage_flops = [c.flops for c in costs]
+        known = [f for f in stage_flops if f is not None]
+        flops = self._paid_flops(routing, i, sum(known)) if len(known) == len(costs) else None
+        self._count(run.drawn, len(run.wave_sizes), run.stopped)
+        self._charge(routing, i, run.drawn, flops)
+        info = action_info(run, routing, i, picked, strategy=strategy, flops=flops, stage_flops=stage_flops)
+        return Answer(chosen.text, chosen.finish_reason, sum(c.prompt_tokens for c in costs),
+                      sum(c.completion_tokens for c in costs), flops, info)
+
+    def _count(self, drawn: int, waves: int, stopped: str) -> None:
+        m = self.metrics
+        m.k.observe(drawn)
+        m.samples.inc(drawn)
+        m.waves.observe(waves)
+        m.stops.labels(stopped).inc()
+
+    def _paid_flops(self, routing: Routing, i: int, flops: float) -> float:
+        """``flops`` of the samples plus the prompt's probe call and extra features; counted in the metric."""
         pr, fe = routing.probe, routing.features
         if pr is not None and pr.flops[i] is not None:
             flops += float(pr.flops[i])  # type: ignore[arg-type]
@@ -337,6 +430,13 @@ class Gateway:
             flops += fe.flops[i]
         self.metrics.flops.inc(flops)
         return flops
+
+    def _flops(self, routing: Routing, i: int, prompt_tokens: int, run: PlanRun) -> float | None:
+        """The prompt's FLOPs: its waves (:func:`plan_flops`), its probe call and extra features."""
+        if self.model_flops is None:
+            return None
+        return self._paid_flops(routing, i, plan_flops(self.model_flops, prompt_tokens, run,
+                                                       prefix_caching=self.settings.prefix_caching))
 
     def _export(self, routing: Routing) -> None:
         """The key's gauges — unless its controller was evicted while the request awaited (then its labels

@@ -22,8 +22,16 @@ nor pays for it.
 live on ``config`` and on fitted attributes) to the contract; :func:`as_serving_policy` picks the
 adapter, or accepts an object that already implements the contract, and says what is missing otherwise.
 
-Ignores: how a policy decides (LightGBM, a table, a rule), and policies with several models (a later
-issue adds the model to the decision).
+**Several models**: :attr:`ServingPolicy.models` names the models a policy's actions run on (``()`` for a
+single-model policy, whose prompts run ``plans`` on the gateway's one pool). A multi-model policy's
+decision carries ``model_actions``: per prompt an :class:`isocompute.solver.model_actions.Action` (a
+chain of stages, each a plan on one model: single, cascade or ensemble), run across the gateway's
+model pools by :mod:`isocompute.app.action_run`; ``plans`` is then not read. ``decide(…, model=NAME)``
+restricts the choice to actions whose every stage is on that model (a request's ``model`` field pins it).
+The gateway reads ``model_actions`` only from a policy whose ``models`` is not empty (a single-model
+policy's decision need not carry it).
+
+Ignores: how a policy decides (LightGBM, a table, a rule).
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from isocompute.errors import InputError
+from isocompute.solver.model_actions import Action
 from isocompute.solver.plans import Plan
 
 __all__ = ["FittedPolicy", "PolicyDecision", "ProbeFeature", "ServingPolicy", "as_serving_policy"]
@@ -61,6 +70,7 @@ class PolicyDecision(Protocol):
     expected_cost: float
     rule: str  # the never-worse chain's rule that decided: learned | fixed_plan | uniform
     rule_evidence: dict[str, Any] | None  # why that rule serves at this budget (JSON-able)
+    model_actions: tuple[Action, ...]  # (N,) each prompt's multi-model action (read only when policy.models)
 
 
 @runtime_checkable
@@ -98,6 +108,12 @@ class ServingPolicy(Protocol):
         samples policy."""
         ...
 
+    @property
+    def models(self) -> tuple[str, ...]:
+        """The models its actions run on (each needs a pool: ``--upstream NAME=URL`` or ``--model NAME=DIR``);
+        ``()`` for a single-model policy."""
+        ...
+
     def extra_flops(self, texts: Sequence[str]) -> Sequence[float]:
         """The extra feature blocks' FLOPs for each text."""
         ...
@@ -107,9 +123,11 @@ class ServingPolicy(Protocol):
         fallback rule serves: then no probe is called and its cost is not paid)."""
         ...
 
-    def decide(self, texts: Sequence[str], budget: float, *, probe: np.ndarray | None = None) -> PolicyDecision:
+    def decide(self, texts: Sequence[str], budget: float, *, probe: np.ndarray | None = None,
+               model: str | None = None) -> PolicyDecision:
         """Actions for ``texts`` at mean cost ``budget``; ``probe`` holds the probe's value per text
-        exactly when :attr:`probe` is set."""
+        exactly when :attr:`probe` is set; ``model`` (one of :attr:`models`) keeps only the actions whose
+        every stage is on that model."""
         ...
 
 
@@ -125,6 +143,8 @@ class FittedPolicy:
         self.feature_extras = tuple(config.feature_extras)
         self.feature_cost = float(policy.feature_cost_)
         self.sample_flops = self._sample_flops() if self.cost_unit == "flops" else None
+        # a Policy from before several models has no models: it is a single-model policy
+        self.models: tuple[str, ...] = tuple(policy.models) if hasattr(policy, "models") else ()
 
     def _sample_flops(self) -> float:
         # the probe's and the extra features' costs are in every action's cost, not in a sample's
@@ -139,14 +159,16 @@ class FittedPolicy:
     def needs_features(self, budget: float) -> bool:
         return bool(self.policy.needs_features(budget))
 
-    def decide(self, texts: Sequence[str], budget: float, *, probe: np.ndarray | None = None) -> PolicyDecision:
-        if probe is None:
-            return self.policy.decide(texts, budget)
-        return self.policy.decide(texts, budget, probe=probe)
+    def decide(self, texts: Sequence[str], budget: float, *, probe: np.ndarray | None = None,
+               model: str | None = None) -> PolicyDecision:
+        kw: dict[str, Any] = {} if probe is None else {"probe": probe}
+        if model is not None:  # only a multi-model Policy takes it (the gateway pins only to its models)
+            kw["model"] = model
+        return self.policy.decide(texts, budget, **kw)
 
 
-_CONTRACT = ("budget_range", "cost_unit", "probe", "feature_extras", "feature_cost", "sample_flops", "extra_flops",
-             "needs_features", "decide")
+_CONTRACT = ("budget_range", "cost_unit", "probe", "feature_extras", "feature_cost", "sample_flops", "models",
+             "extra_flops", "needs_features", "decide")
 _POLICY_MEMBERS = ("config", "budget_range", "feature_cost_", "action_costs_", "actions", "features_",
                    "needs_features", "decide")
 
