@@ -260,6 +260,50 @@ def test_serve_flags_name_pools():
         settings_from_args(argparse.Namespace(**{**vars(args), "action": "s/none@2 >"}))
 
 
+def serve_args(argv):
+    from isocompute.cli.serve import register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    return parser.parse_args(["serve", *argv])
+
+
+class TwoModels(FakePolicy):
+    models = ("s", "x")
+
+
+def test_serve_refuses_a_policy_on_a_model_without_a_pool_before_uvicorn_starts(monkeypatch, tmp_path):
+    """One line naming the flags to add (as for --action), not the lifespan's error in uvicorn's traceback;
+    with every pool there, the policy is loaded once and handed to the app."""
+    import uvicorn
+
+    from isocompute.app import main
+    from isocompute.cli.serve import run
+
+    loads, started = [], []
+    monkeypatch.setattr(main, "load_policy", lambda path: loads.append(path) or TwoModels())
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.append(app))
+    argv = ["--policy", str(tmp_path), "--upstream", "s=http://127.0.0.1:9"]
+    with pytest.raises(InputError, match=r"^no pool for model\(s\) x, used by the policy in --policy .*named pools "
+                                         r"here: s\); start the gateway with --upstream x=URL .* or --model x=DIR"):
+        run(serve_args(argv))
+    assert started == [] and loads == [tmp_path]
+    assert run(serve_args([*argv, "--model", "x=/m/x"])) == 0
+    [app] = started
+    assert isinstance(app.state.injected["policy"], TwoModels) and len(loads) == 2
+
+
+def test_serve_reports_a_directory_that_is_no_policy_before_uvicorn_starts(monkeypatch, tmp_path):
+    import uvicorn
+
+    from isocompute.cli.serve import run
+    from isocompute.errors import IsoComputeError
+
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: pytest.fail("uvicorn started"))
+    with pytest.raises(IsoComputeError, match=str(tmp_path)):
+        run(serve_args(["--policy", str(tmp_path), "--upstream", "s=http://127.0.0.1:9"]))
+
+
 class TwoActions(FakePolicy):
     """Prompts containing "l first" run ``l/none@2``, the others the cascade ``CASCADE``."""
 

@@ -104,6 +104,7 @@ def missing_pools(models: Iterable[str], pools: Mapping[str, Any]) -> list[str]:
 
 def missing_pools_message(missing: list[str], pools: Mapping[str, Any], what: str = "the policy's actions") -> str:
     have = ", ".join(sorted(n for n in pools if n != DEFAULT)) or "none"
-    flags = " ".join(f"--upstream {m}=URL" for m in missing)
+    upstreams = " ".join(f"--upstream {m}=URL" for m in missing)
+    dirs = " ".join(f"--model {m}=DIR" for m in missing)
     return (f"no pool for model(s) {', '.join(missing)}, used by {what} (named pools here: {have}); start the "
-            f"gateway with {flags} (a vLLM server serving each) or --model NAME=DIR (in-process)")
+            f"gateway with {upstreams} (a vLLM server serving each) or {dirs} (in-process)")
