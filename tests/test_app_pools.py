@@ -456,3 +456,54 @@ def test_each_model_reads_a_chat_in_its_own_template():
     assert r.status_code == 200, r.text
     assert {p for ps, _ in eng["s"].calls for p in ps} == {"<s>What is 5 + 7?</s>"}
     assert {p for ps, _ in eng["l"].calls for p in ps} == {"<l>What is 5 + 7?</l>"}
+
+
+def context_engines(l_context):
+    """Pools whose tokenizers count one token per character; tiny-l's model has ``l_context`` tokens of
+    context, tiny-s's an unknown one (its config has none)."""
+    eng = {"s": ConfigEngine(SPLIT, continuing=True, cfg=SMALL),
+           "l": ConfigEngine(SEVEN, continuing=True, cfg={**LARGE, "max_position_embeddings": l_context})}
+    for name, e in eng.items():
+        e.tokenizer = TemplateTokenizer(name)
+    return eng
+
+
+@pytest.mark.parametrize(("route", "body", "tokens"), [
+    ("/v1/completions", completion(budget=4, max_tokens=8), 14),  # "What is 5 + 7?"
+    ("/v1/chat/completions", {"model": "isocompute", "budget": 4, "max_tokens": 8,
+                              "messages": [{"role": "user", "content": "What is 5 + 7?"}]}, 21),  # in l's template
+])
+def test_a_prompt_too_long_for_a_later_stages_model_is_400_naming_it(route, body, tokens):
+    eng = context_engines(20)
+    c, _ = client(eng=eng)
+    with c:
+        r = c.post(route, json=body)
+        short = c.post("/v1/completions", json=completion("1+1?", budget=4, max_tokens=8))
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+    assert r.json()["error"]["message"] == (
+        f"prompt 0 has {tokens} tokens for model 'l'; with max_tokens=8 that exceeds 'l''s context of 20 tokens; "
+        "shorten the prompt or lower max_tokens")
+    assert eng["s"].calls[-1] == (["1+1?"], 1) and len(eng["s"].calls) == 2  # the long one drew nothing
+    assert short.status_code == 200, short.text  # 4 + 8 tokens fit
+
+
+class OnOneModel(FakePolicy):
+    """Prompts starting with "l" run ``l/none@2``, the others ``s/none@2``."""
+
+    models = ("s", "l")
+
+    def decide(self, prompts, budget, *, probe=None, model=None):
+        acts = tuple(parse_action("l/none@2" if p.startswith("l") else "s/none@2") for p in prompts)
+        n = len(prompts)
+        return FakeDecision(k=np.full(n, 2), action_index=np.zeros(n, int), plans=tuple(a.stages[0].plan for a in acts),
+                            costs=np.full(n, 2.0), expected_cost=2.0, model_actions=acts)
+
+
+def test_each_prompt_is_checked_against_the_models_its_own_action_reaches():
+    eng = context_engines(16)
+    c, _ = client(policy=OnOneModel(), eng=eng)
+    with c:  # "l first" runs on l (7 + 8 tokens fit 16); "a long one for s" only on s, whose context is unknown
+        ok = c.post("/v1/completions", json=completion(["a long one for s", "l first"], budget=4, max_tokens=8))
+        bad = c.post("/v1/completions", json=completion(["s", "l first, too long"], budget=4, max_tokens=8))
+    assert ok.status_code == 200, ok.text
+    assert bad.status_code == 400 and "prompt 1 has 17 tokens for model 'l'" in bad.json()["error"]["message"]

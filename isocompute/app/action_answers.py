@@ -18,7 +18,9 @@ to ``l``'s four samples; the answer is ``l``'s vote, ``k`` = 6, and ``usage.flop
 F_l(4 samples).
 
 Failures: when the final vote has no usable sample the answer is a 502; samples lost upstream count
-``isocompute_upstream_errors_total{kind="partial"}`` once per answer.
+``isocompute_upstream_errors_total{kind="partial"}`` once per answer. Before anything is drawn, each
+prompt is checked against the context length of every model its action may reach
+(:meth:`ActionAnswers.check_context`: a 400 naming the model, as vLLM itself would refuse it).
 
 Ignores: the single-model plans (the gateway runs those itself) and stage-level retries.
 """
@@ -32,12 +34,13 @@ from isocompute.app.answer import Answer, Verifier, action_info, pick_sample, st
 from isocompute.app.chat import render_chat
 from isocompute.app.execute import Deadline
 from isocompute.app.ledger import Ledger
-from isocompute.app.pools import Pool
+from isocompute.app.pools import Pool, check_context
 from isocompute.app.routing import Routing
 from isocompute.app.schemas import ChatMessage
 from isocompute.app.settings import Settings
 from isocompute.app.voting import Voter
 from isocompute.engines.base import UpstreamBadResponse
+from isocompute.solver.model_actions import Action
 
 __all__ = ["ActionAnswers"]
 
@@ -59,9 +62,11 @@ class ActionAnswers:
     async def answer(self, prompts: list[str], routing: Routing, *, max_tokens: int, temperature: float,
                      seed: int | None, strategy: str, deadline: Deadline,
                      messages: Sequence[ChatMessage] | None = None) -> list[Answer]:
-        """Every prompt's answer; raises what the first stage raises (502/503/504)."""
+        """Every prompt's answer; raises InputError (400) for a prompt too long for a model its action may
+        reach, and what the first stage raises (502/503/504)."""
         actions = routing.model_actions
         prompts_of = self.prompts_for(prompts, messages)
+        self.check_context(prompts_of, actions, max_tokens)
         runs = await run_actions(
             lambda m: self.pools[m].backend, prompts_of, actions, cap=routing.plan.cap,
             wave_cap=routing.plan.wave_cap, voter=self.voter, extract=self.extract, max_tokens=max_tokens,
@@ -77,6 +82,24 @@ class ActionAnswers:
             return [render_chat(tok, messages)]
 
         return of
+
+    def check_context(self, prompts_of: Callable[[str], list[str]], actions: Sequence[Action],
+                      max_tokens: int) -> None:
+        """Each prompt, as each model reads it, against the context length of every model its action may
+        reach — a cascade's later stages too: whether they run is known only after the earlier ones, and a
+        refusal then would waste those. A model with the default pool's tokenizer and context was checked
+        already (``Gateway.check_prompts``); one without a tokenizer or a known context is not checked."""
+        d = self.default
+        for model in dict.fromkeys(m for a in actions for m in a.models):
+            pool = self.pools[model]
+            if pool.tokenizer is None or pool.context_limit is None:
+                continue
+            if pool.tokenizer is d.tokenizer and pool.context_limit == d.context_limit:
+                continue
+            texts = prompts_of(model)
+            idx = [i for i, a in enumerate(actions) if model in a.models]
+            ids = pool.tokenizer([texts[i] for i in idx], add_special_tokens=True)["input_ids"]
+            check_context([len(x) for x in ids], max_tokens, pool.context_limit, model=model, index=idx)
 
     def _answer(self, prompt: str, run: ActionRun, routing: Routing, i: int, strategy: str,
                 seed: int | None) -> Answer:

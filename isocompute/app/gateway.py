@@ -63,7 +63,15 @@ from isocompute.app.extras import FeatureCall, ProbeCall, feature_call, probe_ca
 from isocompute.app.ledger import Ledger
 from isocompute.app.metrics import Metrics
 from isocompute.app.plan_run import SEED_MODULUS, PlanRun, run_plans
-from isocompute.app.pools import DEFAULT, ModelPool, Pool, PoolsHealth, missing_pools, missing_pools_message
+from isocompute.app.pools import (
+    DEFAULT,
+    ModelPool,
+    Pool,
+    PoolsHealth,
+    check_context,
+    missing_pools,
+    missing_pools_message,
+)
 from isocompute.app.pricing import BudgetPlan, budget_unit, price_request
 from isocompute.app.readiness import UpstreamHealth
 from isocompute.app.routing import Routing
@@ -182,7 +190,9 @@ class Gateway:
         return render_chat(self.tokenizer, messages)
 
     def check_prompts(self, prompts: Sequence[str], max_tokens: int) -> list[int] | None:
-        """Reject empty, too many or over-long prompts (400); return token counts when a tokenizer is known."""
+        """Reject empty, too many or over-long prompts (400); return token counts when a tokenizer is known.
+        The context checked is the default pool's; a multi-model action's other models are checked before
+        it runs (:meth:`ActionAnswers.check_context`)."""
         s = self.settings
         if not prompts:
             raise InputError("prompt is empty; send a non-empty string or list of strings")
@@ -198,12 +208,7 @@ class Gateway:
             return None
         counts = [len(ids) for ids in self.tokenizer(list(prompts), add_special_tokens=True)["input_ids"]]
         if self.context_limit is not None:
-            for i, n in enumerate(counts):
-                if n + max_tokens > self.context_limit:
-                    raise InputError(
-                        f"prompt {i} has {n} tokens; with max_tokens={max_tokens} that exceeds the model's "
-                        f"context of {self.context_limit} tokens; shorten the prompt or lower max_tokens"
-                    )
+            check_context(counts, max_tokens, self.context_limit)
         return counts
 
     def sampling(self, max_tokens: int | None, temperature: float | None, seed: int | None

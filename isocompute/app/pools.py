@@ -19,14 +19,15 @@ flags                                       pools
 The **default pool** — where a single-model policy's plans and a probe run — is the bare one when there
 is one, else the first named pool. ``GET /ready`` is ready when every pool answers
 (:class:`PoolsHealth`). :func:`missing_pools_message` is the error for a model no pool serves (start-up
-refuses such a policy; a request meeting one gets 503).
+refuses such a policy; a request meeting one gets 503). :func:`check_context` refuses a prompt too long
+for a pool's model (400): prompt tokens + ``max_tokens`` must fit its context length, e.g. 30 + 8 > 32.
 
 Ignores: moving a model between pools at run time (restart the gateway), and pools sharing servers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,8 +35,9 @@ from isocompute.app.execute import Backend
 from isocompute.app.metrics import Metrics
 from isocompute.app.readiness import UpstreamHealth
 from isocompute.engines.base import Engine
+from isocompute.errors import InputError
 
-__all__ = ["DEFAULT", "ModelPool", "Pool", "PoolsHealth", "missing_pools", "missing_pools_message"]
+__all__ = ["DEFAULT", "ModelPool", "Pool", "PoolsHealth", "check_context", "missing_pools", "missing_pools_message"]
 
 DEFAULT = ""  # the bare pool's name
 
@@ -108,3 +110,14 @@ def missing_pools_message(missing: list[str], pools: Mapping[str, Any], what: st
     dirs = " ".join(f"--model {m}=DIR" for m in missing)
     return (f"no pool for model(s) {', '.join(missing)}, used by {what} (named pools here: {have}); start the "
             f"gateway with {upstreams} (a vLLM server serving each) or {dirs} (in-process)")
+
+
+def check_context(counts: Sequence[int], max_tokens: int, limit: int, *, model: str = DEFAULT,
+                  index: Sequence[int] | None = None) -> None:
+    """Raise :class:`InputError` (400) for the first prompt whose ``counts`` tokens plus ``max_tokens`` exceed
+    ``limit``, the context length of pool ``model``'s model; ``index``: the prompts' numbers in the request."""
+    for i, n in zip(range(len(counts)) if index is None else index, counts, strict=True):
+        if n + max_tokens > limit:
+            tokens, whose = ("", "the model's") if model == DEFAULT else (f" for model {model!r}", f"{model!r}'s")
+            raise InputError(f"prompt {i} has {n} tokens{tokens}; with max_tokens={max_tokens} that exceeds "
+                             f"{whose} context of {limit} tokens; shorten the prompt or lower max_tokens")
