@@ -163,6 +163,34 @@ def test_a_failing_later_stage_answers_from_the_earlier_stages(lkw, reason):
     assert body["usage"]["flops"] == pytest.approx(request_flops(load_model_flops(SMALL), 10, [5, 5]))
 
 
+def metric(text, name, **labels):
+    """The value of the sample ``name{labels}`` in a /metrics page (None when absent)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and s.labels == labels:
+                return s.value
+    return None
+
+
+def test_upstream_metrics_are_labelled_by_pool():
+    eng = engines(fail=EngineUnavailable("connection refused"))  # l down: its stage fails
+    eng["s"] = ConfigEngine(SPLIT, continuing=True, cfg=SMALL, drop=1)  # s returns 1 of its 2 samples
+    c, _ = client("s/none@2 > l/none@2", eng=eng)
+    with c:
+        r = c.post("/v1/completions", json=completion(budget=4, seed=3))
+        text = c.get("/metrics").text
+    assert r.status_code == 200, r.text
+    assert [st["samples_received"] for st in r.json()["isocompute"]["stages"]] == [1, 0]
+    assert metric(text, "isocompute_upstream_latency_seconds_count", pool="s") == 1.0  # its one wave
+    assert metric(text, "isocompute_upstream_latency_seconds_count", pool="l") is None  # no wave answered
+    assert metric(text, "isocompute_upstream_errors_total", kind="unavailable", pool="l") == 1.0
+    assert metric(text, "isocompute_upstream_errors_total", kind="partial", pool="s") == 1.0
+    assert metric(text, "isocompute_upstream_errors_total", kind="unavailable", pool="s") is None
+    assert 'pool="default"' not in text  # no bare pool here: the default pool is s, and says so
+
+
 def test_a_failing_first_stage_is_the_requests_error():
     eng = {"s": ConfigEngine(fail=EngineUnavailable("connection refused"), cfg=SMALL),
            "l": ConfigEngine(cfg=LARGE)}

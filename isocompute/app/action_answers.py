@@ -17,8 +17,9 @@ Worked example: the cascade ``s/lead:m=2@1x2 > l/none@4`` whose two ``s`` sample
 to ``l``'s four samples; the answer is ``l``'s vote, ``k`` = 6, and ``usage.flops`` = F_s(2 samples) +
 F_l(4 samples).
 
-Failures: when the final vote has no usable sample the answer is a 502; samples lost upstream count
-``isocompute_upstream_errors_total{kind="partial"}`` once per answer. Before anything is drawn, each
+Failures: when the final vote has no usable sample the answer is a 502 (counted
+``isocompute_upstream_errors_total{kind="bad_response"}`` under the last stage's pool); samples lost
+upstream count ``{kind="partial"}`` once per answer under each pool that lost some. Before anything is drawn, each
 prompt is checked against the context length of every model its action may reach
 (:meth:`ActionAnswers.check_context`: a 400 naming the model, as vLLM itself would refuse it).
 
@@ -106,12 +107,13 @@ class ActionAnswers:
         m, book = self.ledger.metrics, self.ledger
         final = run.final
         if final is None or not final.usable:
-            m.upstream_errors.labels("bad_response").inc()
+            last = run.stages[-1].model if run.stages else run.action.models[0]
+            m.upstream_errors.labels("bad_response", self.pools[last].backend.pool).inc()
             raise UpstreamBadResponse(f"the pools of {', '.join(run.action.models)} returned no usable sample of "
                                       f"{run.drawn}; check those upstream servers and retry")
-        received = sum(len(st.run.usable) for st in run.stages)
-        if received < run.drawn:
-            m.upstream_errors.labels("partial").inc()
+        for pool in dict.fromkeys(self.pools[st.model].backend.pool for st in run.stages
+                                  if len(st.run.usable) < st.run.drawn):
+            m.upstream_errors.labels("partial", pool).inc()
         picked = pick_sample(final, strategy, tie_break=self.settings.tie_break, seed=seed, prompt=prompt,
                              verifier=self.verifier, weights=run.weights)
         chosen = final.samples[picked.index]

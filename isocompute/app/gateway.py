@@ -65,6 +65,7 @@ from isocompute.app.metrics import Metrics
 from isocompute.app.plan_run import SEED_MODULUS, PlanRun, run_plans
 from isocompute.app.pools import (
     DEFAULT,
+    POOL_LABEL,
     ModelPool,
     Pool,
     PoolsHealth,
@@ -111,7 +112,9 @@ class Gateway:
         self.model_flops = model_flops
         self.context_limit = context_limit
         self.verifier = verifier
-        self.backend = Backend(engine, metrics, UpstreamHealth())
+        # the default pool is the bare one, or the named pool whose engine it is: its metrics carry that name
+        label = next((n for n, f in (pools or {}).items() if f.engine is engine), POOL_LABEL)
+        self.backend = Backend(engine, metrics, UpstreamHealth(), label)
         default = Pool(DEFAULT, engine, self.backend, tokenizer, model_flops, context_limit)
         # named pools (model name → pool); the default pool's engine, when it is one of them, keeps its backend
         self.pools: dict[str, Pool] = {
@@ -356,11 +359,11 @@ class Gateway:
                 seed: int | None) -> Answer:
         ok = run.usable
         if not ok:
-            self.metrics.upstream_errors.labels("bad_response").inc()
+            self.metrics.upstream_errors.labels("bad_response", self.backend.pool).inc()
             raise UpstreamBadResponse(f"upstream {self.engine.name} returned no usable sample of {run.drawn}; "
                                       "check the upstream server and retry")
         if len(ok) < run.drawn:
-            self.metrics.upstream_errors.labels("partial").inc()
+            self.metrics.upstream_errors.labels("partial", self.backend.pool).inc()
         picked = pick_sample(run, strategy, tie_break=self.settings.tie_break, seed=seed, prompt=prompt,
                              verifier=self.verifier)
         chosen = run.samples[picked.index]

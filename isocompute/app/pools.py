@@ -37,9 +37,10 @@ from isocompute.app.readiness import UpstreamHealth
 from isocompute.engines.base import Engine
 from isocompute.errors import InputError
 
-__all__ = ["DEFAULT", "ModelPool", "Pool", "PoolsHealth", "check_context", "missing_pools", "missing_pools_message"]
+__all__ = ["DEFAULT", "POOL_LABEL", "ModelPool", "Pool", "PoolsHealth", "check_context", "missing_pools", "missing_pools_message"]
 
 DEFAULT = ""  # the bare pool's name
+POOL_LABEL = "default"  # the bare pool's name in the metrics' ``pool`` label and in messages
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +70,7 @@ class Pool:
 
     @classmethod
     def of(cls, name: str, facts: ModelPool, metrics: Metrics, backend: Backend | None = None) -> Pool:
-        backend = backend or Backend(facts.engine, metrics, UpstreamHealth())
+        backend = backend or Backend(facts.engine, metrics, UpstreamHealth(), name or POOL_LABEL)
         return cls(name, facts.engine, backend, facts.tokenizer, facts.model_flops, facts.context_limit)
 
 
@@ -84,7 +85,7 @@ class PoolsHealth:
     def _healths(self) -> list[tuple[str, UpstreamHealth]]:
         seen: dict[int, tuple[str, UpstreamHealth]] = {}
         for name, p in self._pools.items():
-            seen.setdefault(id(p.health), (name or "default", p.health))
+            seen.setdefault(id(p.health), (name or POOL_LABEL, p.health))
         return list(seen.values())
 
     @property
