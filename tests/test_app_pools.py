@@ -163,6 +163,34 @@ def test_a_failing_later_stage_answers_from_the_earlier_stages(lkw, reason):
     assert body["usage"]["flops"] == pytest.approx(request_flops(load_model_flops(SMALL), 10, [5, 5]))
 
 
+def metric(text, name, **labels):
+    """The value of the sample ``name{labels}`` in a /metrics page (None when absent)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and s.labels == labels:
+                return s.value
+    return None
+
+
+def test_upstream_metrics_are_labelled_by_pool():
+    eng = engines(fail=EngineUnavailable("connection refused"))  # l down: its stage fails
+    eng["s"] = ConfigEngine(SPLIT, continuing=True, cfg=SMALL, drop=1)  # s returns 1 of its 2 samples
+    c, _ = client("s/none@2 > l/none@2", eng=eng)
+    with c:
+        r = c.post("/v1/completions", json=completion(budget=4, seed=3))
+        text = c.get("/metrics").text
+    assert r.status_code == 200, r.text
+    assert [st["samples_received"] for st in r.json()["isocompute"]["stages"]] == [1, 0]
+    assert metric(text, "isocompute_upstream_latency_seconds_count", pool="s") == 1.0  # its one wave
+    assert metric(text, "isocompute_upstream_latency_seconds_count", pool="l") is None  # no wave answered
+    assert metric(text, "isocompute_upstream_errors_total", kind="unavailable", pool="l") == 1.0
+    assert metric(text, "isocompute_upstream_errors_total", kind="partial", pool="s") == 1.0
+    assert metric(text, "isocompute_upstream_errors_total", kind="unavailable", pool="s") is None
+    assert 'pool="default"' not in text  # no bare pool here: the default pool is s, and says so
+
+
 def test_a_failing_first_stage_is_the_requests_error():
     eng = {"s": ConfigEngine(fail=EngineUnavailable("connection refused"), cfg=SMALL),
            "l": ConfigEngine(cfg=LARGE)}
@@ -258,6 +286,50 @@ def test_serve_flags_name_pools():
         split_named(["bad name=http://h:1"], "--upstream")
     with pytest.raises(InputError, match="action"):
         settings_from_args(argparse.Namespace(**{**vars(args), "action": "s/none@2 >"}))
+
+
+def serve_args(argv):
+    from isocompute.cli.serve import register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    return parser.parse_args(["serve", *argv])
+
+
+class TwoModels(FakePolicy):
+    models = ("s", "x")
+
+
+def test_serve_refuses_a_policy_on_a_model_without_a_pool_before_uvicorn_starts(monkeypatch, tmp_path):
+    """One line naming the flags to add (as for --action), not the lifespan's error in uvicorn's traceback;
+    with every pool there, the policy is loaded once and handed to the app."""
+    import uvicorn
+
+    from isocompute.app import main
+    from isocompute.cli.serve import run
+
+    loads, started = [], []
+    monkeypatch.setattr(main, "load_policy", lambda path: loads.append(path) or TwoModels())
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.append(app))
+    argv = ["--policy", str(tmp_path), "--upstream", "s=http://127.0.0.1:9"]
+    with pytest.raises(InputError, match=r"^no pool for model\(s\) x, used by the policy in --policy .*named pools "
+                                         r"here: s\); start the gateway with --upstream x=URL .* or --model x=DIR"):
+        run(serve_args(argv))
+    assert started == [] and loads == [tmp_path]
+    assert run(serve_args([*argv, "--model", "x=/m/x"])) == 0
+    [app] = started
+    assert isinstance(app.state.injected["policy"], TwoModels) and len(loads) == 2
+
+
+def test_serve_reports_a_directory_that_is_no_policy_before_uvicorn_starts(monkeypatch, tmp_path):
+    import uvicorn
+
+    from isocompute.cli.serve import run
+    from isocompute.errors import IsoComputeError
+
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: pytest.fail("uvicorn started"))
+    with pytest.raises(IsoComputeError, match=str(tmp_path)):
+        run(serve_args(["--policy", str(tmp_path), "--upstream", "s=http://127.0.0.1:9"]))
 
 
 class TwoActions(FakePolicy):
@@ -412,3 +484,54 @@ def test_each_model_reads_a_chat_in_its_own_template():
     assert r.status_code == 200, r.text
     assert {p for ps, _ in eng["s"].calls for p in ps} == {"<s>What is 5 + 7?</s>"}
     assert {p for ps, _ in eng["l"].calls for p in ps} == {"<l>What is 5 + 7?</l>"}
+
+
+def context_engines(l_context):
+    """Pools whose tokenizers count one token per character; tiny-l's model has ``l_context`` tokens of
+    context, tiny-s's an unknown one (its config has none)."""
+    eng = {"s": ConfigEngine(SPLIT, continuing=True, cfg=SMALL),
+           "l": ConfigEngine(SEVEN, continuing=True, cfg={**LARGE, "max_position_embeddings": l_context})}
+    for name, e in eng.items():
+        e.tokenizer = TemplateTokenizer(name)
+    return eng
+
+
+@pytest.mark.parametrize(("route", "body", "tokens"), [
+    ("/v1/completions", completion(budget=4, max_tokens=8), 14),  # "What is 5 + 7?"
+    ("/v1/chat/completions", {"model": "isocompute", "budget": 4, "max_tokens": 8,
+                              "messages": [{"role": "user", "content": "What is 5 + 7?"}]}, 21),  # in l's template
+])
+def test_a_prompt_too_long_for_a_later_stages_model_is_400_naming_it(route, body, tokens):
+    eng = context_engines(20)
+    c, _ = client(eng=eng)
+    with c:
+        r = c.post(route, json=body)
+        short = c.post("/v1/completions", json=completion("1+1?", budget=4, max_tokens=8))
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+    assert r.json()["error"]["message"] == (
+        f"prompt 0 has {tokens} tokens for model 'l'; with max_tokens=8 that exceeds 'l''s context of 20 tokens; "
+        "shorten the prompt or lower max_tokens")
+    assert eng["s"].calls[-1] == (["1+1?"], 1) and len(eng["s"].calls) == 2  # the long one drew nothing
+    assert short.status_code == 200, short.text  # 4 + 8 tokens fit
+
+
+class OnOneModel(FakePolicy):
+    """Prompts starting with "l" run ``l/none@2``, the others ``s/none@2``."""
+
+    models = ("s", "l")
+
+    def decide(self, prompts, budget, *, probe=None, model=None):
+        acts = tuple(parse_action("l/none@2" if p.startswith("l") else "s/none@2") for p in prompts)
+        n = len(prompts)
+        return FakeDecision(k=np.full(n, 2), action_index=np.zeros(n, int), plans=tuple(a.stages[0].plan for a in acts),
+                            costs=np.full(n, 2.0), expected_cost=2.0, model_actions=acts)
+
+
+def test_each_prompt_is_checked_against_the_models_its_own_action_reaches():
+    eng = context_engines(16)
+    c, _ = client(policy=OnOneModel(), eng=eng)
+    with c:  # "l first" runs on l (7 + 8 tokens fit 16); "a long one for s" only on s, whose context is unknown
+        ok = c.post("/v1/completions", json=completion(["a long one for s", "l first"], budget=4, max_tokens=8))
+        bad = c.post("/v1/completions", json=completion(["s", "l first, too long"], budget=4, max_tokens=8))
+    assert ok.status_code == 200, ok.text
+    assert bad.status_code == 400 and "prompt 1 has 17 tokens for model 'l'" in bad.json()["error"]["message"]

@@ -33,12 +33,11 @@ decide worker thread, off the event loop (the encoder takes milliseconds per pro
 policy decides inline (~0.5 ms).
 
 **Several models** (:mod:`isocompute.app.pools`): the gateway holds a pool per model name besides the
-default one. A multi-model policy's decision carries an action per prompt (``model_actions``); step 3
-then runs each action's stages on their models' pools (:func:`isocompute.app.action_run.run_actions`:
-cascades escalate when a stage's plan ran out without its rule firing, the caps bound the whole
-action), step 4 votes over the last stage's samples or over all of them with per-model weights, and
-step 5 sums the stages: samples, and FLOPs each on its own model's FLOP model. A request's ``model``
-naming one of ``policy.models`` pins the decision to actions on that model alone.
+default one. A multi-model policy's decision carries an action per prompt (``model_actions``); steps 3–5
+are then :class:`isocompute.app.action_answers.ActionAnswers`' (each stage on its model's pool, the
+vote over the last stage or all of them, the stages summed). A request's ``model`` naming one of
+``policy.models`` pins the decision to actions on that model alone. Step 5's booking (metrics, the
+key's controller and gauges) is :class:`isocompute.app.ledger.Ledger`'s for both paths.
 
 Ignores: streaming and stop strings.
 """
@@ -46,7 +45,6 @@ Ignores: streaming and stop strings.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -54,25 +52,27 @@ from typing import Any
 
 import numpy as np
 
-from isocompute.app.action_run import ActionRun, run_actions
-from isocompute.app.answer import (
-    Answer,
-    Verifier,
-    action_info,
-    answer_info,
-    pick_sample,
-    plan_flops,
-    stage_costs,
-)
+from isocompute.app.action_answers import ActionAnswers
+from isocompute.app.answer import Answer, Verifier, answer_info, pick_sample, plan_flops
 from isocompute.app.auth import Principal
 from isocompute.app.budget_control import BudgetController, ControllerBank
 from isocompute.app.chat import policy_text, render_chat
 from isocompute.app.errors import ModelNotFound
 from isocompute.app.execute import Backend, Deadline
 from isocompute.app.extras import FeatureCall, ProbeCall, feature_call, probe_call
+from isocompute.app.ledger import Ledger
 from isocompute.app.metrics import Metrics
 from isocompute.app.plan_run import SEED_MODULUS, PlanRun, run_plans
-from isocompute.app.pools import DEFAULT, ModelPool, Pool, PoolsHealth, missing_pools, missing_pools_message
+from isocompute.app.pools import (
+    DEFAULT,
+    POOL_LABEL,
+    ModelPool,
+    Pool,
+    PoolsHealth,
+    check_context,
+    missing_pools,
+    missing_pools_message,
+)
 from isocompute.app.pricing import BudgetPlan, budget_unit, price_request
 from isocompute.app.readiness import UpstreamHealth
 from isocompute.app.routing import Routing
@@ -112,7 +112,9 @@ class Gateway:
         self.model_flops = model_flops
         self.context_limit = context_limit
         self.verifier = verifier
-        self.backend = Backend(engine, metrics, UpstreamHealth())
+        # the default pool is the bare one, or the named pool whose engine it is: its metrics carry that name
+        label = next((n for n, f in (pools or {}).items() if f.engine is engine), POOL_LABEL)
+        self.backend = Backend(engine, metrics, UpstreamHealth(), label)
         default = Pool(DEFAULT, engine, self.backend, tokenizer, model_flops, context_limit)
         # named pools (model name → pool); the default pool's engine, when it is one of them, keeps its backend
         self.pools: dict[str, Pool] = {
@@ -124,7 +126,10 @@ class Gateway:
         self.controllers = ControllerBank(max_keys=settings.control_max_keys,
                                           on_evict=lambda key: metrics.forget(self._labels.pop(key, "")))
         self._labels: dict[Any, str] = {}
+        self.ledger = Ledger(metrics, self.controllers)
         self.voter = Voter(settings.answer_kind, timeout_s=settings.vote_timeout_s, grader=grader)
+        self.actions = ActionAnswers(self.pools, default, settings=settings, voter=self.voter, extract=extract,
+                                     verifier=verifier, ledger=self.ledger)
         self._decide_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="isocompute-decide")
 
     def close(self) -> None:
@@ -188,7 +193,9 @@ class Gateway:
         return render_chat(self.tokenizer, messages)
 
     def check_prompts(self, prompts: Sequence[str], max_tokens: int) -> list[int] | None:
-        """Reject empty, too many or over-long prompts (400); return token counts when a tokenizer is known."""
+        """Reject empty, too many or over-long prompts (400); return token counts when a tokenizer is known.
+        The context checked is the default pool's; a multi-model action's other models are checked before
+        it runs (:meth:`ActionAnswers.check_context`)."""
         s = self.settings
         if not prompts:
             raise InputError("prompt is empty; send a non-empty string or list of strings")
@@ -204,12 +211,7 @@ class Gateway:
             return None
         counts = [len(ids) for ids in self.tokenizer(list(prompts), add_special_tokens=True)["input_ids"]]
         if self.context_limit is not None:
-            for i, n in enumerate(counts):
-                if n + max_tokens > self.context_limit:
-                    raise InputError(
-                        f"prompt {i} has {n} tokens; with max_tokens={max_tokens} that exceeds the model's "
-                        f"context of {self.context_limit} tokens; shorten the prompt or lower max_tokens"
-                    )
+            check_context(counts, max_tokens, self.context_limit)
         return counts
 
     def sampling(self, max_tokens: int | None, temperature: float | None, seed: int | None
@@ -264,7 +266,7 @@ class Gateway:
         missing = missing_pools((m for a in routing.model_actions for m in a.models), self.pools)
         if missing:
             raise EngineUnavailable(missing_pools_message(missing, self.pools, "this request's actions"))
-        self._export(routing)
+        self.ledger.export(routing)
         return routing
 
     def _price(self, policy: ServingPolicy, principal: Principal, budget: float | None, unit: str | None,
@@ -346,11 +348,8 @@ class Gateway:
             raise InputError("strategy 'best_of' needs a verifier and this server has none configured; "
                              "use strategy 'majority'")
         if routing.model_actions:
-            acts = await run_actions(
-                lambda m: self.pools[m].backend, self._prompts_for(prompts, messages), routing.model_actions,
-                cap=routing.plan.cap, wave_cap=routing.plan.wave_cap, voter=self.voter, extract=self.extract,
-                max_tokens=max_tokens, temperature=temperature, seed=seed, deadline=deadline)
-            return [self._answer_action(prompts[i], acts[i], routing, i, strategy, seed) for i in range(len(prompts))]
+            return await self.actions.answer(prompts, routing, max_tokens=max_tokens, temperature=temperature,
+                                             seed=seed, strategy=strategy, deadline=deadline, messages=messages)
         runs = await run_plans(self.backend, prompts, routing.plans, routing.policy_plans, voter=self.voter,
                                extract=self.extract, max_tokens=max_tokens, temperature=temperature, seed=seed,
                                deadline=deadline)
@@ -360,11 +359,11 @@ class Gateway:
                 seed: int | None) -> Answer:
         ok = run.usable
         if not ok:
-            self.metrics.upstream_errors.labels("bad_response").inc()
+            self.metrics.upstream_errors.labels("bad_response", self.backend.pool).inc()
             raise UpstreamBadResponse(f"upstream {self.engine.name} returned no usable sample of {run.drawn}; "
                                       "check the upstream server and retry")
         if len(ok) < run.drawn:
-            self.metrics.upstream_errors.labels("partial").inc()
+            self.metrics.upstream_errors.labels("partial", self.backend.pool).inc()
         picked = pick_sample(run, strategy, tie_break=self.settings.tie_break, seed=seed, prompt=prompt,
                              verifier=self.verifier)
         chosen = run.samples[picked.index]
@@ -373,95 +372,14 @@ class Gateway:
         prompt_tokens = max(c.prompt_tokens for c in got)
         completion_tokens = sum(c.completion_tokens for c in got)
         flops = self._flops(routing, i, prompt_tokens, run)
-        self._count(run.drawn, len(run.wave_sizes), run.stopped or "plan_end")
-        self._charge(routing, i, run.drawn, flops)
+        self.ledger.count(run.drawn, len(run.wave_sizes), run.stopped or "plan_end")
+        self.ledger.charge(routing, i, run.drawn, flops)
         info = answer_info(run, routing, i, picked, strategy=strategy, flops=flops)
         return Answer(chosen.text, chosen.finish_reason, prompt_tokens, completion_tokens, flops, info)
-
-    def _prompts_for(self, prompts: list[str], messages: Sequence[ChatMessage] | None) -> Callable[[str], list[str]]:
-        """Each model's prompts: a chat rendered in that pool's own chat template, else the text as sent."""
-        def of(model: str) -> list[str]:
-            tok = self.pools[model].tokenizer
-            if messages is None or tok is None or tok is self.tokenizer:
-                return prompts
-            return [render_chat(tok, messages)]
-
-        return of
-
-    def _answer_action(self, prompt: str, run: ActionRun, routing: Routing, i: int, strategy: str,
-                       seed: int | None) -> Answer:
-        """A multi-model action's answer (module docstring, steps 4–5), its stages summed."""
-        final = run.final
-        if final is None or not final.usable:
-            self.metrics.upstream_errors.labels("bad_response").inc()
-            raise UpstreamBadResponse(f"the pools of {', '.join(run.action.models)} returned no usable sample of "
-                                      f"{run.drawn}; check those upstream servers and retry")
-        received = sum(len(st.run.usable) for st in run.stages)
-        if received < run.drawn:
-            self.metrics.upstream_errors.labels("partial").inc()
-        picked = pick_sample(final, strategy, tie_break=self.settings.tie_break, seed=seed, prompt=prompt,
-                             verifier=self.verifier, weights=run.weights)
-        chosen = final.samples[picked.index]
-        assert chosen is not None
-        costs = stage_costs(run, {m: p.model_flops for m, p in self.pools.items()},
-                            prefix_caching=self.settings.prefix_caching)
-        stage_flops = [c.flops for c in costs]
-        known = [f for f in stage_flops if f is not None]
-        flops = self._paid_flops(routing, i, sum(known)) if len(known) == len(costs) else None
-        self._count(run.drawn, len(run.wave_sizes), run.stopped)
-        self._charge(routing, i, run.drawn, flops)
-        info = action_info(run, routing, i, picked, strategy=strategy, flops=flops, stage_flops=stage_flops)
-        return Answer(chosen.text, chosen.finish_reason, sum(c.prompt_tokens for c in costs),
-                      sum(c.completion_tokens for c in costs), flops, info)
-
-    def _count(self, drawn: int, waves: int, stopped: str) -> None:
-        m = self.metrics
-        m.k.observe(drawn)
-        m.samples.inc(drawn)
-        m.waves.observe(waves)
-        m.stops.labels(stopped).inc()
-
-    def _paid_flops(self, routing: Routing, i: int, flops: float) -> float:
-        """``flops`` of the samples plus the prompt's probe call and extra features; counted in the metric."""
-        pr, fe = routing.probe, routing.features
-        if pr is not None and pr.flops[i] is not None:
-            flops += float(pr.flops[i])  # type: ignore[arg-type]
-        if fe is not None:
-            flops += fe.flops[i]
-        self.metrics.flops.inc(flops)
-        return flops
 
     def _flops(self, routing: Routing, i: int, prompt_tokens: int, run: PlanRun) -> float | None:
         """The prompt's FLOPs: its waves (:func:`plan_flops`), its probe call and extra features."""
         if self.model_flops is None:
             return None
-        return self._paid_flops(routing, i, plan_flops(self.model_flops, prompt_tokens, run,
+        return self.ledger.paid_flops(routing, i, plan_flops(self.model_flops, prompt_tokens, run,
                                                        prefix_caching=self.settings.prefix_caching))
-
-    def _export(self, routing: Routing) -> None:
-        """The key's gauges — unless its controller was evicted while the request awaited (then its labels
-        were removed, and re-creating them would grow the label set without bound)."""
-        plan = routing.plan
-        if not self.controllers.holds(plan.key, routing.controller):
-            return
-        if routing.lam is not None:
-            self.metrics.lam.labels(plan.label).set(routing.lam)
-        self.metrics.internal_budget.labels(plan.label).set(routing.internal_budget)
-        st = routing.controller.state()
-        if st.mean_cost is not None:
-            self.metrics.mean_cost.labels(plan.label).set(st.mean_cost)
-
-    def _charge(self, routing: Routing, i: int, drawn: int, flops: float | None) -> None:
-        """Charge the key's controller what the prompt cost, in the request's unit: the samples its waves
-        drew (not the plan's maximum) plus the probe and extra features it paid for; a FLOP budget its
-        measured FLOPs, or without the model's config the samples at the conversion's FLOPs each."""
-        plan, pr, fe = routing.plan, routing.probe, routing.features
-        paid = (0.0 if pr is None else pr.costs[i]) + (0.0 if fe is None else fe.costs[i])
-        if plan.unit == "samples":
-            cost = float(drawn) + paid
-        else:
-            cost = flops if flops is not None else plan.in_request_unit(float(drawn), "samples") + paid
-        if not math.isfinite(cost):
-            return
-        routing.controller.observe(cost)
-        self._export(routing)

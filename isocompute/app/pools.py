@@ -19,14 +19,15 @@ flags                                       pools
 The **default pool** — where a single-model policy's plans and a probe run — is the bare one when there
 is one, else the first named pool. ``GET /ready`` is ready when every pool answers
 (:class:`PoolsHealth`). :func:`missing_pools_message` is the error for a model no pool serves (start-up
-refuses such a policy; a request meeting one gets 503).
+refuses such a policy; a request meeting one gets 503). :func:`check_context` refuses a prompt too long
+for a pool's model (400): prompt tokens + ``max_tokens`` must fit its context length, e.g. 30 + 8 > 32.
 
 Ignores: moving a model between pools at run time (restart the gateway), and pools sharing servers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,10 +35,12 @@ from isocompute.app.execute import Backend
 from isocompute.app.metrics import Metrics
 from isocompute.app.readiness import UpstreamHealth
 from isocompute.engines.base import Engine
+from isocompute.errors import InputError
 
-__all__ = ["DEFAULT", "ModelPool", "Pool", "PoolsHealth", "missing_pools", "missing_pools_message"]
+__all__ = ["DEFAULT", "POOL_LABEL", "ModelPool", "Pool", "PoolsHealth", "check_context", "missing_pools", "missing_pools_message"]
 
 DEFAULT = ""  # the bare pool's name
+POOL_LABEL = "default"  # the bare pool's name in the metrics' ``pool`` label and in messages
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +70,7 @@ class Pool:
 
     @classmethod
     def of(cls, name: str, facts: ModelPool, metrics: Metrics, backend: Backend | None = None) -> Pool:
-        backend = backend or Backend(facts.engine, metrics, UpstreamHealth())
+        backend = backend or Backend(facts.engine, metrics, UpstreamHealth(), name or POOL_LABEL)
         return cls(name, facts.engine, backend, facts.tokenizer, facts.model_flops, facts.context_limit)
 
 
@@ -82,7 +85,7 @@ class PoolsHealth:
     def _healths(self) -> list[tuple[str, UpstreamHealth]]:
         seen: dict[int, tuple[str, UpstreamHealth]] = {}
         for name, p in self._pools.items():
-            seen.setdefault(id(p.health), (name or "default", p.health))
+            seen.setdefault(id(p.health), (name or POOL_LABEL, p.health))
         return list(seen.values())
 
     @property
@@ -104,6 +107,18 @@ def missing_pools(models: Iterable[str], pools: Mapping[str, Any]) -> list[str]:
 
 def missing_pools_message(missing: list[str], pools: Mapping[str, Any], what: str = "the policy's actions") -> str:
     have = ", ".join(sorted(n for n in pools if n != DEFAULT)) or "none"
-    flags = " ".join(f"--upstream {m}=URL" for m in missing)
+    upstreams = " ".join(f"--upstream {m}=URL" for m in missing)
+    dirs = " ".join(f"--model {m}=DIR" for m in missing)
     return (f"no pool for model(s) {', '.join(missing)}, used by {what} (named pools here: {have}); start the "
-            f"gateway with {flags} (a vLLM server serving each) or --model NAME=DIR (in-process)")
+            f"gateway with {upstreams} (a vLLM server serving each) or {dirs} (in-process)")
+
+
+def check_context(counts: Sequence[int], max_tokens: int, limit: int, *, model: str = DEFAULT,
+                  index: Sequence[int] | None = None) -> None:
+    """Raise :class:`InputError` (400) for the first prompt whose ``counts`` tokens plus ``max_tokens`` exceed
+    ``limit``, the context length of pool ``model``'s model; ``index``: the prompts' numbers in the request."""
+    for i, n in zip(range(len(counts)) if index is None else index, counts, strict=True):
+        if n + max_tokens > limit:
+            tokens, whose = ("", "the model's") if model == DEFAULT else (f" for model {model!r}", f"{model!r}'s")
+            raise InputError(f"prompt {i} has {n} tokens{tokens}; with max_tokens={max_tokens} that exceeds "
+                             f"{whose} context of {limit} tokens; shorten the prompt or lower max_tokens")

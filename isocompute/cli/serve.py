@@ -127,6 +127,30 @@ def unknown_env(environ: dict[str, str] | os._Environ[str]) -> list[str]:
                   if k.startswith("ISOCOMPUTE_") and k not in known and not k.startswith(TOOL_ENV_PREFIXES))
 
 
+def preflight(s: Any) -> Any:
+    """The fitted policy of ``--policy`` (loaded here, once, and handed to the app) after checking that every
+    model it — or ``--action`` — runs on has a named pool; None with ``--action``. Done before uvicorn
+    starts so the operator reads one line with the flags to add, not a start-up traceback."""
+    from isocompute.app.pools import missing_pools, missing_pools_message
+
+    named = dict.fromkeys([*s.model_upstreams, *s.model_dirs])
+    if s.action is not None:
+        from isocompute.solver.model_actions import parse_action
+
+        missing = missing_pools(parse_action(s.action).models, named)
+        if missing:
+            raise InputError(missing_pools_message(missing, named, f"--action {s.action!r}"))
+        return None
+    from isocompute.app.main import load_policy
+    from isocompute.app.serving_policy import as_serving_policy
+
+    policy = load_policy(s.policy_dir)
+    missing = missing_pools(as_serving_policy(policy).models, named)
+    if missing:
+        raise InputError(missing_pools_message(missing, named, f"the policy in --policy {s.policy_dir}"))
+    return policy
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -137,15 +161,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("no policy: pass --policy DIR (a directory written by `isocompute fit`) or --action ACTION")
     if s.engine in ("transformers", "vllm") and s.model_dir is None and not s.model_dirs:
         raise InputError(f"--engine {s.engine} needs --model DIR (a checkpoint directory)")
-    if s.action is not None:  # checked here too, so the operator reads one line, not a start-up traceback
-        from isocompute.app.pools import missing_pools, missing_pools_message
-        from isocompute.solver.model_actions import parse_action
-
-        named = dict.fromkeys([*s.model_upstreams, *s.model_dirs])
-        missing = missing_pools(parse_action(s.action).models, named)
-        if missing:
-            raise InputError(missing_pools_message(missing, named, f"--action {s.action!r}"))
+    policy = preflight(s)
     # Keep idle connections longer than common client pools do (httpx: 5 s), so a client never sends on a
     # connection the server is closing at that moment.
-    uvicorn.run(create_app(s), host=s.host, port=s.port, log_level=args.log_level, timeout_keep_alive=75)
+    uvicorn.run(create_app(s, policy=policy), host=s.host, port=s.port, log_level=args.log_level, timeout_keep_alive=75)
     return 0
