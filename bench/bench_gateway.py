@@ -207,8 +207,8 @@ def gateway_times(url: str) -> tuple[float, float, float]:
             count = float(line.split()[-1])
         elif line.startswith('isocompute_request_latency_seconds_sum{route="/v1/completions"}'):
             total = float(line.split()[-1])
-        elif line.startswith("isocompute_upstream_latency_seconds_sum"):
-            upstream = float(line.split()[-1])
+        elif line.startswith("isocompute_upstream_latency_seconds_sum"):  # one line per pool: summed
+            upstream += float(line.split()[-1])
     return count, total, upstream
 
 

@@ -36,6 +36,7 @@ class FakeDecision:
     expected_waves: np.ndarray | None = None
     rule: str = "learned"
     rule_evidence: dict | None = None
+    model_actions: tuple = ()
 
 
 def decision(plans, *, lam=None, extra_cost=0.0, rule="learned", evidence=None) -> FakeDecision:
@@ -61,10 +62,10 @@ class FakePolicy:
     budget_range = (1.0, 16.0)
     cost_unit = "samples"
     probe = None
-    models: tuple[str, ...] = ()
     feature_extras = ()
     feature_cost = 0.0
     sample_flops = None
+    models = ()
 
     def __init__(self, plan: str | None = None, *, reads: bool = True, rule: str = "learned") -> None:
         self.calls: list[tuple[list[str], float]] = []

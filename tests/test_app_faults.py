@@ -61,7 +61,7 @@ def test_an_engine_exception_is_a_502_in_openai_shape_not_a_500(exc):
         err = assert_openai_error(r, 502)
         assert err["code"] == "upstream_bad_response" and type(exc).__name__ in err["message"]
         assert int(r.headers["Retry-After"]) >= 1
-        assert 'isocompute_upstream_errors_total{kind="bad_response"} 1.0' in c.get("/metrics").text
+        assert 'isocompute_upstream_errors_total{kind="bad_response",pool="default"} 1.0' in c.get("/metrics").text
 
 
 def test_every_upstream_down_is_a_fast_503_with_retry_after_and_nothing_sent():

@@ -101,6 +101,27 @@ def test_a_fitted_policy_serves_through_the_contract(fitted):
     assert sp.probe is None and sp.feature_extras == () and sp.feature_cost == 0.0 and sp.sample_flops is None
     d, ref = sp.decide(["What is 2 + 3?"], 4.0), fitted.decide(["What is 2 + 3?"], 4.0)
     assert d.k.tolist() == ref.k.tolist() and d.expected_cost == ref.expected_cost
+    assert sp.models == ()  # a single-model policy: its decisions' plans run, model_actions is not read
+
+
+def test_a_multi_model_policy_gets_its_models_and_the_pinned_model(fitted):
+    class TwoModels:  # a fitted Policy with several models, as issue 15's policy will be
+        models = ("a", "b")
+
+        def __getattr__(self, name):
+            return getattr(fitted, name)
+
+        def decide(self, texts, budget, *, probe=None, model=None):
+            self.pinned = model
+            return fitted.decide(texts, budget)
+
+    inner = TwoModels()
+    sp = as_serving_policy(inner)
+    assert isinstance(sp, FittedPolicy) and sp.models == ("a", "b")
+    sp.decide(["What is 2 + 3?"], 4.0, model="b")
+    assert inner.pinned == "b"
+    sp.decide(["What is 2 + 3?"], 4.0)
+    assert inner.pinned is None
 
 
 def test_an_object_implementing_the_contract_is_used_as_it_is():

@@ -177,7 +177,8 @@ def test_metrics_are_exported():
                    "isocompute_request_latency_seconds_bucket", "isocompute_k_chosen_bucket",
                    "isocompute_samples_total 2.0", 'isocompute_lambda{budget_key="anonymous:4samples"}',
                    'isocompute_internal_budget{budget_key="anonymous:4samples"}',
-                   "isocompute_policy_decision_seconds_count 1.0"):
+                   "isocompute_policy_decision_seconds_count 1.0",
+                   'isocompute_upstream_latency_seconds_count{pool="default"} 1.0'):
         assert needle in text, needle
 
 

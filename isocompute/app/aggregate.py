@@ -21,12 +21,18 @@ receives. Worked example::
 Best-of-k picks the sample with the highest verifier score (first one on ties); an answer-less sample
 can still win best-of if the verifier scores it highest, since the verifier judges the whole text.
 
+A weighted vote (:func:`weighted_vote`, a vote over several models' samples) scores answer a with
+Σ_j w_j · [answer_j = a] instead of counting; ties (equal scores) are broken as above, and with every
+weight equal it is exactly :func:`majority_vote`. Example: answers ``["3", "5", "5"]`` with weights
+``[2, 0.5, 0.5]`` → scores 3: 2, 5: 1 → ``"3"``.
+
 What it ignores: answer equivalence (:mod:`isocompute.app.voting` merges answers into classes first;
 here labels are compared as they are) and weighting votes by score.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -74,6 +80,38 @@ def majority_vote(
         return Vote(answer=None, index=0, counts={}, n_valid=0, tied=False)
     top = max(counts.values())
     tied = [a for a, c in counts.items() if c == top]  # in order of first occurrence
+    if len(tied) == 1 or tie_break == "first":
+        winner = tied[0]
+    else:
+        winner = tied[int(np.random.default_rng(seed).integers(len(tied)))]
+    return Vote(answer=winner, index=first[winner], counts=counts, n_valid=sum(counts.values()),
+                tied=len(tied) > 1)
+
+
+def weighted_vote(
+    answers: Sequence[Hashable | None], weights: Sequence[float], *, tie_break: TieBreak = "first",
+    seed: int | None = None,
+) -> Vote:
+    """Plurality by total weight (module docstring); ``counts`` are the plain votes, ``None`` does not vote."""
+    if len(answers) != len(weights):
+        raise ValueError(f"weighted_vote needs one weight per sample; got {len(answers)} answers, {len(weights)} weights")
+    if len(answers) == 0:
+        raise ValueError("weighted_vote needs at least one sample")
+    if tie_break not in ("first", "seeded"):
+        raise ValueError(f"tie_break must be 'first' or 'seeded'; got {tie_break!r}")
+    counts: dict[Hashable, int] = {}
+    scores: dict[Hashable, float] = {}
+    first: dict[Hashable, int] = {}
+    for i, (a, w) in enumerate(zip(answers, weights, strict=True)):
+        if a is None:
+            continue
+        counts[a] = counts.get(a, 0) + 1
+        scores[a] = scores.get(a, 0.0) + float(w)
+        first.setdefault(a, i)
+    if not counts:
+        return Vote(answer=None, index=0, counts={}, n_valid=0, tied=False)
+    top = max(scores.values())
+    tied = [a for a, c in scores.items() if math.isclose(c, top, rel_tol=1e-12)]  # in order of first occurrence
     if len(tied) == 1 or tie_break == "first":
         winner = tied[0]
     else:

@@ -72,11 +72,13 @@ class Deadline:
 
 @dataclass(frozen=True, slots=True)
 class Backend:
-    """The engine a gateway calls, with the bookkeeping of every call (metrics, readiness)."""
+    """The engine a gateway calls, with the bookkeeping of every call (metrics, readiness); ``pool`` is
+    the model pool it serves, the ``pool`` label of its upstream metrics."""
 
     engine: Engine
     metrics: Metrics
     health: UpstreamHealth
+    pool: str = "default"  # pools.POOL_LABEL (pools imports this module)
 
     async def call(self, aw: Awaitable[T], *, deadline: Deadline, what: str) -> T:
         """Await ``aw`` (an upstream call) by ``deadline``; map its failure (module table)."""
@@ -85,18 +87,18 @@ class Backend:
         try:
             out = await asyncio.wait_for(aw, timeout=deadline.remaining())
         except TimeoutError:
-            self.metrics.upstream_errors.labels("timeout").inc()
+            self.metrics.upstream_errors.labels("timeout", self.pool).inc()
             raise UpstreamTimeout(f"{what} to {name} did not answer within {deadline.seconds:g} s, the request's deadline; "
                                   "retry later, lower max_tokens or budget, or raise upstream_timeout_s") from None
         except InputError:
             raise  # the upstream refused the caller's input (400): the caller's to fix
         except EngineUnavailable as e:
-            self.metrics.upstream_errors.labels(_kind(e)).inc()
+            self.metrics.upstream_errors.labels(_kind(e), self.pool).inc()
             self.health.failed(e)
             raise
         except Exception as e:  # an engine's own failure (a bug, a driver error) is still the upstream's, not a 500
             log.exception("%s to %s raised", what, name)
-            self.metrics.upstream_errors.labels("bad_response").inc()
+            self.metrics.upstream_errors.labels("bad_response", self.pool).inc()
             err = UpstreamBadResponse(f"{what} to {name} failed ({type(e).__name__}: {e}); the server log has "
                                       "the traceback")
             self.health.failed(err)

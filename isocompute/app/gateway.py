@@ -32,20 +32,27 @@ neither runs and nothing is charged for them. A ``decide`` with extra blocks run
 decide worker thread, off the event loop (the encoder takes milliseconds per prompt); a text-only
 policy decides inline (~0.5 ms).
 
+**Several models** (:mod:`isocompute.app.pools`): the gateway holds a pool per model name besides the
+default one. A multi-model policy's decision carries an action per prompt (``model_actions``); steps 3–5
+are then :class:`isocompute.app.action_answers.ActionAnswers`' (each stage on its model's pool, the
+vote over the last stage or all of them, the stages summed). A request's ``model`` naming one of
+``policy.models`` pins the decision to actions on that model alone. Step 5's booking (metrics, the
+key's controller and gauges) is :class:`isocompute.app.ledger.Ledger`'s for both paths.
+
 Ignores: streaming and stop strings.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
+from isocompute.app.action_answers import ActionAnswers
 from isocompute.app.answer import Answer, Verifier, answer_info, pick_sample, plan_flops
 from isocompute.app.auth import Principal
 from isocompute.app.budget_control import BudgetController, ControllerBank
@@ -53,8 +60,19 @@ from isocompute.app.chat import policy_text, render_chat
 from isocompute.app.errors import ModelNotFound
 from isocompute.app.execute import Backend, Deadline
 from isocompute.app.extras import FeatureCall, ProbeCall, feature_call, probe_call
+from isocompute.app.ledger import Ledger
 from isocompute.app.metrics import Metrics
 from isocompute.app.plan_run import SEED_MODULUS, PlanRun, run_plans
+from isocompute.app.pools import (
+    DEFAULT,
+    POOL_LABEL,
+    ModelPool,
+    Pool,
+    PoolsHealth,
+    check_context,
+    missing_pools,
+    missing_pools_message,
+)
 from isocompute.app.pricing import BudgetPlan, budget_unit, price_request
 from isocompute.app.readiness import UpstreamHealth
 from isocompute.app.routing import Routing
@@ -84,8 +102,8 @@ class Gateway:
         context_limit: int | None = None,
         verifier: Verifier | None = None,
         grader: Any = None,
+        pools: Mapping[str, ModelPool] | None = None,
     ) -> None:
-        self.policy: ServingPolicy | None = None if policy is None else as_serving_policy(policy)
         self.engine = engine
         self.settings = settings
         self.metrics = metrics
@@ -94,12 +112,24 @@ class Gateway:
         self.model_flops = model_flops
         self.context_limit = context_limit
         self.verifier = verifier
-        self.health = UpstreamHealth()
-        self.backend = Backend(engine, metrics, self.health)
+        # the default pool is the bare one, or the named pool whose engine it is: its metrics carry that name
+        label = next((n for n, f in (pools or {}).items() if f.engine is engine), POOL_LABEL)
+        self.backend = Backend(engine, metrics, UpstreamHealth(), label)
+        default = Pool(DEFAULT, engine, self.backend, tokenizer, model_flops, context_limit)
+        # named pools (model name → pool); the default pool's engine, when it is one of them, keeps its backend
+        self.pools: dict[str, Pool] = {
+            name: Pool.of(name, facts, metrics, self.backend if facts.engine is engine else None)
+            for name, facts in (pools or {}).items()}
+        self.health: UpstreamHealth | PoolsHealth = (
+            PoolsHealth({**self.pools, DEFAULT: default}) if self.pools else self.backend.health)
+        self.policy: ServingPolicy | None = None if policy is None else self._check_pools(as_serving_policy(policy))
         self.controllers = ControllerBank(max_keys=settings.control_max_keys,
                                           on_evict=lambda key: metrics.forget(self._labels.pop(key, "")))
         self._labels: dict[Any, str] = {}
+        self.ledger = Ledger(metrics, self.controllers)
         self.voter = Voter(settings.answer_kind, timeout_s=settings.vote_timeout_s, grader=grader)
+        self.actions = ActionAnswers(self.pools, default, settings=settings, voter=self.voter, extract=extract,
+                                     verifier=verifier, ledger=self.ledger)
         self._decide_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="isocompute-decide")
 
     def close(self) -> None:
@@ -114,16 +144,25 @@ class Gateway:
         return Deadline.after(self.settings.upstream_timeout_s)
 
     async def watch_upstream(self) -> None:
-        """The readiness task (:meth:`UpstreamHealth.watch`); runs until cancelled."""
+        """The readiness task (:meth:`UpstreamHealth.watch`, one per pool); runs until cancelled."""
         s = self.settings
-        await self.health.watch(self.engine, interval_s=s.ready_interval_s, timeout_s=s.ready_probe_timeout_s)
+        backends = {id(b): b for b in [self.backend, *(p.backend for p in self.pools.values())]}
+        await asyncio.gather(*(b.health.watch(b.engine, interval_s=s.ready_interval_s,
+                                              timeout_s=s.ready_probe_timeout_s) for b in backends.values()))
 
     # ---- policy ---------------------------------------------------------------------------------
 
     def replace_policy(self, policy: Any) -> None:
-        """Swap in a reloaded policy; the old controllers' internal budgets no longer apply."""
-        self.policy = as_serving_policy(policy)
+        """Swap in a reloaded policy; the old controllers' internal budgets no longer apply. Raises
+        :class:`InputError` when its models have no pool here."""
+        self.policy = self._check_pools(as_serving_policy(policy))
         self.controllers.clear()
+
+    def _check_pools(self, policy: ServingPolicy) -> ServingPolicy:
+        missing = missing_pools(policy.models, self.pools)
+        if missing:
+            raise InputError(missing_pools_message(missing, self.pools))
+        return policy
 
     def _loaded_policy(self) -> ServingPolicy:
         if self.policy is None:
@@ -132,12 +171,18 @@ class Gateway:
 
     # ---- input checks ---------------------------------------------------------------------------
 
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.settings.served_model:
-            raise ModelNotFound(
-                f"model {model!r} is not served here; send model={self.settings.served_model!r} "
-                "(GET /v1/models lists it)"
-            )
+    def check_model(self, model: str | None) -> str | None:
+        """The model a request pins (one of a multi-model policy's ``models``), None when it pins none."""
+        served = self.settings.served_model
+        models = () if self.policy is None else self.policy.models
+        if model is None or model == served:
+            return None
+        if model in models:
+            return model
+        if models:
+            raise InputError(f"model {model!r} is not served here; send model={served!r} (the policy chooses the "
+                             f"models) or one of {', '.join(models)} to pin it (GET /v1/models lists them)")
+        raise ModelNotFound(f"model {model!r} is not served here; send model={served!r} (GET /v1/models lists it)")
 
     def chat_prompt(self, messages: Sequence[ChatMessage]) -> str:
         if self.tokenizer is None:
@@ -148,7 +193,9 @@ class Gateway:
         return render_chat(self.tokenizer, messages)
 
     def check_prompts(self, prompts: Sequence[str], max_tokens: int) -> list[int] | None:
-        """Reject empty, too many or over-long prompts (400); return token counts when a tokenizer is known."""
+        """Reject empty, too many or over-long prompts (400); return token counts when a tokenizer is known.
+        The context checked is the default pool's; a multi-model action's other models are checked before
+        it runs (:meth:`ActionAnswers.check_context`)."""
         s = self.settings
         if not prompts:
             raise InputError("prompt is empty; send a non-empty string or list of strings")
@@ -164,12 +211,7 @@ class Gateway:
             return None
         counts = [len(ids) for ids in self.tokenizer(list(prompts), add_special_tokens=True)["input_ids"]]
         if self.context_limit is not None:
-            for i, n in enumerate(counts):
-                if n + max_tokens > self.context_limit:
-                    raise InputError(
-                        f"prompt {i} has {n} tokens; with max_tokens={max_tokens} that exceeds the model's "
-                        f"context of {self.context_limit} tokens; shorten the prompt or lower max_tokens"
-                    )
+            check_context(counts, max_tokens, self.context_limit)
         return counts
 
     def sampling(self, max_tokens: int | None, temperature: float | None, seed: int | None
@@ -197,13 +239,15 @@ class Gateway:
         prompt_tokens: list[int] | None = None,
         policy_prompts: list[str] | None = None,
         max_waves: int | None = None,
+        model: str | None = None,
     ) -> Routing:
         """Decide a plan for every prompt (module docstring, steps 1–2). Raises BudgetError / PermissionDenied.
 
         ``policy_prompts`` (default ``prompts``) is the text the policy sees: for chat, the question
         without the chat template (see :func:`policy_text`). A probe policy's probe call happens here,
         after the budget checks (so a refused request costs no model call), and only when the rule
-        serving the budget reads it.
+        serving the budget reads it. ``model`` (from :meth:`check_model`) pins the decision to that model.
+        Raises EngineUnavailable (503) when an action names a model with no pool.
         """
         policy = self._loaded_policy()  # one policy for the whole request, whatever /admin/reload does
         texts = prompts if policy_prompts is None else policy_prompts
@@ -216,10 +260,13 @@ class Gateway:
         if reads and policy.probe is not None:
             probe = await probe_call(self.backend, texts, policy.probe, plan, deadline, tokenizer=self.tokenizer,
                                      model_flops=self.model_flops)
-        decision, features = await self._decide(policy, texts, internal, probe, plan, reads)
-        routing = Routing.of(decision, plan, len(prompts), internal_budget=float(internal), controller=ctl,
-                             probe=probe, features=features)
-        self._export(routing)
+        decision, features = await self._decide(policy, texts, internal, probe, plan, reads, model)
+        routing = Routing.of(decision, plan, len(prompts), multi_model=bool(policy.models),
+                             internal_budget=float(internal), controller=ctl, probe=probe, features=features)
+        missing = missing_pools((m for a in routing.model_actions for m in a.models), self.pools)
+        if missing:
+            raise EngineUnavailable(missing_pools_message(missing, self.pools, "this request's actions"))
+        self.ledger.export(routing)
         return routing
 
     def _price(self, policy: ServingPolicy, principal: Principal, budget: float | None, unit: str | None,
@@ -249,12 +296,16 @@ class Gateway:
         return self.controllers.get(plan.key, make)
 
     async def _decide(self, policy: ServingPolicy, texts: list[str], internal: float, probe: ProbeCall | None,
-                      plan: BudgetPlan, reads: bool) -> tuple[PolicyDecision, FeatureCall | None]:
+                      plan: BudgetPlan, reads: bool, model: str | None = None
+                      ) -> tuple[PolicyDecision, FeatureCall | None]:
         """``policy.decide``; ``reads``: the serving rule reads the features (then the extra blocks are
-        computed, and paid for)."""
+        computed, and paid for); ``model`` is passed only when a request pins one."""
+        pin: dict[str, Any] = {} if model is None else {"model": model}
+
         def decide() -> tuple[PolicyDecision, FeatureCall | None]:
             t0 = time.perf_counter()
-            decision = policy.decide(texts, internal, probe=None if probe is None else np.asarray(probe.values))
+            decision = policy.decide(texts, internal, probe=None if probe is None else np.asarray(probe.values),
+                                     **pin)
             self.metrics.decision.observe(time.perf_counter() - t0)
             return decision, feature_call(policy, texts, plan) if reads else None
 
@@ -289,11 +340,16 @@ class Gateway:
         seed: int | None,
         strategy: str,
         deadline: Deadline,
+        messages: Sequence[ChatMessage] | None = None,
     ) -> list[Answer]:
-        """Run, vote and account for every prompt of a routed request (module docstring, steps 3–5)."""
+        """Run, vote and account for every prompt of a routed request (module docstring, steps 3–5).
+        ``messages``: a chat's, so each model's stage reads them in its own chat template."""
         if strategy == "best_of" and self.verifier is None:
             raise InputError("strategy 'best_of' needs a verifier and this server has none configured; "
                              "use strategy 'majority'")
+        if routing.model_actions:
+            return await self.actions.answer(prompts, routing, max_tokens=max_tokens, temperature=temperature,
+                                             seed=seed, strategy=strategy, deadline=deadline, messages=messages)
         runs = await run_plans(self.backend, prompts, routing.plans, routing.policy_plans, voter=self.voter,
                                extract=self.extract, max_tokens=max_tokens, temperature=temperature, seed=seed,
                                deadline=deadline)
@@ -303,11 +359,11 @@ class Gateway:
                 seed: int | None) -> Answer:
         ok = run.usable
         if not ok:
-            self.metrics.upstream_errors.labels("bad_response").inc()
+            self.metrics.upstream_errors.labels("bad_response", self.backend.pool).inc()
             raise UpstreamBadResponse(f"upstream {self.engine.name} returned no usable sample of {run.drawn}; "
                                       "check the upstream server and retry")
         if len(ok) < run.drawn:
-            self.metrics.upstream_errors.labels("partial").inc()
+            self.metrics.upstream_errors.labels("partial", self.backend.pool).inc()
         picked = pick_sample(run, strategy, tie_break=self.settings.tie_break, seed=seed, prompt=prompt,
                              verifier=self.verifier)
         chosen = run.samples[picked.index]
@@ -316,12 +372,8 @@ class Gateway:
         prompt_tokens = max(c.prompt_tokens for c in got)
         completion_tokens = sum(c.completion_tokens for c in got)
         flops = self._flops(routing, i, prompt_tokens, run)
-        m = self.metrics
-        m.k.observe(run.drawn)
-        m.samples.inc(run.drawn)
-        m.waves.observe(len(run.wave_sizes))
-        m.stops.labels(run.stopped or "plan_end").inc()
-        self._charge(routing, i, run.drawn, flops)
+        self.ledger.count(run.drawn, len(run.wave_sizes), run.stopped or "plan_end")
+        self.ledger.charge(routing, i, run.drawn, flops)
         info = answer_info(run, routing, i, picked, strategy=strategy, flops=flops)
         return Answer(chosen.text, chosen.finish_reason, prompt_tokens, completion_tokens, flops, info)
 
@@ -329,39 +381,5 @@ class Gateway:
         """The prompt's FLOPs: its waves (:func:`plan_flops`), its probe call and extra features."""
         if self.model_flops is None:
             return None
-        flops = plan_flops(self.model_flops, prompt_tokens, run, prefix_caching=self.settings.prefix_caching)
-        pr, fe = routing.probe, routing.features
-        if pr is not None and pr.flops[i] is not None:
-            flops += float(pr.flops[i])  # type: ignore[arg-type]
-        if fe is not None:
-            flops += fe.flops[i]
-        self.metrics.flops.inc(flops)
-        return flops
-
-    def _export(self, routing: Routing) -> None:
-        """The key's gauges — unless its controller was evicted while the request awaited (then its labels
-        were removed, and re-creating them would grow the label set without bound)."""
-        plan = routing.plan
-        if not self.controllers.holds(plan.key, routing.controller):
-            return
-        if routing.lam is not None:
-            self.metrics.lam.labels(plan.label).set(routing.lam)
-        self.metrics.internal_budget.labels(plan.label).set(routing.internal_budget)
-        st = routing.controller.state()
-        if st.mean_cost is not None:
-            self.metrics.mean_cost.labels(plan.label).set(st.mean_cost)
-
-    def _charge(self, routing: Routing, i: int, drawn: int, flops: float | None) -> None:
-        """Charge the key's controller what the prompt cost, in the request's unit: the samples its waves
-        drew (not the plan's maximum) plus the probe and extra features it paid for; a FLOP budget its
-        measured FLOPs, or without the model's config the samples at the conversion's FLOPs each."""
-        plan, pr, fe = routing.plan, routing.probe, routing.features
-        paid = (0.0 if pr is None else pr.costs[i]) + (0.0 if fe is None else fe.costs[i])
-        if plan.unit == "samples":
-            cost = float(drawn) + paid
-        else:
-            cost = flops if flops is not None else plan.in_request_unit(float(drawn), "samples") + paid
-        if not math.isfinite(cost):
-            return
-        routing.controller.observe(cost)
-        self._export(routing)
+        return self.ledger.paid_flops(routing, i, plan_flops(self.model_flops, prompt_tokens, run,
+                                                       prefix_caching=self.settings.prefix_caching))

@@ -9,6 +9,11 @@ requests. Shutdown stops that task and closes the gateway and the engine it buil
 an earlier one fails or the shutdown itself is cancelled. Tests can pass an already-built
 ``policy``/``engine`` (they are then not closed) or override the route dependencies.
 
+Several models (:mod:`isocompute.app.pools`): a pool per name of ``model_upstreams`` / ``model_dirs``
+(or of the ``engines`` a test injects), each with its own model facts; ``action`` serves one fixed
+multi-model action (:mod:`isocompute.app.fixed_action`) instead of a fitted policy. A policy whose
+``models`` have no pool stops the start-up with the flags to add.
+
 Run it with ``isocompute serve`` or ``uvicorn --factory isocompute.app.main:create_app`` (settings then
 come from the environment and ``ISOCOMPUTE_CONFIG``; see ``app.settings``).
 """
@@ -32,12 +37,16 @@ from isocompute import __version__
 from isocompute.app.auth import KeyStore, load_key_file
 from isocompute.app.batching import BatchingEngine
 from isocompute.app.errors import install_error_handlers
+from isocompute.app.fixed_action import FixedActionPolicy
 from isocompute.app.gateway import Gateway, Verifier
 from isocompute.app.metrics import Metrics, MetricsMiddleware
+from isocompute.app.pools import ModelPool, missing_pools, missing_pools_message
 from isocompute.app.routes import router
+from isocompute.app.serving_policy import as_serving_policy
 from isocompute.app.settings import Settings, get_settings
 from isocompute.engines.base import Engine
-from isocompute.errors import EngineUnavailable
+from isocompute.errors import EngineUnavailable, InputError
+from isocompute.solver.model_actions import parse_action
 
 log = logging.getLogger("isocompute.app")
 
@@ -59,6 +68,27 @@ def build_engine(s: Settings) -> Engine:
         # the model by its own served name, which is asked for (or given) separately.
         return make_engine(s.engine, model=s.upstream_model, upstreams=s.upstreams, **options)
     return make_engine(s.engine, model=s.model_dir, upstreams=s.upstreams, **options)
+
+
+def build_pool_engine(s: Settings, name: str) -> Engine:
+    """Model ``name``'s engine: vLLM over its ``model_upstreams``, else in-process on its ``model_dirs`` entry
+    (``engine`` when that is an in-process one, else ``transformers``)."""
+    from isocompute.engines.registry import make_engine
+
+    if name in s.model_upstreams:
+        return make_engine("vllm-http", upstreams=s.model_upstreams[name], timeout=s.upstream_timeout_s)
+    kind = s.engine if s.engine in ("transformers", "vllm") else "transformers"
+    return make_engine(kind, model=s.model_dirs[name])
+
+
+def pool_names(s: Settings, injected: dict[str, Engine] | None) -> list[str]:
+    """The named pools, in the order given: upstreams first, then model directories, then injected engines."""
+    return list(dict.fromkeys([*s.model_upstreams, *s.model_dirs, *(injected or {})]))
+
+
+def has_bare_pool(s: Settings, injected: Engine | None, names: list[str]) -> bool:
+    """Whether there is a bare (unnamed) pool: one configured or injected, or no named pool at all."""
+    return injected is not None or bool(s.upstreams) or s.model_dir is not None or not names
 
 
 def model_facts(engine: Engine, model_dir: Path | None) -> tuple[Any, Any, int | None]:
@@ -126,6 +156,34 @@ def build_keystore(s: Settings) -> KeyStore:
     return KeyStore(records, admin_sha256=s.admin_key_sha256)
 
 
+async def start_pool(s: Settings, engine: Engine | None, model_dir: Path | None, owned: list[Engine],
+                     name: str | None = None) -> tuple[Engine, ModelPool]:
+    """One pool's engine (``engine`` when given — not owned —, else built from ``s``) and its facts."""
+    own = engine is None
+    if engine is None:
+        engine = await asyncio.to_thread(build_engine if name is None else build_pool_engine, s,
+                                         *(() if name is None else (name,)))
+    if s.batch_requests and engine.name == "transformers":
+        engine = BatchingEngine(engine, max_rows=s.batch_max_rows)
+    if own:
+        owned.append(engine)
+    model_dir = model_dir or await upstream_model_dir(engine)
+    tokenizer, model_flops, context = await asyncio.to_thread(model_facts, engine, model_dir)
+    return engine, ModelPool(engine, tokenizer, model_flops, context)
+
+
+async def close_all(engines: list[Engine]) -> None:
+    """Close every engine, each even when an earlier close fails (the first failure is raised after)."""
+    errors: list[BaseException] = []
+    for e in engines:
+        try:
+            await e.aclose()
+        except Exception as exc:  # keep closing the others
+            errors.append(exc)
+    if errors:
+        raise errors[0]
+
+
 @contextlib.asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     from isocompute.tasks.extract import extract_answer
@@ -138,18 +196,36 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         policy = await asyncio.to_thread(load_policy, s.policy_dir)
     if policy is None:
         log.warning("no policy loaded (--policy DIR): generation routes answer 503 until POST /admin/reload")
-    engine = injected["engine"]
-    owned = engine is None
-    if engine is None:
-        engine = await asyncio.to_thread(build_engine, s)
-    if s.batch_requests and engine.name == "transformers":
-        engine = BatchingEngine(engine, max_rows=s.batch_max_rows)
-    model_dir = s.model_dir or await upstream_model_dir(engine)
-    tokenizer, model_flops, context = await asyncio.to_thread(model_facts, engine, model_dir)
-    grader = await asyncio.to_thread(start_grader, s)
+    names = pool_names(s, injected["engines"])
+    if policy is not None:  # before any engine is built: a missing pool is the operator's flag to add
+        missing = missing_pools(as_serving_policy(policy).models, dict.fromkeys(names))
+        if missing:
+            raise InputError(missing_pools_message(missing, dict.fromkeys(names)))
+    owned: list[Engine] = []
+    pools: dict[str, ModelPool] = {}
+    try:
+        engine = None
+        if has_bare_pool(s, injected["engine"], names):
+            engine, facts = await start_pool(s, injected["engine"], s.model_dir, owned)
+        for name in names:
+            given = (injected["engines"] or {}).get(name)
+            pools[name] = (await start_pool(s, given, s.model_dirs.get(name), owned, name))[1]
+        if engine is None:  # no bare pool: the first named one is the default
+            facts = pools[names[0]]
+            engine = facts.engine
+        if s.action is not None:
+            policy = FixedActionPolicy(parse_action(s.action), {n: p.model_flops for n, p in pools.items()},
+                                       completion_tokens=s.default_max_tokens)
+            missing = missing_pools(policy.models, pools)
+            if missing:
+                raise InputError(missing_pools_message(missing, pools, f"the action {s.action!r}"))
+        grader = await asyncio.to_thread(start_grader, s)
+    except BaseException:
+        await close_all(owned)  # a start-up that fails leaves no engine open
+        raise
     gw = Gateway(policy=policy, engine=engine, settings=s, metrics=app.state.metrics, extract=extract_answer,
-                 tokenizer=tokenizer, model_flops=model_flops, context_limit=context,
-                 verifier=injected["verifier"], grader=grader)
+                 tokenizer=facts.tokenizer, model_flops=facts.model_flops, context_limit=facts.context_limit,
+                 verifier=injected["verifier"], grader=grader, pools=pools)
     app.state.gateway = gw
     # Move what startup loaded (policy, features, tokenizer) out of the GC's young generations: rare
     # 50-70 ms full collections traversing them were seen inside decide.
@@ -173,8 +249,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                     if grader is not None:
                         await asyncio.to_thread(grader.close)
                 finally:
-                    if owned:
-                        await engine.aclose()
+                    await close_all(owned)
 
 
 def create_app(
@@ -183,9 +258,10 @@ def create_app(
     policy: Any = None,
     engine: Engine | None = None,
     verifier: Verifier | None = None,
+    engines: dict[str, Engine] | None = None,
 ) -> FastAPI:
     """The gateway app. ``settings`` default to :func:`get_settings`; ``policy``/``engine``/``verifier``
-    replace what the lifespan would load (for tests and embedding)."""
+    replace what the lifespan would load, ``engines`` the named pools' engines (for tests and embedding)."""
     s = settings or get_settings()
     app = FastAPI(
         title="isocompute gateway",
@@ -194,7 +270,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.settings = s
-    app.state.injected = {"policy": policy, "engine": engine, "verifier": verifier}
+    app.state.injected = {"policy": policy, "engine": engine, "verifier": verifier, "engines": engines}
     app.state.metrics = Metrics()
     app.state.started_at = time.time()
     app.state.gateway = None

@@ -5,7 +5,7 @@ metric                                 kind       labels / meaning
 =====================================  =========  ====================================================
 isocompute_requests_total              counter    route, status: requests answered
 isocompute_request_latency_seconds     histogram  route: wall time from request to response
-isocompute_upstream_latency_seconds    histogram  one wave's sampling call
+isocompute_upstream_latency_seconds    histogram  pool: one wave's sampling call
 isocompute_policy_decision_seconds     histogram  ``Policy.decide`` inside a request
 isocompute_k_chosen                    histogram  samples drawn per prompt, all waves of its plan
 isocompute_samples_total               counter    samples requested upstream
@@ -16,13 +16,15 @@ isocompute_lambda                      gauge      budget_key: λ of the last dec
 isocompute_internal_budget             gauge      budget_key: the controller's internal budget
 isocompute_mean_cost                   gauge      budget_key: realised mean cost per request
 isocompute_upstream_errors_total       counter    kind (timeout, circuit_open, unavailable, misconfigured,
-                                                  bad_response, partial)
+                                                  bad_response, partial), pool
 =====================================  =========  ====================================================
 
 ``budget_key`` is ``"<key name>:<budget><unit>"`` (e.g. ``anonymous:4samples``), with ``:max<cap>`` when
 the request's cap on samples is below the server's (``anonymous:4samples:max2``; greedy requests are
 capped at 1) and ``:waves<cap>`` when its cap on waves is; labels of keys the controller bank evicts are removed and never set again by a request
-still in flight, so the label set stays bounded by ``control_max_keys``.
+still in flight, so the label set stays bounded by ``control_max_keys``. ``pool`` is the model pool the
+upstream call went to (:mod:`isocompute.app.pools`): its model name, ``default`` for the bare pool — a
+set fixed at start-up. A multi-model answer that lost samples in two pools counts ``partial`` once in each.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class Metrics:
         self.latency = Histogram("isocompute_request_latency_seconds", "Request wall time", ["route"],
                                  buckets=LATENCY_BUCKETS, registry=r)
         self.upstream_latency = Histogram("isocompute_upstream_latency_seconds", "Upstream call wall time",
-                                          buckets=LATENCY_BUCKETS, registry=r)
+                                          ["pool"], buckets=LATENCY_BUCKETS, registry=r)
         self.decision = Histogram("isocompute_policy_decision_seconds", "Policy.decide wall time",
                                   buckets=DECISION_BUCKETS, registry=r)
         self.k = Histogram("isocompute_k_chosen", "Samples drawn per prompt (all waves)", buckets=K_BUCKETS,
@@ -62,7 +64,8 @@ class Metrics:
                                      ["budget_key"], registry=r)
         self.mean_cost = Gauge("isocompute_mean_cost", "Realised mean cost per request", ["budget_key"],
                                registry=r)
-        self.upstream_errors = Counter("isocompute_upstream_errors", "Upstream failures", ["kind"], registry=r)
+        self.upstream_errors = Counter("isocompute_upstream_errors", "Upstream failures", ["kind", "pool"],
+                                       registry=r)
 
     def forget(self, budget_key: str) -> None:
         """Drop a budget key's gauge labels (after the controller bank evicted it)."""

@@ -162,7 +162,7 @@ async def run_plans(
             for i in active:
                 runs[i].stop(reason, str(e))
             break
-        backend.metrics.upstream_latency.observe(time.perf_counter() - t0)
+        backend.metrics.upstream_latency.labels(backend.pool).observe(time.perf_counter() - t0)
         for i, n, comps in zip(active, ns, out, strict=True):
             runs[i].add(n, comps, extract)
         votes = await voter.classes([runs[i].answers for i in active], deadline.at)

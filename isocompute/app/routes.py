@@ -6,7 +6,7 @@ endpoint               what it does
 POST /v1/chat/completions  chat request → one aggregated assistant message + ``isocompute``
 POST /v1/completions   text prompt(s) → one aggregated choice per prompt + ``isocompute``
 POST /v1/route         the decision alone (plan per prompt, λ, internal budget, rule): a dry run
-GET  /v1/models        the served model id (so OpenAI clients can list it)
+GET  /v1/models        the served model id, then a multi-model policy's models (``model`` pins one)
 GET  /health           the process is alive
 GET  /ready            policy loaded and the upstream answers real requests now (else 503)
 GET  /metrics          Prometheus text format
@@ -195,7 +195,7 @@ async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, caller: C
     deadline = gw.deadline()
     _log_unknown(req)
     _refuse_unsupported(req)
-    gw.check_model(req.model)
+    pin = gw.check_model(req.model)
     max_tokens, temperature, seed = gw.sampling(req.max_completion_tokens or req.max_tokens, req.temperature,
                                                 req.seed)
     prompts = [gw.chat_prompt(req.messages)]
@@ -205,9 +205,9 @@ async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, caller: C
         routing = await gw.route(prompts, principal=caller, budget=req.budget, unit=req.budget_unit,
                                  max_samples=req.max_samples, max_waves=req.max_waves, max_tokens=max_tokens,
                                  temperature=temperature, deadline=deadline, prompt_tokens=counts,
-                                 policy_prompts=[policy_text(req.messages)])
+                                 policy_prompts=[policy_text(req.messages)], model=pin)
         [ans] = await gw.complete(prompts, routing, max_tokens=max_tokens, temperature=temperature, seed=seed,
-                                  strategy=req.strategy, deadline=deadline)
+                                  strategy=req.strategy, deadline=deadline, messages=req.messages)
         return ans
 
     ans = await unless_disconnected(request, answer())
@@ -225,7 +225,7 @@ async def completions(req: CompletionRequest, gw: GatewayDep, caller: CallerDep,
     deadline = gw.deadline()
     _log_unknown(req)
     _refuse_unsupported(req)
-    gw.check_model(req.model)
+    pin = gw.check_model(req.model)
     max_tokens, temperature, seed = gw.sampling(req.max_tokens, req.temperature, req.seed)
     prompts = _text_prompts(req.prompt)
     counts = gw.check_prompts(prompts, max_tokens)
@@ -233,7 +233,7 @@ async def completions(req: CompletionRequest, gw: GatewayDep, caller: CallerDep,
     async def answer() -> list[Answer]:
         routing = await gw.route(prompts, principal=caller, budget=req.budget, unit=req.budget_unit,
                                  max_samples=req.max_samples, max_waves=req.max_waves, max_tokens=max_tokens,
-                                 temperature=temperature, deadline=deadline, prompt_tokens=counts)
+                                 temperature=temperature, deadline=deadline, prompt_tokens=counts, model=pin)
         return await gw.complete(prompts, routing, max_tokens=max_tokens, temperature=temperature, seed=seed,
                                  strategy=req.strategy, deadline=deadline)
 
@@ -251,7 +251,7 @@ async def route(req: RouteRequest, gw: GatewayDep, caller: CallerDep, request: R
     """The decision alone: a plan per prompt under the budget, without sampling (a dry run)."""
     deadline = gw.deadline()
     _log_unknown(req)
-    gw.check_model(req.model)
+    pin = gw.check_model(req.model)
     if (req.prompt is None) == (req.messages is None):
         raise InputError("send exactly one of prompt (string or list of strings) or messages")
     prompts = [gw.chat_prompt(req.messages)] if req.messages is not None else _text_prompts(req.prompt)
@@ -262,23 +262,27 @@ async def route(req: RouteRequest, gw: GatewayDep, caller: CallerDep, request: R
     r = await unless_disconnected(request, gw.route(
         prompts, principal=caller, budget=req.budget, unit=req.budget_unit, max_samples=req.max_samples,
         max_waves=req.max_waves, max_tokens=max_tokens, temperature=temperature, deadline=deadline, prompt_tokens=counts,
-        policy_prompts=None if req.messages is None else [policy_text(req.messages)]))
+        policy_prompts=None if req.messages is None else [policy_text(req.messages)], model=pin))
     return RouteResponse(
         model=gw.settings.served_model, budget=r.plan.budget, budget_unit=r.plan.unit,  # type: ignore[arg-type]
         internal_budget=r.internal_budget, lambda_=r.lam, rule=r.rule, rule_evidence=r.rule_evidence,
         decisions=[RouteDecision(action=r.actions[i], plan=r.plans[i].name, policy_plan=r.policy_plans[i].name,
                                  k=r.ks[i], policy_k=r.policy_ks[i], expected_cost=r.costs[i],
                                  expected_samples=None if r.expected_samples is None else r.expected_samples[i],
-                                 expected_waves=None if r.expected_waves is None else r.expected_waves[i])
+                                 expected_waves=None if r.expected_waves is None else r.expected_waves[i],
+                                 model_action=r.model_actions[i].name if r.model_actions else None)
                    for i in range(len(prompts))],
     )
 
 
 @router.get("/v1/models", response_model=ModelList)
 async def models(request: Request) -> ModelList:
-    """The one model this gateway serves."""
-    return ModelList(data=[ModelCard(id=request.app.state.settings.served_model,
-                                     created=int(request.app.state.started_at))])
+    """The model id this gateway serves, then the models a multi-model policy runs on (each one pins)."""
+    gw: Gateway | None = getattr(request.app.state, "gateway", None)
+    pinned = () if gw is None or gw.policy is None else gw.policy.models
+    created = int(request.app.state.started_at)
+    return ModelList(data=[ModelCard(id=m, created=created)
+                           for m in (request.app.state.settings.served_model, *pinned)])
 
 
 @router.get("/health", response_model=HealthResponse)

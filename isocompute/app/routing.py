@@ -24,6 +24,7 @@ from isocompute.app.budget_control import BudgetController
 from isocompute.app.extras import FeatureCall, ProbeCall
 from isocompute.app.pricing import BudgetPlan
 from isocompute.app.serving_policy import PolicyDecision
+from isocompute.solver.model_actions import Action
 from isocompute.solver.plans import Plan
 
 __all__ = ["Routing"]
@@ -40,7 +41,9 @@ class Routing:
     cost (policy unit, probe included where read), samples and waves; λ (None for a classifier policy,
     whose knob is the internal budget); the rule of the never-worse chain that decided and its evidence;
     the internal budget handed to the policy and the key's controller; the probe call and the extra
-    features when the serving rule reads them."""
+    features when the serving rule reads them; a multi-model policy's action per prompt (``model_actions``,
+    empty for a single-model policy, whose prompts run ``plans``; an action's caps apply across its
+    stages, :mod:`isocompute.app.action_run`)."""
 
     plan: BudgetPlan
     plans: list[Plan]
@@ -59,18 +62,24 @@ class Routing:
     controller: BudgetController
     probe: ProbeCall | None = None
     features: FeatureCall | None = None
+    model_actions: tuple[Action, ...] = ()
 
     @classmethod
-    def of(cls, decision: PolicyDecision, plan: BudgetPlan, n: int, **rest: Any) -> Routing:
+    def of(cls, decision: PolicyDecision, plan: BudgetPlan, n: int, *, multi_model: bool = False,
+           **rest: Any) -> Routing:
+        """``multi_model``: the policy has ``models`` (only then does its decision carry ``model_actions``)."""
         policy_ks = [int(k) for k in np.asarray(decision.k).reshape(-1)]
         actions = [int(a) for a in np.asarray(decision.action_index).reshape(-1)]
         costs = [float(c) for c in np.asarray(decision.costs, dtype=float).reshape(-1)]
         # a policy whose actions are "k samples at once" may leave plans empty: the one-wave plans none@k
         policy_plans = list(decision.plans) or [Plan((k,)) for k in policy_ks]
-        if not (len(policy_ks) == len(actions) == len(costs) == len(policy_plans) == n):
+        model_actions = tuple(decision.model_actions) if multi_model else ()
+        if not (len(policy_ks) == len(actions) == len(costs) == len(policy_plans) == n) or (
+                model_actions and len(model_actions) != n):
             raise RuntimeError(f"policy returned {len(policy_ks)} decisions for {n} prompts")
         plans = [p.capped(max_samples=plan.cap, max_waves=plan.wave_cap) for p in policy_plans]
         lam = None if decision.lam is None else float(decision.lam)
         return cls(plan, plans, policy_plans, [p.max_samples for p in plans], policy_ks, actions, costs,
                    _floats(decision.expected_samples, n), _floats(decision.expected_waves, n), lam,
-                   float(decision.expected_cost), decision.rule, decision.rule_evidence, **rest)
+                   float(decision.expected_cost), decision.rule, decision.rule_evidence, **rest,
+                   model_actions=model_actions)

@@ -21,7 +21,9 @@ an engine, so every back-end accepts it.
 Responses follow OpenAI; the first choice carries the aggregated answer (the text of one sample that
 gave the winning answer); ``usage`` adds ``flops``; ``isocompute`` (top level, and on each choice of a
 multi-prompt completion) reports the decision, the plan as it ran (waves, samples, why it stopped) and
-the vote over answer classes.
+the vote over answer classes; for a multi-model action also the action's name, its final vote and each
+stage that ran (:class:`StageInfo`: model, plan, waves, samples, why it stopped, FLOPs), the top-level
+waves, samples and FLOPs summing them.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 BudgetUnit = Literal["samples", "flops"]
 Strategy = Literal["majority", "best_of"]
 StopReason = Literal["rule", "plan_end", "cap", "deadline", "upstream_error"]
+StageStop = Literal["rule", "plan_end", "cap", "deadline", "upstream_error", "escalated"]
 
 _INT64 = 2**63
 
@@ -152,6 +155,28 @@ class ProbeInfo(BaseModel):
     flops: float | None = Field(None, description="FLOPs of this probe call (in flops and usage.flops)")
 
 
+class StageInfo(BaseModel):
+    """One stage of a multi-model action as it ran (a plan on one model's pool)."""
+
+    model: str = Field(description="the model whose pool ran the stage")
+    plan: str = Field(description="the stage's plan as run, cut to what max_samples / max_waves left it")
+    policy_plan: str = Field(description="the stage's plan in the policy's action")
+    waves: int
+    wave_sizes: list[int]
+    samples: int = Field(description="samples drawn (asked upstream in waves that answered)")
+    samples_received: int
+    stopped: StageStop = Field(description="rule | plan_end | cap | deadline | upstream_error as for a plan, or "
+                                           "escalated: the plan ran out without its rule firing and the next "
+                                           "stage ran")
+    stop_statistic: float | None = None
+    stop_detail: str | None = Field(None, description="the failure that stopped the stage (deadline, "
+                                                      "upstream_error)")
+    votes: dict[str, int] = Field(description="this stage's own vote over answer classes")
+    weight: float = Field(description="its samples' weight in a vote over all samples (1 otherwise)")
+    flops: float | None = Field(None, description="FLOPs of its samples on its model (None without that "
+                                                  "model's config)")
+
+
 class IsoComputeInfo(BaseModel):
     """What the gateway decided, how its plan ran and how the vote went, for one prompt."""
 
@@ -196,6 +221,13 @@ class IsoComputeInfo(BaseModel):
     policy_unit: BudgetUnit = Field("samples", description="unit of the policy's budgets and expected costs")
     flops: float | None = None
     probe: ProbeInfo | None = Field(None, description="the probe call the decision used (probe policies only)")
+    model_action: str | None = Field(None, description="the multi-model action run (its name, e.g. "
+                                                       "tiny-s/lead:m=2@1x2 > tiny-l/none@4); null for a plan on "
+                                                       "the one model")
+    vote: Literal["last", "all"] | None = Field(None, description="a multi-model action's final vote: over the "
+                                                                  "last stage's samples, or over all (weighted)")
+    stages: list[StageInfo] | None = Field(None, description="each stage that ran, in order (multi-model "
+                                                             "actions); the top-level waves, k and flops sum them")
 
 
 class ChatMessageOut(BaseModel):
@@ -251,6 +283,7 @@ class RouteDecision(BaseModel):
     expected_samples: float | None = None
     expected_waves: float | None = None
     expected_cost: float | None = None
+    model_action: str | None = Field(None, description="a multi-model policy's action (stages on models)")
 
 
 class RouteResponse(BaseModel):

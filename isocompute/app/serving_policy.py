@@ -22,12 +22,14 @@ nor pays for it.
 live on ``config`` and on fitted attributes) to the contract; :func:`as_serving_policy` picks the
 adapter, or accepts an object that already implements the contract, and says what is missing otherwise.
 
-Several models: :attr:`ServingPolicy.models` names the models a policy routes between, cheapest first
-(``()`` for a single-model policy). A multi-model policy (:class:`isocompute.policy.multi_policy.MultiPolicy`)
-fills ``model_actions`` on its decision — per prompt an :class:`isocompute.solver.model_actions.Action`,
-stages of (model, plan): one plan, a cascade or an ensemble — with ``plans`` then ``()`` and ``k`` each
-action's most samples summed over its stages; its ``decide`` takes ``model=NAME`` to pin one model (only
-actions whose every stage is on it; an InputError naming the known models otherwise).
+**Several models**: :attr:`ServingPolicy.models` names the models a policy's actions run on (``()`` for a
+single-model policy, whose prompts run ``plans`` on the gateway's one pool). A multi-model policy's
+decision carries ``model_actions``: per prompt an :class:`isocompute.solver.model_actions.Action` (a
+chain of stages, each a plan on one model: single, cascade or ensemble), run across the gateway's
+model pools by :mod:`isocompute.app.action_run`; ``plans`` is then not read. ``decide(…, model=NAME)``
+restricts the choice to actions whose every stage is on that model (a request's ``model`` field pins it).
+The gateway reads ``model_actions`` only from a policy whose ``models`` is not empty (a single-model
+policy's decision need not carry it).
 
 Ignores: how a policy decides (LightGBM, a table, a rule).
 """
@@ -40,6 +42,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from isocompute.errors import InputError
+from isocompute.solver.model_actions import Action
 from isocompute.solver.plans import Plan
 
 __all__ = ["FittedPolicy", "PolicyDecision", "ProbeFeature", "ServingPolicy", "as_serving_policy"]
@@ -67,6 +70,7 @@ class PolicyDecision(Protocol):
     expected_cost: float
     rule: str  # the never-worse chain's rule that decided: learned | fixed_plan | uniform
     rule_evidence: dict[str, Any] | None  # why that rule serves at this budget (JSON-able)
+    model_actions: tuple[Action, ...]  # (N,) each prompt's multi-model action (read only when policy.models)
 
 
 @runtime_checkable
@@ -89,11 +93,6 @@ class ServingPolicy(Protocol):
         ...
 
     @property
-    def models(self) -> tuple[str, ...]:
-        """The models it routes between, cheapest first; ``()`` for a single-model policy."""
-        ...
-
-    @property
     def feature_extras(self) -> tuple[str, ...]:
         """Names of the extra feature blocks ``decide`` computes on this machine (e.g. ``("minilm",)``)."""
         ...
@@ -109,6 +108,12 @@ class ServingPolicy(Protocol):
         samples policy."""
         ...
 
+    @property
+    def models(self) -> tuple[str, ...]:
+        """The models its actions run on (each needs a pool: ``--upstream NAME=URL`` or ``--model NAME=DIR``);
+        ``()`` for a single-model policy."""
+        ...
+
     def extra_flops(self, texts: Sequence[str]) -> Sequence[float]:
         """The extra feature blocks' FLOPs for each text."""
         ...
@@ -118,9 +123,11 @@ class ServingPolicy(Protocol):
         fallback rule serves: then no probe is called and its cost is not paid)."""
         ...
 
-    def decide(self, texts: Sequence[str], budget: float, *, probe: np.ndarray | None = None) -> PolicyDecision:
+    def decide(self, texts: Sequence[str], budget: float, *, probe: np.ndarray | None = None,
+               model: str | None = None) -> PolicyDecision:
         """Actions for ``texts`` at mean cost ``budget``; ``probe`` holds the probe's value per text
-        exactly when :attr:`probe` is set."""
+        exactly when :attr:`probe` is set; ``model`` (one of :attr:`models`) keeps only the actions whose
+        every stage is on that model."""
         ...
 
 
@@ -133,10 +140,11 @@ class FittedPolicy:
         self.budget_range = (float(policy.budget_range[0]), float(policy.budget_range[1]))
         self.cost_unit = str(config.cost_unit)
         self.probe = config.probe
-        self.models = tuple(getattr(policy, "models", ()))
         self.feature_extras = tuple(config.feature_extras)
         self.feature_cost = float(policy.feature_cost_)
         self.sample_flops = self._sample_flops() if self.cost_unit == "flops" else None
+        # a Policy from before several models has no models: it is a single-model policy
+        self.models: tuple[str, ...] = tuple(policy.models) if hasattr(policy, "models") else ()
 
     def _sample_flops(self) -> float:
         # the probe's and the extra features' costs are in every action's cost, not in a sample's
@@ -151,14 +159,16 @@ class FittedPolicy:
     def needs_features(self, budget: float) -> bool:
         return bool(self.policy.needs_features(budget))
 
-    def decide(self, texts: Sequence[str], budget: float, *, probe: np.ndarray | None = None) -> PolicyDecision:
-        if probe is None:
-            return self.policy.decide(texts, budget)
-        return self.policy.decide(texts, budget, probe=probe)
+    def decide(self, texts: Sequence[str], budget: float, *, probe: np.ndarray | None = None,
+               model: str | None = None) -> PolicyDecision:
+        kw: dict[str, Any] = {} if probe is None else {"probe": probe}
+        if model is not None:  # only a multi-model Policy takes it (the gateway pins only to its models)
+            kw["model"] = model
+        return self.policy.decide(texts, budget, **kw)
 
 
-_CONTRACT = ("budget_range", "cost_unit", "probe", "models", "feature_extras", "feature_cost", "sample_flops", "extra_flops",
-             "needs_features", "decide")
+_CONTRACT = ("budget_range", "cost_unit", "probe", "feature_extras", "feature_cost", "sample_flops", "models",
+             "extra_flops", "needs_features", "decide")
 _POLICY_MEMBERS = ("config", "budget_range", "feature_cost_", "action_costs_", "actions", "features_",
                    "needs_features", "decide")
 

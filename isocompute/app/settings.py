@@ -44,6 +44,9 @@ class Settings(BaseSettings):
     model_dir: Path | None = None
     upstreams: list[str] = Field(default_factory=list)
     upstream_model: str | None = None
+    model_upstreams: dict[str, list[str]] = Field(default_factory=dict)
+    model_dirs: dict[str, Path] = Field(default_factory=dict)
+    action: str | None = None
     served_model: str = "isocompute"
     default_budget: float = Field(4.0, gt=0, allow_inf_nan=False)
     default_budget_unit: Literal["samples", "flops"] = "samples"
@@ -94,6 +97,32 @@ class Settings(BaseSettings):
         except InputError as e:
             raise ValueError(str(e)) from None
 
+    @field_validator("model_upstreams", "model_dirs")
+    @classmethod
+    def _model_names(cls, v: dict[str, object]) -> dict[str, object]:
+        from isocompute.solver.model_tables import check_model_name
+
+        for name, target in v.items():
+            try:
+                check_model_name(name)
+            except InputError as e:
+                raise ValueError(str(e)) from None
+            if isinstance(target, list) and not target:
+                raise ValueError(f"model {name!r} has an empty list of upstreams; give it one URL or more")
+        return v
+
+    @field_validator("action")
+    @classmethod
+    def _action(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        from isocompute.solver.model_actions import parse_action
+
+        try:
+            return parse_action(v).name
+        except InputError as e:
+            raise ValueError(str(e)) from None
+
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
         if self.default_max_tokens > self.max_tokens_limit:
@@ -106,6 +135,9 @@ class Settings(BaseSettings):
                 f"default_budget ({self.default_budget}) exceeds max_budget ({self.max_budget}); "
                 "lower the default or raise max_budget"
             )
+        if self.action is not None and self.policy_dir is not None:
+            raise ValueError("give either policy_dir (a fitted policy) or action (one fixed action for every "
+                             "prompt), not both")
         return self
 
     @classmethod

