@@ -255,3 +255,14 @@ def test_escalate_gives_the_dearer_action_to_the_prompts_the_score_ranks_first()
     g = np.array([0.9, 0.1, 0.5])
     assert HeadroomScore.actions(g, choice, 0.4).tolist() == [1, 0, 1]
     assert HeadroomScore.actions(g, FixedPlanChoice(1, 1, 0.0, 3, 3, 1), 0.4).tolist() == [1, 1, 1]
+
+
+def test_the_gateway_adapter_serves_a_multi_model_policy(fitted):
+    from isocompute.app.serving_policy import FittedPolicy, ServingPolicy, as_serving_policy
+
+    sp = as_serving_policy(Policy.load(fitted))
+    assert isinstance(sp, FittedPolicy) and isinstance(sp, ServingPolicy)
+    assert sp.models == ("small", "large") and sp.cost_unit == "flops"
+    lo, hi = sp.budget_range
+    d = sp.decide(["what is 4 ?", "what is 8 hard ?"], np.sqrt(lo * hi), model="small")
+    assert all(a.models == ("small",) for a in d.model_actions) and d.plans == ()
