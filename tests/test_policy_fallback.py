@@ -107,7 +107,7 @@ def test_a_baseline_that_never_answers_needs_an_absolute_gain():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(fallback=("fixed",)), "fallback must list distinct rules among fixed_plan, uniform"),
+    (dict(fallback=("fixed",)), "fallback must list distinct rules among escalate, fixed_plan, single_model, uniform"),
     (dict(fallback_level=1.0), "fallback_level"),
     (dict(fallback_margin=2.0), "fallback_margin"),
 ])

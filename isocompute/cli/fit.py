@@ -138,6 +138,16 @@ def parse_features(text: str | None) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from isocompute.cli.models_input import is_multi
+
+    if is_multi(args):  # several models: isocompute.cli.fit_models
+        from isocompute.cli.fit_models import run_models
+
+        return run_models(args)
+    return run_one(args)
+
+
+def run_one(args: argparse.Namespace) -> int:
     from isocompute.policy.fitting import fit_policy, training_table
     from isocompute.policy.policy import PolicyConfig
 
@@ -150,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         feature_extras=parse_features(args.features), extra_components=args.extra_components,
         feature_cost=args.feature_cost, fallback=() if args.no_fallback else None,
         plans=parse_plans(args.plans, actions, args.strategy), plan_costs=args.plan_costs,
-        fixed_plan_level=args.fixed_plan_level,
+        fixed_plan_level=0.95 if args.fixed_plan_level is None else args.fixed_plan_level,
         fallback_level=args.fallback_level, fallback_margin=args.fallback_margin, min_samples=args.min_samples,
         ragged=args.ragged, shrinkage=args.shrinkage,
     )
@@ -243,6 +253,7 @@ def _print_fit(args: argparse.Namespace, policy: Any, n_prompts: int, probe_note
 
 def _print_chain(console: Any, policy: Any) -> None:
     """Which rule serves where (the never-worse chain of the default learner), with the evidence."""
+    from rich.markup import escape
     from rich.table import Table
 
     from isocompute.policy.evaluate import default_budgets
@@ -264,7 +275,7 @@ def _print_chain(console: Any, policy: Any) -> None:
             f"{x.rule} vs {x.baseline} " + ("—" if x.gain is None or x.ci95 is None else
                                             f"{100 * x.gain:+.2f}% [{100 * x.ci95[0]:+.2f}, {100 * x.ci95[1]:+.2f}]")
             for x in c.tests) or "—"
-        t.add_row(f"{b:.4g}", c.rule, _plays(policy, c.rule, b), tests, str(c.tests[0].n) if c.tests else "—")
+        t.add_row(f"{b:.4g}", c.rule, escape(_plays(policy, c.rule, b)), tests, str(c.tests[0].n) if c.tests else "—")
     console.print(t)
 
 
@@ -277,6 +288,11 @@ def _plays(policy: Any, rule: str, budget: float) -> str:
     names = [p.name for p in policy.plans]
     if rule == "fixed_plan":
         return policy.fixed_plan_at(budget).describe(names)
+    if rule == "escalate":
+        return "ranked by headroom: " + policy.fixed_plan_at(budget).describe(names)
+    if rule == "single_model":
+        model, choice = policy.single_model_at(budget)
+        return f"{model}: {choice.describe(names)}"
     lad = policy.ladder
     lo, hi, q = uniform_mix(policy.sample_action_costs[lad], budget)
     if q <= 0 or q >= 1:
@@ -288,7 +304,8 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "fit", help="learn a budget-conditioned allocation policy from an outcome table",
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("outcomes", type=Path, help="outcome table (.jsonl; or a Qwen CoT evaluation dump)")
+    p.add_argument("outcomes", type=Path, nargs="?",
+                   help="outcome table (.jsonl; or a Qwen CoT evaluation dump); or --outcomes NAME=TABLE per model")
     p.add_argument("--actions", default="1,2,4,8,16", help="sample counts k to choose from, comma-separated")
     p.add_argument("--strategy", default="majority", choices=STRATEGIES, help="how k samples become one answer")
     p.add_argument("--plans",
@@ -346,9 +363,23 @@ def register(subparsers: Any) -> None:
     p.add_argument("--fallback-level", type=float, default=0.99,
                    help="one-sided confidence level of the never-worse tests (learned vs fixed plan vs uniform, per "
                         "budget)")
-    p.add_argument("--fixed-plan-level", type=float, default=0.95,
+    p.add_argument("--fixed-plan-level", type=float,
                    help="one-sided confidence level of the fixed plan's test against uniform (two numbers chosen "
-                        "on the training prompts need less protection than the learned rule's --fallback-level)")
+                        "on the training prompts need less protection than the learned rule's --fallback-level); "
+                        "default 0.95, and with several models --fallback-level (the fixed action is chosen among "
+                        "dozens, Monte Carlo-estimated votes among them)")
     p.add_argument("--fallback-margin", type=float, default=0.0,
                    help="relative gain over the next rule a rule's lower confidence bound must exceed")
+    from isocompute.cli.models_input import add_model_args
+
+    add_model_args(p)
+    p.add_argument("--max-actions", type=int, default=40,
+                   help="several models: the most actions the learner chooses from after pruning the menu on the "
+                        "training prompts (the hull and each model's plans are always kept)")
+    p.add_argument("--fallback-rules",
+                   help="several models: the never-worse chain after the learned rule, comma-separated among "
+                        "escalate, fixed_plan, single_model (default: all three, in that order)")
+    p.add_argument("--learn-on", default="hull", choices=("hull", "menu"),
+                   help="several models: the actions the learners are trained toward (labels 0 elsewhere) — the "
+                        "hull of the kept actions' mean (FLOPs, accuracy) on the training prompts, or every kept action")
     p.set_defaults(func=run)

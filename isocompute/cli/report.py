@@ -50,6 +50,12 @@ def parse_seeds(text: str) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from isocompute.cli.models_input import is_multi
+
+    if is_multi(args):  # several models: isocompute.cli.report_models
+        from isocompute.cli.report_models import run_models
+
+        return run_models(args)
     import numpy as np
 
     from isocompute.artifacts import sha256_file
@@ -315,7 +321,8 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "report", help="held-out regret of a policy vs oracle, uniform, heuristic and random at matched budgets",
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("outcomes", type=Path, help="outcome table to evaluate on (.jsonl)")
+    p.add_argument("outcomes", type=Path, nargs="?",
+                   help="outcome table to evaluate on (.jsonl); or --outcomes NAME=TABLE per model")
     p.add_argument("--label-reps", type=int, default=50,
                    help="bootstrap redraws of each prompt's samples for the imitation ceiling (policy.label_noise; "
                         "one-wave actions only)")
@@ -334,4 +341,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--probe-model", type=Path,
                    help="checkpoint for a probe policy's values when the policy's cache does not hold this table "
                         "(default: the model its probe spec names)")
+    from isocompute.cli.models_input import add_model_args
+    from isocompute.cli.report_models import register_args
+
+    add_model_args(p)
+    register_args(p)
     p.set_defaults(func=run)

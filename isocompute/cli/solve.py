@@ -360,7 +360,8 @@ def register(subparsers: Any) -> None:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("outcomes", type=Path, help="outcome table (.jsonl, see isocompute.solver.outcomes)")
+    p.add_argument("outcomes", type=Path, nargs="?",
+                   help="outcome table (.jsonl, see isocompute.solver.outcomes); or --outcomes NAME=TABLE per model")
     p.add_argument("--actions", default="1,2,4,8,16",
                    help="sample counts k to choose from, comma-separated")
     p.add_argument("--strategy", default="majority", choices=STRATEGIES,
@@ -390,10 +391,19 @@ def register(subparsers: Any) -> None:
                         "and mark the actions above their sample count infeasible for them only")
     p.add_argument("--out", type=Path, required=True, help="artifact directory to write (replaced atomically)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object instead of a table")
+    from isocompute.cli.models_input import add_model_args
+
+    add_model_args(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from isocompute.cli.models_input import is_multi
+
+    if is_multi(args):  # several models: isocompute.cli.solve_models
+        from isocompute.cli.solve_models import run_models
+
+        return run_models(args)
     fields = SolveConfig.__dataclass_fields__
     opts = {k: v for k, v in vars(args).items() if k in fields}
     # Parsed here rather than as argparse types so a bad list gets our message (and exit code 2).

