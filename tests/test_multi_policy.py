@@ -266,3 +266,41 @@ def test_the_gateway_adapter_serves_a_multi_model_policy(fitted):
     lo, hi = sp.budget_range
     d = sp.decide(["what is 4 ?", "what is 8 hard ?"], np.sqrt(lo * hi), model="small")
     assert all(a.models == ("small",) for a in d.model_actions) and d.plans == ()
+
+
+def test_a_fitted_multi_model_policy_serves_end_to_end_on_the_tiny_world(tiny_world, tmp_path):
+    """The README's loop on the tiny world: ``fit --outcomes tiny-s=… --outcomes tiny-l=…``, then the gateway
+    with an in-process pool per model (``serve --policy P --model tiny-s=DIR --model tiny-l=DIR``) runs the
+    policy's chosen action; the stages it reports are on the policy's models, ``usage.flops`` sums them, and
+    a request's ``model`` pins one model."""
+    from fastapi.testclient import TestClient
+
+    from isocompute.app.main import create_app
+    from isocompute.app.settings import Settings
+
+    args = []
+    for name, (_, path) in tiny_world.items():
+        args += ["--outcomes", f"{name}={path}"]
+    pol = tmp_path / "policy"
+    assert main(["fit", *args, "--actions", "1,2,4", "--orders", "50", "--out", str(pol), "--max-actions", "12"]) == 0
+    policy = Policy.load(pol)
+    lo, hi = policy.budget_range
+    dirs = {name: d for name, (d, _) in tiny_world.items()}
+    s = Settings(engine="transformers", model_dirs=dirs, policy_dir=pol, default_max_tokens=4, max_tokens_limit=8,
+                 upstream_timeout_s=60, ready_probe_timeout_s=30)
+    chat = {"max_tokens": 4, "temperature": 1.0, "seed": 3, "budget": float(np.sqrt(lo * hi)), "budget_unit": "flops",
+            "messages": [{"role": "user", "content": "What is 2 + 3?"}]}
+    with TestClient(create_app(s)) as c:
+        r = c.post("/v1/chat/completions", json={"model": "isocompute", **chat})
+        pinned = c.post("/v1/chat/completions", json={"model": "tiny-l", **chat})
+        unknown = c.post("/v1/chat/completions", json={"model": "tiny-xl", **chat})
+    assert r.status_code == 200, r.text
+    info, usage = r.json()["isocompute"], r.json()["usage"]
+    action = parse_action(info["model_action"])
+    assert info["stages"] and [st["model"] for st in info["stages"]] == list(action.models)[:len(info["stages"])]
+    assert set(action.models) <= {"tiny-s", "tiny-l"}
+    assert usage["flops"] == pytest.approx(sum(st["flops"] for st in info["stages"]))
+    assert sum(st["samples"] for st in info["stages"]) >= 1
+    assert pinned.status_code == 200, pinned.text
+    assert {st["model"] for st in pinned.json()["isocompute"]["stages"]} == {"tiny-l"}
+    assert unknown.status_code == 400 and "tiny-s" in unknown.text and "tiny-l" in unknown.text
