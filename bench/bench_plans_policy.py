@@ -33,14 +33,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_real import DATA, TABLES, _run  # noqa: E402
+from bench_real import DATA, TABLES, fit_and_report, import_table  # noqa: E402
 
 BUDGETS = (2.0, 4.0, 8.0)
 FIXED_TOLERANCE = 0.002  # policy ≥ best fixed plan × (1 − 0.2%)
@@ -55,23 +53,10 @@ FIT_FLAGS = {name: ["--actions", "1,2,4,8,16,24"] for name in TABLES if name.sta
 
 
 def run_table(name: str, table: Path, work: Path, args: argparse.Namespace) -> dict:
-    d = work / name
-    d.mkdir(parents=True, exist_ok=True)
-    pol, rep, log = d / "policy", d / "report", d / "log.txt"
-    for stale in (pol, rep) if args.fresh else ():
-        if stale.exists():
-            shutil.rmtree(stale)
-    t0 = time.perf_counter()
-    if not (pol / "manifest.json").is_file():
-        _run(["fit", str(table), "--out", str(pol), "--seed", "0", *FIT_FLAGS.get(name, []), *args.fit_args.split()],
-             log)
-    t_fit = time.perf_counter() - t0
-    if not (rep / "manifest.json").is_file():
-        _run(["report", str(table), "--policy", str(pol), "--out", str(rep), "--folds", str(args.folds),
-              "--seeds", str(args.seeds), "--seed", "0"], log)
-    report = json.loads((rep / "report.json").read_text())
+    report, t_fit, t_report = fit_and_report(table, work / name, args, fresh=args.fresh,
+                                             fit_flags=[*FIT_FLAGS.get(name, []), *args.fit_args.split()])
     return {"name": name, "n_prompts": report["n_prompts"], "fit_s": t_fit,
-            "report_s": time.perf_counter() - t0 - t_fit, "budgets": report["budgets"],
+            "report_s": t_report, "budgets": report["budgets"],
             "same_accuracy": report["same_accuracy"], "fallback": report["policy"]["fallback"]["ranges"],
             "fixed_plans": report.get("fixed_plans")}
 
@@ -203,13 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     names = list(TABLES) if not args.only else [n.strip() for n in args.only.split(",") if n.strip() != "demo"]
     results, rows = [], []
     for name in names:
-        fmt, rel, flags = TABLES[name]
-        d = args.work / name
-        d.mkdir(exist_ok=True)
-        table = d / "outcomes.jsonl"
-        if args.fresh or not table.is_file():
-            flags = [f.format(data=args.data) for f in flags]
-            _run(["import", fmt, str(real / rel), *flags, "--out", str(table), "--no-progress"], d / "log.txt")
+        table = import_table(name, args.work, args.data, fresh=args.fresh)
         res = run_table(name, table, args.work, args)
         print(f"{name}: {res['n_prompts']} prompts; fit {res['fit_s']:.0f} s, report {res['report_s']:.0f} s (wall, "
               "machine shared); chain: " + ", ".join(f"{r} [{lo:.3g}, {hi:.3g}]" for r, lo, hi in res["fallback"]),

@@ -35,6 +35,7 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from isocompute.cli import main as cli
@@ -65,8 +66,23 @@ def _run(argv: list[str], log: Path) -> None:
         raise SystemExit(f"isocompute {' '.join(argv)} failed (exit {rc}); see {log}")
 
 
-def run_table(name: str, table: Path, work: Path, args: argparse.Namespace, *, fresh: bool) -> dict:
+def import_table(name: str, work: Path, data: Path, *, fresh: bool) -> Path:
+    """``isocompute import`` of the real table ``name`` into ``work/name/outcomes.jsonl`` (skipped when it
+    exists, unless ``fresh``); returns the table's path."""
+    fmt, rel, flags = TABLES[name]
     d = work / name
+    d.mkdir(exist_ok=True)
+    table = d / "outcomes.jsonl"
+    if fresh or not table.is_file():
+        flags = [f.format(data=data) for f in flags]
+        _run(["import", fmt, str(data / "real" / rel), *flags, "--out", str(table), "--no-progress"], d / "log.txt")
+    return table
+
+
+def fit_and_report(table: Path, d: Path, args: argparse.Namespace, *, fresh: bool,
+                   fit_flags: Sequence[str] = ()) -> tuple[dict, float, float]:
+    """``isocompute fit`` then ``report`` of ``table`` into ``d`` (each skipped when its output exists; ``fresh``
+    redoes both): (report.json, fit seconds, report seconds)."""
     d.mkdir(parents=True, exist_ok=True)
     pol, rep, log = d / "policy", d / "report", d / "log.txt"
     for stale in (pol, rep) if fresh else ():
@@ -74,14 +90,19 @@ def run_table(name: str, table: Path, work: Path, args: argparse.Namespace, *, f
             shutil.rmtree(stale)
     t0 = time.perf_counter()
     if not (pol / "manifest.json").is_file():
-        _run(["fit", str(table), "--out", str(pol), "--seed", "0"], log)
+        _run(["fit", str(table), "--out", str(pol), "--seed", "0", *fit_flags], log)
     t_fit = time.perf_counter() - t0
     if not (rep / "manifest.json").is_file():
         _run(["report", str(table), "--policy", str(pol), "--out", str(rep), "--folds", str(args.folds),
               "--seeds", str(args.seeds), "--seed", "0"], log)
     report = json.loads((rep / "report.json").read_text())
+    return report, t_fit, time.perf_counter() - t0 - t_fit
+
+
+def run_table(name: str, table: Path, work: Path, args: argparse.Namespace, *, fresh: bool) -> dict:
+    report, t_fit, t_report = fit_and_report(table, work / name, args, fresh=fresh)
     return {"name": name, "table": str(table), "n_prompts": report["n_prompts"], "fit_s": t_fit,
-            "report_s": time.perf_counter() - t0 - t_fit, "budgets": report["budgets"],
+            "report_s": t_report, "budgets": report["budgets"],
             "same_accuracy": report["same_accuracy"], "fallback": report["policy"]["fallback"]["ranges"]}
 
 
@@ -161,14 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     names = list(TABLES) if not args.only else [n.strip() for n in args.only.split(",")]
     results, rows = [], []
     for name in names:
-        fmt, rel, flags = TABLES[name]
-        d = args.work / name
-        d.mkdir(exist_ok=True)
-        table = d / "outcomes.jsonl"
         t0 = time.perf_counter()
-        if args.fresh or not table.is_file():
-            flags = [f.format(data=args.data) for f in flags]
-            _run(["import", fmt, str(real / rel), *flags, "--out", str(table), "--no-progress"], d / "log.txt")
+        table = import_table(name, args.work, args.data, fresh=args.fresh)
         t_import = time.perf_counter() - t0
         res = run_table(name, table, args.work, args, fresh=args.fresh)
         res["import_s"] = t_import

@@ -42,13 +42,12 @@ Ignores: letting a prompt start its next stage before the other prompts of its r
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from isocompute.app.errors import UpstreamTimeout
 from isocompute.app.execute import Backend, Deadline
-from isocompute.app.plan_run import SEED_MODULUS, PlanRun, run_plans
+from isocompute.app.plan_run import PlanRun, derived_seed, run_plans
 from isocompute.app.voting import Voter
 from isocompute.engines.base import gather_or_cancel
 from isocompute.errors import EngineUnavailable
@@ -62,8 +61,7 @@ def stage_seed(seed: int | None, stage: int) -> int | None:
     """The seed of stage ``stage`` (0-based) of a request with ``seed`` (module docstring)."""
     if seed is None or stage == 0:
         return seed
-    digest = hashlib.blake2b(f"{seed}/stage{stage}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % SEED_MODULUS
+    return derived_seed(seed, f"stage{stage}")
 
 
 @dataclass(slots=True)

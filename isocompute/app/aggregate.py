@@ -67,25 +67,7 @@ def majority_vote(
     """
     if len(answers) == 0:
         raise ValueError("majority_vote needs at least one sample")
-    if tie_break not in ("first", "seeded"):
-        raise ValueError(f"tie_break must be 'first' or 'seeded'; got {tie_break!r}")
-    counts: dict[Hashable, int] = {}
-    first: dict[Hashable, int] = {}
-    for i, a in enumerate(answers):
-        if a is None:
-            continue
-        counts[a] = counts.get(a, 0) + 1
-        first.setdefault(a, i)
-    if not counts:
-        return Vote(answer=None, index=0, counts={}, n_valid=0, tied=False)
-    top = max(counts.values())
-    tied = [a for a, c in counts.items() if c == top]  # in order of first occurrence
-    if len(tied) == 1 or tie_break == "first":
-        winner = tied[0]
-    else:
-        winner = tied[int(np.random.default_rng(seed).integers(len(tied)))]
-    return Vote(answer=winner, index=first[winner], counts=counts, n_valid=sum(counts.values()),
-                tied=len(tied) > 1)
+    return _plurality(answers, None, tie_break, seed)
 
 
 def weighted_vote(
@@ -97,21 +79,29 @@ def weighted_vote(
         raise ValueError(f"weighted_vote needs one weight per sample; got {len(answers)} answers, {len(weights)} weights")
     if len(answers) == 0:
         raise ValueError("weighted_vote needs at least one sample")
+    return _plurality(answers, weights, tie_break, seed)
+
+
+def _plurality(answers: Sequence[Hashable | None], weights: Sequence[float] | None, tie_break: TieBreak,
+               seed: int | None) -> Vote:
+    """The vote of :func:`majority_vote` (``weights`` None: every sample counts 1, ties exact) or of
+    :func:`weighted_vote` (scores summed in floats, ties within a relative 1e-12)."""
     if tie_break not in ("first", "seeded"):
         raise ValueError(f"tie_break must be 'first' or 'seeded'; got {tie_break!r}")
     counts: dict[Hashable, int] = {}
     scores: dict[Hashable, float] = {}
     first: dict[Hashable, int] = {}
-    for i, (a, w) in enumerate(zip(answers, weights, strict=True)):
+    for i, a in enumerate(answers):
         if a is None:
             continue
         counts[a] = counts.get(a, 0) + 1
-        scores[a] = scores.get(a, 0.0) + float(w)
+        scores[a] = scores.get(a, 0.0) + (1.0 if weights is None else float(weights[i]))
         first.setdefault(a, i)
     if not counts:
         return Vote(answer=None, index=0, counts={}, n_valid=0, tied=False)
     top = max(scores.values())
-    tied = [a for a, c in scores.items() if math.isclose(c, top, rel_tol=1e-12)]  # in order of first occurrence
+    tied = [a for a, c in scores.items()  # in order of first occurrence
+            if (c == top if weights is None else math.isclose(c, top, rel_tol=1e-12))]
     if len(tied) == 1 or tie_break == "first":
         winner = tied[0]
     else:

@@ -99,18 +99,27 @@ def answer_info(run: PlanRun, routing: Routing, i: int, picked: Picked, *, strat
     """Prompt ``i``'s ``isocompute`` object (fields documented on :class:`IsoComputeInfo`)."""
     assert run.votes is not None
     received = len(run.usable)
-    pr, es, ew = routing.probe, routing.expected_samples, routing.expected_waves
     return IsoComputeInfo(
-        action=routing.actions[i], plan=run.plan.name, policy_plan=run.policy_plan.name,
+        plan=run.plan.name, policy_plan=run.policy_plan.name,
         waves=len(run.wave_sizes), wave_sizes=run.wave_sizes, stopped=run.stopped,  # type: ignore[arg-type]
-        stop_statistic=run.statistic, stop_detail=run.detail, k=run.drawn, policy_k=routing.policy_ks[i],
-        expected_samples=None if es is None else es[i], expected_waves=None if ew is None else ew[i],
-        rule=routing.rule, rule_evidence=routing.rule_evidence, strategy=strategy,  # type: ignore[arg-type]
+        stop_statistic=run.statistic, stop_detail=run.detail, k=run.drawn,
         answer=picked.answer, votes=run.votes.as_dict(), votes_complete=run.votes.complete,
         samples_received=received, partial=received < run.drawn or run.stopped in ("deadline", "upstream_error"),
-        lambda_=routing.lam, budget=routing.plan.budget, budget_unit=routing.plan.unit,  # type: ignore[arg-type]
+        **_routing_info(routing, i, strategy=strategy, flops=flops),
+    )
+
+
+def _routing_info(routing: Routing, i: int, *, strategy: str, flops: float | None) -> dict[str, Any]:
+    """The fields of prompt ``i``'s ``isocompute`` object that come from its routing (the policy's
+    decision, budget, probe) and its FLOPs, the same for a plan and a multi-model action."""
+    pr, es, ew = routing.probe, routing.expected_samples, routing.expected_waves
+    return dict(
+        action=routing.actions[i], policy_k=routing.policy_ks[i],
+        expected_samples=None if es is None else es[i], expected_waves=None if ew is None else ew[i],
+        rule=routing.rule, rule_evidence=routing.rule_evidence, strategy=strategy,
+        lambda_=routing.lam, budget=routing.plan.budget, budget_unit=routing.plan.unit,
         internal_budget=routing.internal_budget, expected_cost=routing.costs[i],
-        policy_unit=routing.plan.policy_unit, flops=flops,  # type: ignore[arg-type]
+        policy_unit=routing.plan.policy_unit, flops=flops,
         probe=None if pr is None else ProbeInfo(name=pr.name, value=pr.values[i], tokens=pr.tokens[i],
                                                 cost=pr.declared_cost, flops=pr.flops[i]),
     )
@@ -152,20 +161,13 @@ def action_info(run: ActionRun, routing: Routing, i: int, picked: Picked, *, str
                         stop_statistic=st.run.statistic, stop_detail=st.run.detail,
                         votes={} if st.run.votes is None else st.run.votes.as_dict(), weight=st.weight, flops=f)
               for st, f in zip(run.stages, stage_flops, strict=True)]
-    pr, es, ew = routing.probe, routing.expected_samples, routing.expected_waves
     failed = any(st.stopped in ("deadline", "upstream_error") for st in run.stages)
     return IsoComputeInfo(
-        action=routing.actions[i], plan=run.action.name, policy_plan=run.action.name,
+        plan=run.action.name, policy_plan=run.action.name,
         waves=len(run.wave_sizes), wave_sizes=run.wave_sizes, stopped=run.stopped,  # type: ignore[arg-type]
-        stop_statistic=last.statistic, stop_detail=last.detail, k=run.drawn, policy_k=routing.policy_ks[i],
-        expected_samples=None if es is None else es[i], expected_waves=None if ew is None else ew[i],
-        rule=routing.rule, rule_evidence=routing.rule_evidence, strategy=strategy,  # type: ignore[arg-type]
+        stop_statistic=last.statistic, stop_detail=last.detail, k=run.drawn,
         answer=picked.answer, votes=final.votes.as_dict(), votes_complete=final.votes.complete,
         samples_received=received, partial=received < run.drawn or failed,
-        lambda_=routing.lam, budget=routing.plan.budget, budget_unit=routing.plan.unit,  # type: ignore[arg-type]
-        internal_budget=routing.internal_budget, expected_cost=routing.costs[i],
-        policy_unit=routing.plan.policy_unit, flops=flops,  # type: ignore[arg-type]
-        probe=None if pr is None else ProbeInfo(name=pr.name, value=pr.values[i], tokens=pr.tokens[i],
-                                                cost=pr.declared_cost, flops=pr.flops[i]),
         model_action=run.action.name, vote=run.action.vote, stages=stages,
+        **_routing_info(routing, i, strategy=strategy, flops=flops),
     )

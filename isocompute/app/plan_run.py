@@ -57,18 +57,24 @@ from isocompute.errors import EngineUnavailable
 from isocompute.solver.plans import Plan
 from isocompute.tasks.equivalence import Votes
 
-__all__ = ["FAILED_REASONS", "SEED_MODULUS", "PlanRun", "run_plans", "wave_seed"]
+__all__ = ["FAILED_REASONS", "SEED_MODULUS", "PlanRun", "derived_seed", "run_plans", "wave_seed"]
 
 FAILED_REASONS = frozenset({"error", "abort"})
 SEED_MODULUS = 2**31
+
+
+def derived_seed(seed: int, tag: str) -> int:
+    """``blake2b(f"{seed}/{tag}") mod 2³¹``: the random stream of part ``tag`` of a request with ``seed``
+    (a wave here, a stage in :mod:`isocompute.app.action_run`)."""
+    digest = hashlib.blake2b(f"{seed}/{tag}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % SEED_MODULUS
 
 
 def wave_seed(seed: int | None, wave: int) -> int | None:
     """The seed of wave ``wave`` (0-based) of a request with ``seed`` (module docstring)."""
     if seed is None or wave == 0:
         return seed
-    digest = hashlib.blake2b(f"{seed}/{wave}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % SEED_MODULUS
+    return derived_seed(seed, str(wave))
 
 
 @dataclass(slots=True)

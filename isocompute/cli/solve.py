@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,7 +124,6 @@ def solve(cfg: SolveConfig) -> dict[str, Any]:
         return _solve_plans(cfg, names)
     import numpy as np
 
-    from isocompute.artifacts import artifact_writer
     from isocompute.solver.allocate import allocate, check_budget, feasible_range
     from isocompute.solver.costs import cost_table
     from isocompute.solver.frontier import frontier
@@ -156,27 +156,9 @@ def solve(cfg: SolveConfig) -> dict[str, Any]:
         "prompts_in_table": full, "dropped": len(dropped), "min_samples": floor,
         "ragged_prompts": int((~feasible).any(axis=1).sum()),
     }
-    front = None
-    if cfg.budgets:
-        f = frontier(U, C)
-        front = {
-            "budgets": list(cfg.budgets), "utility": np.atleast_1d(f.utility_at(cfg.budgets)).tolist(),
-            "lambda": np.atleast_1d(f.lam_at(cfg.budgets)).tolist(),
-            "breakpoints": {"cost": f.cost.tolist(), "utility": f.utility.tolist(), "lambda": f.lam.tolist()},
-            "max_cost": f.max_cost, "uniform": uniform, "strategy": cfg.strategy, "cost_unit": cfg.cost_unit,
-        }
-
-    params = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items() if k not in ("out",)}
-    with artifact_writer(cfg.out, kind=KIND, schema_version=SCHEMA_VERSION, inputs=inputs, params=params) as d:
-        _write_solution(d / "solution.jsonl", table.ids, res, ks, U, C)
-        (d / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        if front is not None:
-            (d / "frontier.json").write_text(json.dumps(front) + "\n")
-            _plot(d / "frontier.png", front, cfg)
-    summary["out"] = str(cfg.out)
-    if front is not None:
-        summary["frontier"] = {"budgets": front["budgets"], "utility": front["utility"]}
-    return summary
+    front = _frontier_json(frontier(U, C), cfg, uniform) if cfg.budgets else None
+    return _write_artifact(cfg, inputs, summary, front,
+                           lambda path: _write_solution(path, table.ids, res, ks, U, C))
 
 
 def _load(cfg: SolveConfig) -> tuple[Any, dict[str, str], Any]:
@@ -205,7 +187,6 @@ def _solve_plans(cfg: SolveConfig, names: tuple[str, ...]) -> dict[str, Any]:
     """:func:`solve` over a plan menu (module docstring)."""
     import numpy as np
 
-    from isocompute.artifacts import artifact_writer
     from isocompute.policy.plan_arrays import allocate_plans, plan_arrays
     from isocompute.solver.allocate import check_budget, feasible_range
     from isocompute.solver.frontier import frontier
@@ -242,18 +223,34 @@ def _solve_plans(cfg: SolveConfig, names: tuple[str, ...]) -> dict[str, Any]:
     front = None
     if cfg.budgets:
         order = by_cost(U, C)
-        f = frontier(order.utility, order.cost)
-        front = {
-            "budgets": list(cfg.budgets), "utility": np.atleast_1d(f.utility_at(cfg.budgets)).tolist(),
-            "lambda": np.atleast_1d(f.lam_at(cfg.budgets)).tolist(),
-            "breakpoints": {"cost": f.cost.tolist(), "utility": f.utility.tolist(), "lambda": f.lam.tolist()},
-            "max_cost": f.max_cost, "uniform": summary["uniform"], "strategy": cfg.strategy,
-            "cost_unit": cfg.cost_unit,
-        }
+        front = _frontier_json(frontier(order.utility, order.cost), cfg, summary["uniform"])
+    return _write_artifact(cfg, inputs, summary, front,
+                           lambda path: _write_solution(path, arr.table.ids, a, ks, U, C, res.order, names),
+                           plans=list(names))
+
+
+def _frontier_json(f: Any, cfg: SolveConfig, uniform: list[dict[str, Any]]) -> dict[str, Any]:
+    """frontier.json: the frontier ``f`` at ``cfg.budgets``, its breakpoints and the uniform baselines."""
+    import numpy as np
+
+    return {
+        "budgets": list(cfg.budgets or []), "utility": np.atleast_1d(f.utility_at(cfg.budgets)).tolist(),
+        "lambda": np.atleast_1d(f.lam_at(cfg.budgets)).tolist(),
+        "breakpoints": {"cost": f.cost.tolist(), "utility": f.utility.tolist(), "lambda": f.lam.tolist()},
+        "max_cost": f.max_cost, "uniform": uniform, "strategy": cfg.strategy, "cost_unit": cfg.cost_unit,
+    }
+
+
+def _write_artifact(cfg: SolveConfig, inputs: dict[str, str], summary: dict[str, Any], front: dict[str, Any] | None,
+                    write_solution: Callable[[Path], None], **extra_params: Any) -> dict[str, Any]:
+    """Write the solve artifact (solution.jsonl by ``write_solution``, summary.json, and frontier.json/png
+    with ``front``) atomically; return ``summary`` with where it went and the frontier's figures."""
+    from isocompute.artifacts import artifact_writer
+
     params = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items() if k not in ("out",)}
-    params["plans"] = list(names)
+    params.update(extra_params)
     with artifact_writer(cfg.out, kind=KIND, schema_version=SCHEMA_VERSION, inputs=inputs, params=params) as d:
-        _write_solution(d / "solution.jsonl", arr.table.ids, a, ks, U, C, res.order, names)
+        write_solution(d / "solution.jsonl")
         (d / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         if front is not None:
             (d / "frontier.json").write_text(json.dumps(front) + "\n")

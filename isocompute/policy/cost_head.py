@@ -31,28 +31,17 @@ from typing import Any
 import numpy as np
 
 from isocompute.policy.booster_predict import BoosterPredictor
+from isocompute.policy.learners import BoosterHead, stack_rows
 
 
-class SampleCostRegressor:
+class SampleCostRegressor(BoosterHead):
     """Per-prompt expected samples (and cost) of every plan; see the module docstring."""
-
-    def __init__(self, *, n_rounds: int = 50, num_leaves: int = 15, learning_rate: float = 0.1,
-                 min_data_in_leaf: int = 20, seed: int = 0) -> None:
-        self.n_rounds = n_rounds
-        self.num_leaves = num_leaves
-        self.learning_rate = learning_rate
-        self.min_data_in_leaf = min_data_in_leaf
-        self.seed = seed
 
     def fit(self, X: np.ndarray, S: np.ndarray, C: np.ndarray, descriptors: np.ndarray, first_wave: np.ndarray,
             max_samples: np.ndarray, paid: float = 0.0) -> SampleCostRegressor:
         """``S``, ``C``: (N, P) expected samples and cost of each training prompt and plan;
         ``descriptors``: (P, d); ``first_wave`` / ``max_samples``: (P,) w₁ and K of each plan."""
-        import lightgbm as lgb
-
-        from isocompute.policy.learners import _lgb_params
-
-        n, P = S.shape
+        P = S.shape[1]
         self.first_wave_ = np.asarray(first_wave, dtype=np.float64)
         self.max_samples_ = np.asarray(max_samples, dtype=np.float64)
         self.descriptors_ = np.asarray(descriptors, dtype=np.float64).reshape(P, -1)
@@ -66,21 +55,8 @@ class SampleCostRegressor:
             a = self.adaptive_
             span = self.max_samples_[a] - self.first_wave_[a]
             y = np.clip((S[:, a] - self.first_wave_[a]) / span, 0.0, 1.0).reshape(-1)
-            Xs = self._stack(X, a)
-            params = _lgb_params({"objective": "cross_entropy"}, num_leaves=self.num_leaves,
-                                 learning_rate=self.learning_rate, min_data_in_leaf=self.min_data_in_leaf,
-                                 seed=self.seed)
-            self.booster_ = lgb.train(params, lgb.Dataset(Xs, y, free_raw_data=True), num_boost_round=self.n_rounds)
-            self.predictor_ = BoosterPredictor(self.booster_)
+            self._train(stack_rows(X, self.descriptors_[a]), y)
         return self
-
-    def _stack(self, X: np.ndarray, cols: np.ndarray) -> np.ndarray:
-        """Rows [x_i, descriptors_p] for every prompt i and plan p in ``cols``, i-major."""
-        (n, d), A, e = X.shape, cols.size, self.descriptors_.shape[1]
-        Xs = np.empty((n, A, d + e))
-        Xs[:, :, :d] = X[:, None, :]
-        Xs[:, :, d:] = self.descriptors_[cols][None, :, :]
-        return Xs.reshape(n * A, d + e)
 
     def predict_samples(self, X: np.ndarray) -> np.ndarray:
         """(N, P) predicted expected samples Ŝ."""
@@ -88,7 +64,7 @@ class SampleCostRegressor:
         out = np.broadcast_to(self.max_samples_, (n, self.max_samples_.size)).copy()
         if self.predictor_ is not None and n:
             a = self.adaptive_
-            y = self.predictor_(self._stack(X, a)).reshape(n, a.size)
+            y = self.predictor_(stack_rows(X, self.descriptors_[a])).reshape(n, a.size)
             out[:, a] = self.first_wave_[a] + y * (self.max_samples_[a] - self.first_wave_[a])
         return out
 
@@ -97,8 +73,7 @@ class SampleCostRegressor:
         return self.paid_ + self.predict_samples(X) * self.ratio_[None, :]
 
     def state(self) -> dict[str, Any]:
-        return {"params": {k: getattr(self, k) for k in ("n_rounds", "num_leaves", "learning_rate",
-                                                          "min_data_in_leaf", "seed")},
+        return {"params": self.hyper_params(),
                 "first_wave": self.first_wave_.tolist(), "max_samples": self.max_samples_.tolist(),
                 "descriptors": self.descriptors_.tolist(), "paid": self.paid_, "ratio": self.ratio_.tolist()}
 

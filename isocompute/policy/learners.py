@@ -72,6 +72,44 @@ def budget_grid(lo: float, hi: float, n: int) -> np.ndarray:
     return np.geomspace(lo, hi, n) if lo > 0 else np.linspace(lo, hi, n)
 
 
+def stack_rows(X: np.ndarray, desc: np.ndarray) -> np.ndarray:
+    """(N·A, d + e) rows ``[x_i, desc_a]`` for every prompt i of ``X`` (N, d) and action a of ``desc``
+    (A, e), i-major: what the cross-entropy learners train and predict on."""
+    (n, d), (A, e) = X.shape, desc.shape
+    Xs = np.empty((n, A, d + e))
+    Xs[:, :, :d] = X[:, None, :]
+    Xs[:, :, d:] = desc[None, :, :]
+    return Xs.reshape(n * A, d + e)
+
+
+class BoosterHead:
+    """What the cross-entropy learners (:class:`UtilityRegressor`, the cost head) share: ``__init__``
+    stores the LightGBM hyper-parameters (their state's ``params``), and one model trains on stacked rows."""
+
+    PARAMS = ("n_rounds", "num_leaves", "learning_rate", "min_data_in_leaf", "seed")
+
+    def __init__(self, *, n_rounds: int = 50, num_leaves: int = 15, learning_rate: float = 0.1,
+                 min_data_in_leaf: int = 20, seed: int = 0) -> None:
+        self.n_rounds = n_rounds
+        self.num_leaves = num_leaves
+        self.learning_rate = learning_rate
+        self.min_data_in_leaf = min_data_in_leaf
+        self.seed = seed
+
+    def hyper_params(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.PARAMS}
+
+    def _train(self, Xs: np.ndarray, y: np.ndarray) -> None:
+        """Set ``booster_`` / ``predictor_``: a cross-entropy model of ``y`` ∈ [0, 1] on rows ``Xs``."""
+        import lightgbm as lgb
+
+        params = _lgb_params({"objective": "cross_entropy"}, num_leaves=self.num_leaves,
+                             learning_rate=self.learning_rate, min_data_in_leaf=self.min_data_in_leaf,
+                             seed=self.seed)
+        self.booster_ = lgb.train(params, lgb.Dataset(Xs, y, free_raw_data=True), num_boost_round=self.n_rounds)
+        self.predictor_ = BoosterPredictor(self.booster_)
+
+
 class OracleClassifier:
     """Budget-conditioned multiclass imitation of the oracle's actions (see the module docstring)."""
 
@@ -168,32 +206,15 @@ class OracleClassifier:
         return obj
 
 
-class UtilityRegressor:
+class UtilityRegressor(BoosterHead):
     """Per-action utility regression, priced at serve time (see the module docstring)."""
-
-    def __init__(self, *, n_rounds: int = 50, num_leaves: int = 15, learning_rate: float = 0.1,
-                 min_data_in_leaf: int = 20, seed: int = 0) -> None:
-        self.n_rounds = n_rounds
-        self.num_leaves = num_leaves
-        self.learning_rate = learning_rate
-        self.min_data_in_leaf = min_data_in_leaf
-        self.seed = seed
 
     def fit(self, X: np.ndarray, U: np.ndarray, ks: np.ndarray, cost_head: Any = None) -> UtilityRegressor:
         """``ks``: (A,) the actions' k, or (A, d) plan descriptors; ``cost_head``: a fitted
         :class:`~isocompute.policy.cost_head.SampleCostRegressor` (plans), kept for :meth:`predict_costs`."""
-        import lightgbm as lgb
-
-        n, n_actions = U.shape
+        n_actions = U.shape[1]
         ks = np.asarray(ks, dtype=np.float64)
-        desc = ks.reshape(n_actions, -1)
-        Xs = np.column_stack([np.repeat(X, n_actions, axis=0), np.tile(desc, (n, 1))])
-        y = np.clip(U.reshape(-1), 0.0, 1.0)
-        params = _lgb_params({"objective": "cross_entropy"}, num_leaves=self.num_leaves,
-                             learning_rate=self.learning_rate, min_data_in_leaf=self.min_data_in_leaf,
-                             seed=self.seed)
-        self.booster_ = lgb.train(params, lgb.Dataset(Xs, y, free_raw_data=True), num_boost_round=self.n_rounds)
-        self.predictor_ = BoosterPredictor(self.booster_)
+        self._train(stack_rows(X, ks.reshape(n_actions, -1)), np.clip(U.reshape(-1), 0.0, 1.0))
         self.ks_ = ks
         self.n_actions_ = n_actions
         self.cost_head_ = cost_head
@@ -201,13 +222,8 @@ class UtilityRegressor:
 
     def predict_utilities(self, X: np.ndarray) -> np.ndarray:
         """(N, A) predicted utility Û(x, a) of every action."""
-        (n, d), A = X.shape, self.n_actions_
-        desc = self.ks_.reshape(A, -1)
-        e = desc.shape[1]
-        Xs = np.empty((n, A, d + e))  # rows [x_i, k_a] (or [x_i, descriptors_a]), i-major: what fit stacked
-        Xs[:, :, :d] = X[:, None, :]
-        Xs[:, :, d:] = desc[None, :, :]
-        return self.predictor_(Xs.reshape(n * A, d + e)).reshape(n, A)
+        n, A = X.shape[0], self.n_actions_
+        return self.predictor_(stack_rows(X, self.ks_.reshape(A, -1))).reshape(n, A)
 
     def predict_costs(self, X: np.ndarray, action_costs: np.ndarray) -> np.ndarray:
         """(N, A) the cost each prompt is priced at: the cost head's Ĉ(x, a), or ``action_costs`` (A,)
@@ -223,9 +239,7 @@ class UtilityRegressor:
         return price(self.predict_utilities(X), lam, costs, u)
 
     def state(self) -> dict[str, Any]:
-        return {"params": {k: getattr(self, k) for k in ("n_rounds", "num_leaves", "learning_rate",
-                                                          "min_data_in_leaf", "seed")},
-                "ks": self.ks_.tolist(), "n_actions": self.n_actions_,
+        return {"params": self.hyper_params(), "ks": self.ks_.tolist(), "n_actions": self.n_actions_,
                 "cost_head": None if self.cost_head_ is None else self.cost_head_.state()}
 
     @classmethod

@@ -38,7 +38,7 @@ from isocompute.solver.allocate import Allocation, allocate
 from isocompute.solver.outcomes import OutcomeTable
 from isocompute.solver.plan_estimates import by_cost, estimate_table
 from isocompute.solver.plans import Plan
-from isocompute.solver.ragged import RaggedTable, drop_short, prepare
+from isocompute.solver.ragged import RaggedTable, count_ragged, drop_short, prepare, ragged_summary
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,20 +62,14 @@ class PlanArrays:
 
     @property
     def n_ragged(self) -> int:
-        return int((~self.feasible).any(axis=1).sum())
+        return count_ragged(self.feasible)
 
     def summary(self) -> str:
         """What a ragged table lost or had marked (empty when nothing)."""
         if self.ragged is not None:
             return self.ragged.summary()
-        parts = []
-        if self.dropped:
-            parts.append(f"dropped {len(self.dropped)} prompt(s) with fewer than {self.min_samples} samples "
-                         f"(e.g. {self.dropped[0]!r})")
-        if self.n_ragged:
-            parts.append(f"{self.n_ragged} of {len(self.table)} prompts have fewer samples than the largest "
-                         "plan draws; those plans are marked infeasible (never chosen for them)")
-        return "; ".join(parts)
+        return ragged_summary(self.dropped, self.min_samples, self.n_ragged, len(self.table),
+                              "plan draws; those plans are marked infeasible")
 
     def subset(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(U, C, samples, waves) of ``rows``."""

@@ -54,18 +54,30 @@ class RaggedTable:
     @property
     def n_ragged(self) -> int:
         """Kept prompts with at least one infeasible action."""
-        return int((~self.feasible).any(axis=1).sum())
+        return count_ragged(self.feasible)
 
     def summary(self) -> str:
         """"dropped 3 prompts with < 8 samples; 12 prompts have actions k > n marked infeasible" (or "")."""
-        parts = []
-        if self.dropped:
-            parts.append(f"dropped {len(self.dropped)} prompt(s) with fewer than {self.min_samples} samples "
-                         f"(e.g. {self.dropped[0]!r})")
-        if self.n_ragged:
-            parts.append(f"{self.n_ragged} of {len(self.table)} prompts have fewer samples than the largest "
-                         "action; their actions k > n are marked infeasible (never chosen for them)")
-        return "; ".join(parts)
+        return ragged_summary(self.dropped, self.min_samples, self.n_ragged, len(self.table),
+                              "action; their actions k > n are marked infeasible")
+
+
+def count_ragged(feasible: np.ndarray) -> int:
+    """Prompts (rows of the (N, A) ``feasible`` mask) with at least one infeasible action."""
+    return int((~feasible).any(axis=1).sum())
+
+
+def ragged_summary(dropped: Sequence[str], min_samples: int, ragged: int, n_prompts: int, marked: str) -> str:
+    """What a ragged table lost or had marked (empty when nothing): the ``dropped`` prompts and the
+    ``ragged`` of ``n_prompts`` kept with fewer samples than "the largest " + ``marked``."""
+    parts = []
+    if dropped:
+        parts.append(f"dropped {len(dropped)} prompt(s) with fewer than {min_samples} samples "
+                     f"(e.g. {dropped[0]!r})")
+    if ragged:
+        parts.append(f"{ragged} of {n_prompts} prompts have fewer samples than the largest {marked} "
+                     "(never chosen for them)")
+    return "; ".join(parts)
 
 
 def ragged_utilities(table: OutcomeTable, actions: Sequence[int], strategy: str) -> tuple[np.ndarray, np.ndarray]:
