@@ -18,7 +18,7 @@
 # The container runs as uid 10001; isocompute writes artifact directories mode 0755, but with a strict
 # umask make them readable first (chmod -R a+rX runs/gsm8k) or run as their owner (--user "$(id -u)").
 #
-# Secrets are never baked in. API keys are stored hashed in a JSON file (format in isocompute.app.auth)
+# Secrets are never baked in. API keys are stored hashed in a JSON file (format in isocompute.app.accounting.auth)
 # that you mount at run time:
 #   docker run ... -v $PWD/keys.json:/run/secrets/api_keys.json:ro \
 #     -e ISOCOMPUTE_API_KEYS_FILE=/run/secrets/api_keys.json -e ISOCOMPUTE_ADMIN_KEY_SHA256=<sha256 hex> isocompute

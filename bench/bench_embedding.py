@@ -1,6 +1,6 @@
 """What the optional ``minilm`` prompt feature costs and whether it pays on the demo table.
 
-Cost: the encoder's FLOPs per prompt (analytic, :func:`isocompute.policy.embedding.encoder_flops`), the
+Cost: the encoder's FLOPs per prompt (analytic, :func:`isocompute.policy.features.embedding.encoder_flops`), the
 same in samples of the table's model (its FLOPs per sample from the outcome table's token counts and
 model config), and CPU time per prompt (batches of 64, and one prompt alone; 1 torch thread).
 
@@ -29,8 +29,8 @@ import numpy as np
 
 import isocompute.policy.policy as policy_module
 from isocompute.flops import ModelFlops
-from isocompute.policy.embedding import MiniLM
-from isocompute.policy.features import PromptFeatures
+from isocompute.policy.features.embedding import MiniLM
+from isocompute.policy.features.prompt import PromptFeatures
 from isocompute.policy.policy import Policy, PolicyConfig
 from isocompute.solver.costs import cost_table
 from isocompute.solver.estimators import utilities

@@ -8,7 +8,7 @@ binomial variance of each estimate — and signal, the rest. A LightGBM regresso
 (5 folds × ``--seeds``) on p̂ with four inputs; printed is the out-of-fold R² and the share of the
 *signal* variance it explains (R² × total / signal):
 
-* ``policy features`` — :class:`~isocompute.policy.features.PromptFeatures` (hand counts + n-gram SVD),
+* ``policy features`` — :class:`~isocompute.policy.features.prompt.PromptFeatures` (hand counts + n-gram SVD),
   the named baseline;
 * ``+ word problem`` — plus counts that describe a word problem: sentences, distinct numbers, decimals
   and fractions, percent and money signs, units of time, rate words (each, per, every, times, twice,
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from isocompute.cli.fit import read_table
-from isocompute.policy.features import PromptFeatures
+from isocompute.policy.features.prompt import PromptFeatures
 
 RATE = ("each", "per", "every", "times", "twice", "half", "total", "remaining", "average")
 COMPARE = ("more", "less", "than", "left", "fewer", "difference")

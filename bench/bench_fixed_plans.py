@@ -25,11 +25,11 @@ from pathlib import Path
 import numpy as np
 
 from isocompute.errors import BudgetError
-from isocompute.policy.evaluate import uniform_mix
-from isocompute.policy.fixed_plans import cross_validate_fixed_plan
+from isocompute.evaluation.evaluate import uniform_mix
+from isocompute.policy.plans.fixed import cross_validate_fixed_plan
 from isocompute.solver.outcomes import read_outcomes
-from isocompute.solver.plan_estimates import estimate_table
-from isocompute.solver.plans import Plan, plan_family
+from isocompute.solver.plans.estimates import estimate_table
+from isocompute.solver.plans.plan import Plan, plan_family
 
 K_MAX = (2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
 

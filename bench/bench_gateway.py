@@ -106,7 +106,7 @@ class FourWaves:
     def decide(self, texts, budget, *, probe=None):
         import dataclasses
 
-        from isocompute.solver.plans import parse_plan
+        from isocompute.solver.plans.plan import parse_plan
 
         d = self.inner.decide(texts, budget, probe=probe)
         return dataclasses.replace(d, plans=(parse_plan("none@1x4"),) * len(texts), k=np.full(len(texts), 4))

@@ -2,7 +2,7 @@
 
 On each outcome table given, the policy's configuration is cross-validated twice on the same folds and
 seeds: learners trained on the raw utilities (the named baseline, ``raw``) and on utilities shrunk
-toward the task's mean (``eb``, :mod:`isocompute.policy.shrinkage`). Both are scored on the raw
+toward the task's mean (``eb``, :mod:`isocompute.policy.learn.shrinkage`). Both are scored on the raw
 utilities of held-out prompts, with the fallback off (what the learned rule itself does) and as served
 (with the never-worse chain). Printed per table and budget: uniform's accuracy, each variant's gain
 over uniform, and the paired difference eb − raw of the learned rule alone (bootstrap 95% CI over
@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from isocompute.cli.fit import read_table
-from isocompute.policy.evaluate import METHODS, bootstrap_indices, cross_validate
+from isocompute.evaluation.evaluate import METHODS, bootstrap_indices, cross_validate
+from isocompute.policy.learn.shrinkage import sampling_variance
 from isocompute.policy.policy import PolicyConfig, task_groups
-from isocompute.policy.shrinkage import sampling_variance
 from isocompute.solver.costs import cost_table
 from isocompute.solver.estimators import utilities
 

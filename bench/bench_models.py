@@ -3,7 +3,7 @@
 On outcome tables of the same prompts, one per model (the three MATH-500 dumps: gpt-oss-20b, Phi-4-reasoning,
 Qwen3-14B; import commands in README "Adaptive plans (solver side)"), joined by id with answer classes
 aligned across models (math-verify over the union of each prompt's answers, cached), the menu of
-multi-model actions (:func:`isocompute.solver.action_estimates.estimate_menu`: every model × the 30 default
+multi-model actions (:func:`isocompute.solver.models.estimates.estimate_menu`: every model × the 30 default
 plans, cascades cheap → dear with last-stage vote, weighted cascades and ensembles over all samples) is
 estimated once. Then, per budget on a log grid of mean FLOPs per prompt from the cheapest model's
 1-sample cost to the dearest model's 16-sample cost:
@@ -41,17 +41,17 @@ from pathlib import Path
 
 import numpy as np
 
-from isocompute.policy.model_baselines import (
+from isocompute.evaluation.model_baselines import (
     HeldOut,
     best_fixed,
     best_single_model,
     uniform_at_budget,
     uniform_columns,
 )
-from isocompute.solver.action_estimates import ActionEstimates, estimate_menu, oracle
-from isocompute.solver.model_actions import MenuConfig
-from isocompute.solver.model_costs import parse_model_params, resolve_model_flops
-from isocompute.solver.model_tables import join_tables
+from isocompute.solver.models.actions import MenuConfig
+from isocompute.solver.models.costs import parse_model_params, resolve_model_flops
+from isocompute.solver.models.estimates import ActionEstimates, estimate_menu, oracle
+from isocompute.solver.models.tables import join_tables
 from isocompute.solver.outcomes import read_outcomes
 from isocompute.tasks.class_alignment import align_answers
 from isocompute.tasks.grading import Grader

@@ -29,8 +29,8 @@ import numpy as np
 from bench_estimators import synthetic_records
 
 from isocompute.solver.outcomes import OutcomeTable, from_records
-from isocompute.solver.plan_estimates import estimate_table
-from isocompute.solver.plans import Plan, default_plans
+from isocompute.solver.plans.estimates import estimate_table
+from isocompute.solver.plans.plan import Plan, default_plans
 
 
 def per_prompt_monte_carlo(table: OutcomeTable, i: int, plans: list[Plan], n_orders: int,

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-from isocompute.policy.features import hand_features, hashed_matrix
-from isocompute.policy.learners import OracleClassifier, price
+from isocompute.policy.features.prompt import hand_features, hashed_matrix
+from isocompute.policy.learn.learners import OracleClassifier, price
 from isocompute.policy.policy import Policy, PolicyConfig
 
 ROOT = Path(__file__).resolve().parents[1]

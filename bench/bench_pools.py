@@ -5,7 +5,7 @@ CPU ms per ``POST /v1/completions`` above ``GET /health`` (client, transport, mi
 Every variant draws 2 samples in 2 upstream calls:
 
 * **baseline** — a single-model policy's plan ``none@1x2`` on the one pool (the path before pools);
-* **1-stage action** — the action ``a/none@1x2`` through the multi-model path (:mod:`isocompute.app.action_run`);
+* **1-stage action** — the action ``a/none@1x2`` through the multi-model path (:mod:`isocompute.app.runner.action_run`);
 * **2-stage cascade** — ``a/none@1 > b/none@1`` on two pools (stage a's plan has no rule, so it always
   runs out and escalates to b).
 
@@ -53,7 +53,7 @@ def policies():
     """(name, policy, engines) of each variant."""
     from isocompute.app.fixed_action import FixedActionPolicy
     from isocompute.flops import load_model_flops
-    from isocompute.solver.model_actions import parse_action
+    from isocompute.solver.models.actions import parse_action
 
     flops = {m: load_model_flops(InstantEngine().model_config()) for m in ("a", "b")}
 

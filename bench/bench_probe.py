@@ -33,8 +33,8 @@ import numpy as np
 from isocompute.cli.fit import read_table
 from isocompute.engines.probe import probe_flops
 from isocompute.engines.probe_cache import compute_probe
+from isocompute.evaluation.evaluate import LEARNERS, METHODS, cross_validate
 from isocompute.flops import decode_flops, load_model_flops
-from isocompute.policy.evaluate import LEARNERS, METHODS, cross_validate
 from isocompute.policy.policy import PolicyConfig, ProbeSpec
 from isocompute.solver.costs import cost_table
 from isocompute.solver.estimators import utilities

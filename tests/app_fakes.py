@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from isocompute.app.main import create_app
 from isocompute.app.settings import Settings
 from isocompute.engines.base import Completion
-from isocompute.solver.plans import Plan, parse_plan
+from isocompute.solver.plans.plan import Plan, parse_plan
 
 ACTIONS = (1, 2, 4, 8, 16)
 

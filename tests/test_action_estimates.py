@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 
 from isocompute.errors import InputError
 from isocompute.flops import ModelFlops
-from isocompute.solver.action_estimates import estimate_actions, fit_vote_weights, models_by_cost
-from isocompute.solver.model_actions import Action, MenuConfig, Stage, default_actions, parse_action
-from isocompute.solver.model_tables import join_tables
+from isocompute.solver.models.actions import Action, MenuConfig, Stage, default_actions, parse_action
+from isocompute.solver.models.estimates import estimate_actions, fit_vote_weights, models_by_cost
+from isocompute.solver.models.tables import join_tables
 from isocompute.solver.outcomes import from_records
-from isocompute.solver.plan_estimates import estimate_plans
-from isocompute.solver.plans import parse_plan
+from isocompute.solver.plans.estimates import estimate_plans
+from isocompute.solver.plans.plan import parse_plan
 from isocompute.tasks.class_alignment import align_answers
 
 GOLD = "a"

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from isocompute.app.aggregate import best_of, majority_vote
+from isocompute.app.runner.aggregate import best_of, majority_vote
 
 
 def test_worked_example():

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from isocompute.app.batching import BatchingEngine
+from isocompute.app.runner.batching import BatchingEngine
 from isocompute.engines.base import Completion
 from isocompute.errors import EngineUnavailable
 

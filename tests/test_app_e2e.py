@@ -164,7 +164,7 @@ def test_schemathesis_finds_no_server_errors(server):
 def test_budget_control_with_the_real_policy_on_drifting_traffic(policy_dir):
     """Synthetic arithmetic traffic that shifts from easy (p ≥ 0.5) to hard (p < 0.5) questions after 400
     requests: the real policy at a fixed budget drifts off it; the controller keeps the mean on it."""
-    from isocompute.app.budget_control import BudgetController
+    from isocompute.app.accounting.budget_control import BudgetController
     from isocompute.policy.policy import Policy
     from isocompute.policy.synthetic import synthetic_records
 
@@ -192,7 +192,7 @@ def test_budget_control_with_the_real_policy_on_drifting_traffic(policy_dir):
 def test_admin_reload_swaps_in_a_real_policy(tiny_dir, policy_dir):
     from fastapi.testclient import TestClient
 
-    from isocompute.app.auth import hash_key
+    from isocompute.app.accounting.auth import hash_key
     from isocompute.app.main import create_app
     from isocompute.app.settings import Settings
 
@@ -234,7 +234,7 @@ def plan_policy():
     """A real policy over plans: the lead family's menu (60 plans with the uniform ladder), fitted in ~3 s.
     On these synthetic outcomes its never-worse chain serves the learned rule at budget 2, the fixed plan
     at 4 and uniform at 8, so the three budgets below see all three rules."""
-    from isocompute.policy.plan_menu import resolve_plans
+    from isocompute.policy.plans.menu import resolve_plans
     from isocompute.policy.policy import Policy
     from isocompute.policy.synthetic import synthetic_records
     from isocompute.solver.outcomes import from_records

@@ -17,15 +17,15 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from isocompute.app.action_run import stage_seed
-from isocompute.app.aggregate import majority_vote, weighted_vote
 from isocompute.app.fixed_action import FixedActionPolicy
 from isocompute.app.main import create_app
-from isocompute.app.plan_run import wave_seed
+from isocompute.app.runner.action_run import stage_seed
+from isocompute.app.runner.aggregate import majority_vote, weighted_vote
+from isocompute.app.runner.plan_run import wave_seed
 from isocompute.app.settings import Settings
 from isocompute.errors import EngineUnavailable, InputError
 from isocompute.flops import load_model_flops, request_flops
-from isocompute.solver.model_actions import parse_action
+from isocompute.solver.models.actions import parse_action
 
 CASCADE = "s/lead:m=2@1x2 > l/none@4"
 UNANIMOUS = ("The answer is 12.",)
@@ -427,11 +427,11 @@ PLANS = ("none@1", "none@2", "lead:m=2@1x2", "lead:m=2@1x3", "lead:m=2@2,2")
 def test_an_action_never_exceeds_its_caps_and_escalates_only_when_its_plan_ran_out(plans, cap, wave_cap, scripts):
     import asyncio
 
-    from isocompute.app.action_run import run_actions
-    from isocompute.app.execute import Backend, Deadline
-    from isocompute.app.metrics import Metrics
+    from isocompute.app.accounting.metrics import Metrics
     from isocompute.app.readiness import UpstreamHealth
-    from isocompute.app.voting import Voter
+    from isocompute.app.runner.action_run import run_actions
+    from isocompute.app.runner.execute import Backend, Deadline
+    from isocompute.app.runner.voting import Voter
     from isocompute.tasks.extract import extract_answer
 
     names = ["m0", "m1", "m2"][:len(plans)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from isocompute.app.pricing import budget_unit, price_request
+from isocompute.app.accounting.pricing import budget_unit, price_request
 from isocompute.app.serving_policy import FittedPolicy, ServingPolicy, as_serving_policy
 from isocompute.app.settings import Settings
 from isocompute.errors import BudgetError, InputError

@@ -16,7 +16,7 @@ import pytest
 from app_fakes import ACTIONS, FakeEngine, FakePolicy, completion, make_client
 from fastapi.testclient import TestClient
 
-from isocompute.app.auth import ApiKeyRecord, hash_key
+from isocompute.app.accounting.auth import ApiKeyRecord, hash_key
 from isocompute.app.main import create_app
 from isocompute.app.settings import Settings
 from isocompute.errors import EngineUnavailable
@@ -304,7 +304,7 @@ def test_admin_reload(tmp_path):
 
 
 def test_token_bucket_worked_example():
-    from isocompute.app.auth import TokenBucket
+    from isocompute.app.accounting.auth import TokenBucket
 
     t = [0.0]
     b = TokenBucket(rate=2, burst=2, clock=lambda: t[0])
@@ -315,7 +315,7 @@ def test_token_bucket_worked_example():
 
 
 def test_key_file(tmp_path):
-    from isocompute.app.auth import load_key_file
+    from isocompute.app.accounting.auth import load_key_file
     from isocompute.errors import InputError
 
     f = tmp_path / "keys.json"

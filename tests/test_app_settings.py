@@ -8,7 +8,7 @@ import argparse
 import pytest
 from pydantic import ValidationError
 
-from isocompute.app.auth import hash_key
+from isocompute.app.accounting.auth import hash_key
 from isocompute.app.settings import CONFIG_ENV, Settings, get_settings
 from isocompute.errors import InputError
 

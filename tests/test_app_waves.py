@@ -14,13 +14,13 @@ import httpx
 import pytest
 from app_fakes import FakeEngine, FakePolicy, completion, make_client, serve_in_thread
 
-from isocompute.app.answer import plan_flops
 from isocompute.app.main import create_app
-from isocompute.app.plan_run import PlanRun, wave_seed
+from isocompute.app.runner.answer import plan_flops
+from isocompute.app.runner.plan_run import PlanRun, wave_seed
 from isocompute.app.settings import Settings
 from isocompute.engines.base import Completion
 from isocompute.errors import EngineUnavailable
-from isocompute.solver.plans import parse_plan
+from isocompute.solver.plans.plan import parse_plan
 
 DOUBLING = "lead:m=2@1x2,2,4"  # waves 1, 1, 2, 4: at most 8 samples in 4 calls
 UNANIMOUS = ("The answer is 12.",)
@@ -260,7 +260,7 @@ def test_route_reports_the_plan_capped_and_the_rule():
 )
 def test_the_one_string_shortcut_is_what_vote_classes_says(answers):
     """The vote skips merging when the answers are one string; where it does, the result is vote_classes'."""
-    from isocompute.app.voting import one_string
+    from isocompute.app.runner.voting import one_string
     from isocompute.tasks.equivalence import vote_classes
 
     fast = one_string(answers)

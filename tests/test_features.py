@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from sklearn.feature_extraction.text import HashingVectorizer
 
 from isocompute.errors import ArtifactError, InputError
-from isocompute.policy.features import (
+from isocompute.policy.features.prompt import (
     HAND_FEATURES,
     PromptFeatures,
     expression_features,

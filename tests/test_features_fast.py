@@ -10,15 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from isocompute.policy.chunk_cache import COUNTS, ChunkTable, _describe
-from isocompute.policy.features import (
+from isocompute.policy.features.chunk_cache import COUNTS, ChunkTable, _describe
+from isocompute.policy.features.prompt import (
     HAND_FEATURES,
     PromptFeatures,
     expression_features,
     hand_features,
     hashed_matrix,
 )
-from isocompute.policy.text_rules import EXPRESSION
+from isocompute.policy.features.text_rules import EXPRESSION
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -189,7 +189,7 @@ def test_real_prompts_equal_reference():
 @given(st.lists(st.lists(st.integers(0, 2**40), max_size=300, unique=True), min_size=1, max_size=5))
 def test_int_map_agrees_with_a_dict(batches):
     """The vectorised open-addressing map (it grows from 16 slots here) against a plain dict."""
-    from isocompute.policy.chunk_cache import _IntMap
+    from isocompute.policy.features.chunk_cache import _IntMap
 
     table, ref = _IntMap(16), {}
     for keys in batches:

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from isocompute.errors import BudgetError, InputError
-from isocompute.policy.fixed_plans import choose_fixed_plan, cross_validate_fixed_plan, fold_assignment
-from isocompute.solver.plan_estimates import estimate_plans
-from isocompute.solver.plans import plan_family
+from isocompute.policy.plans.fixed import choose_fixed_plan, cross_validate_fixed_plan, fold_assignment
+from isocompute.solver.plans.estimates import estimate_plans
+from isocompute.solver.plans.plan import plan_family
 
 
 def test_hand_worked_hull():

@@ -6,9 +6,9 @@ import warnings
 import numpy as np
 import pytest
 
-from isocompute.policy import booster_predict
-from isocompute.policy.booster_predict import BoosterPredictor, FastPredictWarning, probe_rows
-from isocompute.policy.learners import (
+from isocompute.policy.learn import booster_predict
+from isocompute.policy.learn.booster_predict import BoosterPredictor, FastPredictWarning, probe_rows
+from isocompute.policy.learn.learners import (
     OracleClassifier,
     UtilityRegressor,
     _booster_from_string,

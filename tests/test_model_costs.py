@@ -9,13 +9,13 @@ import pytest
 
 from isocompute.errors import InputError
 from isocompute.flops import ModelFlops, attention_flops, decode_flops, forward_flops, prefill_flops
-from isocompute.solver.model_costs import (
+from isocompute.solver.models.costs import (
     parse_model_params,
     parse_param_count,
     resolve_model_flops,
     sample_flops,
 )
-from isocompute.solver.model_tables import join_tables
+from isocompute.solver.models.tables import join_tables
 from isocompute.solver.outcomes import from_records
 from isocompute.training.tiny import tiny_config
 

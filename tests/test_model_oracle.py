@@ -7,16 +7,16 @@ import pytest
 from scipy.optimize import linprog
 
 from isocompute.errors import BudgetError
-from isocompute.flops import ModelFlops
-from isocompute.policy.model_baselines import (
+from isocompute.evaluation.model_baselines import (
     best_fixed,
     best_single_model,
     uniform_at_budget,
     uniform_columns,
 )
-from isocompute.solver.action_estimates import estimate_actions, oracle
-from isocompute.solver.model_actions import MenuConfig, default_actions
-from isocompute.solver.model_tables import join_tables
+from isocompute.flops import ModelFlops
+from isocompute.solver.models.actions import MenuConfig, default_actions
+from isocompute.solver.models.estimates import estimate_actions, oracle
+from isocompute.solver.models.tables import join_tables
 from isocompute.solver.outcomes import from_records
 from isocompute.tasks.class_alignment import align_answers
 
@@ -110,7 +110,7 @@ def test_fixed_baselines_are_held_out_and_budget_matched():
 
 
 def test_best_fixed_equals_cross_validate_fixed_plan():
-    from isocompute.policy.fixed_plans import cross_validate_fixed_plan
+    from isocompute.policy.plans.fixed import cross_validate_fixed_plan
 
     est = menu(n_prompts=30, seed=3)
     cols = est.columns(kind=("cascade", "ensemble"))

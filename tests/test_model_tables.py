@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from isocompute.errors import InputError
-from isocompute.solver.model_tables import check_model_name, join_tables
+from isocompute.solver.models.tables import check_model_name, join_tables
 from isocompute.solver.outcomes import NULL_CODE, from_records
 from isocompute.tasks.class_alignment import align_answers
 

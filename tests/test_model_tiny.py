@@ -7,12 +7,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from isocompute.evaluation.model_baselines import best_fixed, best_single_model, uniform_at_budget
 from isocompute.flops import load_model_flops
-from isocompute.policy.model_baselines import best_fixed, best_single_model, uniform_at_budget
-from isocompute.solver.action_estimates import estimate_menu, models_by_cost, oracle
-from isocompute.solver.model_actions import MenuConfig
-from isocompute.solver.model_costs import resolve_model_flops
-from isocompute.solver.model_tables import join_tables
+from isocompute.solver.models.actions import MenuConfig
+from isocompute.solver.models.costs import resolve_model_flops
+from isocompute.solver.models.estimates import estimate_menu, models_by_cost, oracle
+from isocompute.solver.models.tables import join_tables
 from isocompute.solver.outcomes import read_outcomes
 from isocompute.tasks.class_alignment import align_answers
 

@@ -10,10 +10,10 @@ import pytest
 
 from isocompute.cli import main
 from isocompute.errors import InputError
-from isocompute.policy.multi_menu import hull_columns, prune_menu
-from isocompute.policy.multi_policy import SINGLE_MODEL, ActionView, MultiPolicy, single_model_choice
+from isocompute.policy.multi.menu import hull_columns, prune_menu
+from isocompute.policy.multi.policy import SINGLE_MODEL, ActionView, MultiPolicy, single_model_choice
 from isocompute.policy.policy import Policy
-from isocompute.solver.model_actions import parse_action
+from isocompute.solver.models.actions import parse_action
 
 N = 48
 
@@ -194,7 +194,7 @@ def test_action_view_counts_stages():
 
 def test_prune_keeps_the_hull_and_each_models_plans(two_models):
     from isocompute.cli.models_input import menu_config
-    from isocompute.policy.multi_fit import model_estimates
+    from isocompute.policy.multi.fit import model_estimates
     from isocompute.solver.outcomes import read_outcomes
 
     root, _ = two_models
@@ -230,9 +230,9 @@ def test_tiny_world_fit_and_report(tiny_world, tmp_path):
 
 
 def test_escalate_gives_the_dearer_action_to_the_prompts_the_score_ranks_first():
-    from isocompute.policy.crossfit import crossfit_folds
-    from isocompute.policy.fixed_plans import FixedPlanChoice
-    from isocompute.policy.multi_escalate import HeadroomScore
+    from isocompute.policy.learn.crossfit import crossfit_folds
+    from isocompute.policy.multi.escalate import HeadroomScore
+    from isocompute.policy.plans.fixed import FixedPlanChoice
 
     rng = np.random.default_rng(0)
     n = 300
@@ -245,7 +245,7 @@ def test_escalate_gives_the_dearer_action_to_the_prompts_the_score_ranks_first()
     assert (score.base_, score.top_) == (0, 1)
     budgets = [1.0, 1.6, 2.0, 3.0]
     esc = score.oof_scores(U, C, folds, budgets)
-    from isocompute.policy.fixed_rule import fixed_plan_scores
+    from isocompute.policy.plans.fixed_rule import fixed_plan_scores
 
     fixed = fixed_plan_scores(U, C, folds, budgets)
     assert esc[0].mean() == pytest.approx(fixed[0].mean())  # no mix at the cheapest budget: the same action

@@ -18,8 +18,8 @@ from isocompute.flops import ModelFlops, prefill_flops, request_flops
 from isocompute.solver.allocate import allocate
 from isocompute.solver.estimators import majority_at_k
 from isocompute.solver.outcomes import PAD_CODE, from_records
-from isocompute.solver.plan_estimates import by_cost, estimate_plans, estimate_table
-from isocompute.solver.plans import default_plans, parse_plan, plan_family
+from isocompute.solver.plans.estimates import by_cost, estimate_plans, estimate_table
+from isocompute.solver.plans.plan import default_plans, parse_plan, plan_family
 
 MIXED = ["none@3", "lead:m=2@1x5", "lead:m=1@1x3", "window:w=2@1x5", "window:w=2@2x2,1", "window:w=3@3,1,1",
          "beta:p=0.75@1x5", "dirichlet:p=0.6,top=3@1x5", "bayes:B=2,alpha=0.5,top=3@1x2,2,1", "lead:m=2@2,3"]

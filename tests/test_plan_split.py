@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from isocompute.solver.plan_estimates import estimate_plans
-from isocompute.solver.plans import parse_plan
-from isocompute.solver.vote_lattice import stop_counts
+from isocompute.solver.plans.estimates import estimate_plans
+from isocompute.solver.plans.plan import parse_plan
+from isocompute.solver.plans.vote_lattice import stop_counts
 
 PLANS = ["none@3", "lead:m=2@1x5", "lead:m=1@1x3", "lead:m=2@4", "window:w=2@1x5", "window:w=2@2x2,1",
          "beta:p=0.75@1x5", "dirichlet:p=0.6,top=3@1x5", "bayes:B=2,alpha=0.5,top=3@1x2,2,1", "lead:m=2@2,3"]
@@ -140,7 +140,7 @@ def test_stop_counts_parts():
     plan = parse_plan("lead:m=2@1x3")
     all_, fired = stop_counts(plan, 3), stop_counts(plan, 3, "fired")
     assert fired.sum() > 0 and np.all(fired <= all_)
-    from isocompute.solver.vote_lattice import partitions
+    from isocompute.solver.plans.vote_lattice import partitions
     lat = partitions(3)
     three = [i for i, lam in enumerate(lat.items) if sum(lam) == 3]
     np.testing.assert_array_equal(fired[three, 0], 0)

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from isocompute.errors import InputError
-from isocompute.solver.plans import (
+from isocompute.solver.plans.plan import (
     Plan,
     default_plans,
     parse_plan,
@@ -15,7 +15,7 @@ from isocompute.solver.plans import (
     schedule_name,
     schedule_waves,
 )
-from isocompute.solver.rules import LeadRule, NoRule
+from isocompute.solver.plans.rules import LeadRule, NoRule
 
 
 def test_default_menu_has_thirty_plans_with_unique_round_tripping_names():

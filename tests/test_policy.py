@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from isocompute.errors import ArtifactError, BudgetError, InputError
-from isocompute.policy.learners import OracleClassifier, UtilityRegressor, price, prompt_uniforms
+from isocompute.policy.learn.learners import OracleClassifier, UtilityRegressor, price, prompt_uniforms
 from isocompute.policy.policy import Decision, Policy, PolicyConfig
 from isocompute.policy.synthetic import synthetic_records
 from isocompute.solver.allocate import allocate
@@ -80,7 +80,7 @@ def test_classifier_imitates_a_predictable_oracle():
     table = from_records(synthetic_records(600, 16, seed=3, noise=0.0))
     U = utilities(table, ACTIONS, "majority")
     C = np.broadcast_to(np.asarray(ACTIONS, float), U.shape)
-    from isocompute.policy.features import PromptFeatures
+    from isocompute.policy.features.prompt import PromptFeatures
 
     X = PromptFeatures(n_components=0).fit(table.prompts).transform(table.prompts)
     clf = OracleClassifier(n_rounds=40, n_budget_grid=17).fit(X[:400], U[:400], C[:400], (1.0, 8.0))
@@ -92,7 +92,7 @@ def test_classifier_imitates_a_predictable_oracle():
 
 def test_utility_regressor_predicts_in_unit_interval(train_table):
     U = utilities(train_table, ACTIONS, "majority")
-    from isocompute.policy.features import PromptFeatures
+    from isocompute.policy.features.prompt import PromptFeatures
 
     X = PromptFeatures(n_components=0).fit(train_table.prompts).transform(train_table.prompts)
     reg = UtilityRegressor(n_rounds=30).fit(X, U, np.asarray(ACTIONS))

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from isocompute.policy.calibration import (
+from isocompute.policy.learn.calibration import (
     Calibration,
     calibrate_by_bisection,
     calibrate_mixed_grid,

@@ -114,7 +114,7 @@ def test_measured_cost_is_encoder_flops_over_one_samples_flops(table):
     """Hand-checkable: with one sample costing exactly half the encoder's mean FLOPs, the block costs 2
     samples per request, and the flops unit charges the encoder's FLOPs themselves."""
     _needs_embed()
-    from isocompute.policy.embedding import EmbeddingBlock
+    from isocompute.policy.features.embedding import EmbeddingBlock
 
     enc = float(np.mean(EmbeddingBlock("minilm").flops(table.prompts)))
     cfg = PolicyConfig(**SMALL, budget_range=(3.0, 10.0), learner="utility", feature_extras=("minilm",),
@@ -136,7 +136,7 @@ def test_measured_cost_is_encoder_flops_over_one_samples_flops(table):
 @pytest.mark.slow
 def test_cross_validation_charges_the_learned_policy_only(table):
     _needs_embed()
-    from isocompute.policy.evaluate import METHODS, cross_validate
+    from isocompute.evaluation.evaluate import METHODS, cross_validate
 
     cfg = PolicyConfig(**SMALL, budget_range=(1.0 + COST, 8.0), learner="utility", feature_extras=("minilm",),
                        extra_components=2, feature_cost=COST)
@@ -210,7 +210,7 @@ def test_gateway_pays_for_the_embedding_and_computes_it_off_the_event_loop(tiny_
     from isocompute.app.main import create_app
     from isocompute.app.settings import Settings
     from isocompute.flops import load_model_flops, request_flops
-    from isocompute.policy.embedding import EmbeddingBlock
+    from isocompute.policy.features.embedding import EmbeddingBlock
 
     threads: list[str] = []
     real = policy.decide

@@ -17,7 +17,7 @@ from isocompute.policy.fallback import (
     uniform_mix,
     uniform_utilities,
 )
-from isocompute.policy.learners import prompt_uniforms
+from isocompute.policy.learn.learners import prompt_uniforms
 from isocompute.policy.policy import Policy, PolicyConfig
 from isocompute.policy.synthetic import synthetic_records
 from isocompute.solver.outcomes import from_records
@@ -196,7 +196,7 @@ def test_the_chain_round_trips_and_old_artifacts_serve_the_learned_rule(no_signa
 
 def test_cross_validation_scores_the_policy_as_served(no_signal):
     """On a table without signal the served policy matches uniform; the learned rule alone is what it avoided."""
-    from isocompute.policy.evaluate import METHODS, cross_validate, summarise
+    from isocompute.evaluation.evaluate import METHODS, cross_validate, summarise
     from isocompute.solver.costs import cost_table
     from isocompute.solver.estimators import utilities
 

@@ -8,19 +8,19 @@ import pytest
 from scipy.optimize import linprog
 
 from isocompute.errors import InputError
-from isocompute.policy.baselines import FixedBaselines, baseline_plans
-from isocompute.policy.cost_head import SampleCostRegressor
+from isocompute.evaluation.baselines import FixedBaselines, baseline_plans
 from isocompute.policy.fallback import FIXED_PLAN, LEARNED, UNIFORM
-from isocompute.policy.fixed_plans import choose_fixed_plan
-from isocompute.policy.fixed_rule import fixed_actions, fixed_plan_at, fixed_plan_scores
-from isocompute.policy.plan_arrays import allocate_plans, plan_arrays, table_arrays
-from isocompute.policy.plan_menu import default_menu, ladder_columns, resolve_plans, split_plan_names
+from isocompute.policy.learn.cost_head import SampleCostRegressor
+from isocompute.policy.plans.arrays import allocate_plans, plan_arrays, table_arrays
+from isocompute.policy.plans.fixed import choose_fixed_plan
+from isocompute.policy.plans.fixed_rule import fixed_actions, fixed_plan_at, fixed_plan_scores
+from isocompute.policy.plans.menu import default_menu, ladder_columns, resolve_plans, split_plan_names
 from isocompute.policy.policy import Policy, PolicyConfig
 from isocompute.policy.synthetic import synthetic_records
 from isocompute.solver.costs import cost_table
 from isocompute.solver.estimators import utilities
 from isocompute.solver.outcomes import from_records
-from isocompute.solver.plans import default_plans, parse_plan
+from isocompute.solver.plans.plan import default_plans, parse_plan
 
 ACTIONS = (1, 2, 4, 8)
 SMALL = dict(actions=ACTIONS, budget_range=(1.0, 8.0), n_rounds=10, n_budget_grid=17, calibration_folds=2,
@@ -275,7 +275,7 @@ def test_the_artifact_stores_plans_by_name_and_old_artifacts_load_as_one_wave_pl
 
 
 def test_cross_validation_over_plans_scores_every_baseline(no_signal):
-    from isocompute.policy.evaluate import METHODS, cross_validate, summarise
+    from isocompute.evaluation.evaluate import METHODS, cross_validate, summarise
 
     cfg = PolicyConfig(**SMALL, plans=_names())
     arr = table_arrays(no_signal, cfg)

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
+from isocompute.policy.learn.shrinkage import sampling_variance, shrink_utilities
 from isocompute.policy.policy import Policy, PolicyConfig
-from isocompute.policy.shrinkage import sampling_variance, shrink_utilities
 from isocompute.policy.synthetic import synthetic_records
 from isocompute.solver.estimators import utilities
 from isocompute.solver.outcomes import from_records
@@ -45,7 +45,7 @@ def test_sampling_variance_is_zero_for_unanimous_prompts():
 
 
 def test_fit_trains_on_shrunk_labels_and_cv_shrinks_each_training_part():
-    from isocompute.policy.evaluate import cross_validate
+    from isocompute.evaluation.evaluate import cross_validate
     from isocompute.solver.costs import cost_table
 
     table = from_records(synthetic_records(120, 8, seed=3, noise=0.5))

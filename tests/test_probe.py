@@ -242,7 +242,7 @@ def test_probe_errors(policy, table, probe_values, call, error, match):
 
 @pytest.mark.slow
 def test_cross_validation_charges_the_learned_policy_only(table, probe_values):
-    from isocompute.policy.evaluate import METHODS, cross_validate
+    from isocompute.evaluation.evaluate import METHODS, cross_validate
     from isocompute.solver.costs import cost_table
 
     cfg = PolicyConfig(**SMALL, budget_range=(1.0 + COST, 8.0), learner="utility", probe=ProbeSpec(cost=COST))

@@ -9,7 +9,7 @@ import pytest
 
 from isocompute.artifacts import load_manifest
 from isocompute.cli import main
-from isocompute.policy.evaluate import (
+from isocompute.evaluation.evaluate import (
     METHODS,
     Evaluation,
     check_targets,

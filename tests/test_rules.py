@@ -11,8 +11,8 @@ from scipy import integrate
 from scipy.stats import beta
 
 from isocompute.errors import InputError
-from isocompute.solver.dirichlet import leader_max_prob
-from isocompute.solver.rules import (
+from isocompute.solver.plans.dirichlet import leader_max_prob
+from isocompute.solver.plans.rules import (
     RULES,
     BayesFactorRule,
     BetaRule,

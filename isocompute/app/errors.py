@@ -25,7 +25,7 @@ error                      status  type                       when
 
 502, 503, 504 and 429 carry ``Retry-After``: the error's own ``retry_after`` when it has one (the rate
 limiter's next token, the circuit's next probe), else the server's ``retry_after_s``. Every failure of
-an upstream is one of the 5xx above (:mod:`isocompute.app.execute` maps an engine's unexpected exception
+an upstream is one of the 5xx above (:mod:`isocompute.app.runner.execute` maps an engine's unexpected exception
 to 502). Anything else is a bug of the gateway: 500 with a generic message (the traceback goes to the
 log, not to the client).
 """

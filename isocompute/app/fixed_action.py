@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 
 from isocompute.errors import InputError
-from isocompute.solver.model_actions import Action
-from isocompute.solver.plans import Plan
+from isocompute.solver.models.actions import Action
+from isocompute.solver.plans.plan import Plan
 
 __all__ = ["ActionDecision", "FixedActionPolicy"]
 

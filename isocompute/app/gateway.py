@@ -2,17 +2,17 @@
 
 For a request with prompts ``x_1 … x_P``, arriving with a deadline ``upstream_timeout_s`` away:
 
-1. **price** (:func:`isocompute.app.pricing.price_request`): the budget in samples and in the policy's
+1. **price** (:func:`isocompute.app.accounting.pricing.price_request`): the budget in samples and in the policy's
    unit, checked against the server's and the policy's limits; the caps on samples and on waves per
    prompt; the budget controller's key;
-2. **decide**: the key's :class:`~isocompute.app.budget_control.BudgetController` gives the internal
+2. **decide**: the key's :class:`~isocompute.app.accounting.budget_control.BudgetController` gives the internal
    budget ``b`` (the priced budget itself when control is off); when the rule serving ``b`` reads the
    prompt features (``policy.needs_features(b)``) the policy's probe runs, if it has one; then
    ``policy.decide(texts, b)`` returns a plan per prompt, λ, the expected cost and the rule of the
    never-worse chain that decided — the policy is reached only through
    :class:`~isocompute.app.serving_policy.ServingPolicy`; each plan is cut to the caps (``Plan.capped``);
-3. **run the plans** (:func:`isocompute.app.plan_run.run_plans`): waves of samples upstream within the
-   deadline, each prompt's answers merged into equivalence classes (:mod:`isocompute.app.voting`) and
+3. **run the plans** (:func:`isocompute.app.runner.plan_run.run_plans`): waves of samples upstream within the
+   deadline, each prompt's answers merged into equivalence classes (:mod:`isocompute.app.runner.voting`) and
    its stopping rule checked between waves;
 4. **vote**: the plurality over answer classes (ties: ``tie_break``, by default a seeded random pick —
    the offline estimators give t tied classes 1/t of the credit each, and a uniform pick is the
@@ -24,7 +24,7 @@ For a request with prompts ``x_1 … x_P``, arriving with a deadline ``upstream_
    once per wave) — goes to the controller, the metrics and the response.
 
 A policy with a probe feature needs one cheap model call per prompt before it can decide, and a policy
-with extra feature blocks computes them inside ``decide`` (:mod:`isocompute.app.extras`). Both are part
+with extra feature blocks computes them inside ``decide`` (:mod:`isocompute.app.runner.extras`). Both are part
 of the request's cost when the serving rule reads them: ``expected_cost`` includes their declared costs,
 ``flops`` and ``usage.flops`` their FLOPs, the controller is charged the samples + their cost, and
 ``isocompute.probe`` itemises the probe. Where a fallback rule serves (``fixed_plan``, ``uniform``),
@@ -32,12 +32,12 @@ neither runs and nothing is charged for them. A ``decide`` with extra blocks run
 decide worker thread, off the event loop (the encoder takes milliseconds per prompt); a text-only
 policy decides inline (~0.5 ms).
 
-**Several models** (:mod:`isocompute.app.pools`): the gateway holds a pool per model name besides the
+**Several models** (:mod:`isocompute.app.runner.pools`): the gateway holds a pool per model name besides the
 default one. A multi-model policy's decision carries an action per prompt (``model_actions``); steps 3–5
-are then :class:`isocompute.app.action_answers.ActionAnswers`' (each stage on its model's pool, the
+are then :class:`isocompute.app.runner.action_answers.ActionAnswers`' (each stage on its model's pool, the
 vote over the last stage or all of them, the stages summed). A request's ``model`` naming one of
 ``policy.models`` pins the decision to actions on that model alone. Step 5's booking (metrics, the
-key's controller and gauges) is :class:`isocompute.app.ledger.Ledger`'s for both paths.
+key's controller and gauges) is :class:`isocompute.app.accounting.ledger.Ledger`'s for both paths.
 
 Ignores: streaming and stop strings.
 """
@@ -52,18 +52,21 @@ from typing import Any
 
 import numpy as np
 
-from isocompute.app.action_answers import ActionAnswers
-from isocompute.app.answer import Answer, Verifier, answer_info, pick_sample, plan_flops
-from isocompute.app.auth import Principal
-from isocompute.app.budget_control import BudgetController, ControllerBank
+from isocompute.app.accounting.auth import Principal
+from isocompute.app.accounting.budget_control import BudgetController, ControllerBank
+from isocompute.app.accounting.ledger import Ledger
+from isocompute.app.accounting.metrics import Metrics
+from isocompute.app.accounting.pricing import BudgetPlan, budget_unit, price_request
 from isocompute.app.chat import policy_text, render_chat
 from isocompute.app.errors import ModelNotFound
-from isocompute.app.execute import Backend, Deadline
-from isocompute.app.extras import FeatureCall, ProbeCall, feature_call, probe_call
-from isocompute.app.ledger import Ledger
-from isocompute.app.metrics import Metrics
-from isocompute.app.plan_run import SEED_MODULUS, PlanRun, run_plans
-from isocompute.app.pools import (
+from isocompute.app.readiness import UpstreamHealth
+from isocompute.app.routing import Routing
+from isocompute.app.runner.action_answers import ActionAnswers
+from isocompute.app.runner.answer import Answer, Verifier, answer_info, pick_sample, plan_flops
+from isocompute.app.runner.execute import Backend, Deadline
+from isocompute.app.runner.extras import FeatureCall, ProbeCall, feature_call, probe_call
+from isocompute.app.runner.plan_run import SEED_MODULUS, PlanRun, run_plans
+from isocompute.app.runner.pools import (
     DEFAULT,
     POOL_LABEL,
     ModelPool,
@@ -73,13 +76,10 @@ from isocompute.app.pools import (
     missing_pools,
     missing_pools_message,
 )
-from isocompute.app.pricing import BudgetPlan, budget_unit, price_request
-from isocompute.app.readiness import UpstreamHealth
-from isocompute.app.routing import Routing
+from isocompute.app.runner.voting import Voter
 from isocompute.app.schemas import ChatMessage
 from isocompute.app.serving_policy import PolicyDecision, ServingPolicy, as_serving_policy
 from isocompute.app.settings import Settings
-from isocompute.app.voting import Voter
 from isocompute.engines.base import Engine, UpstreamBadResponse
 from isocompute.errors import EngineUnavailable, InputError
 

@@ -9,7 +9,7 @@ requests. Shutdown stops that task and closes the gateway and the engine it buil
 an earlier one fails or the shutdown itself is cancelled. Tests can pass an already-built
 ``policy``/``engine`` (they are then not closed) or override the route dependencies.
 
-Several models (:mod:`isocompute.app.pools`): a pool per name of ``model_upstreams`` / ``model_dirs``
+Several models (:mod:`isocompute.app.runner.pools`): a pool per name of ``model_upstreams`` / ``model_dirs``
 (or of the ``engines`` a test injects), each with its own model facts; ``action`` serves one fixed
 multi-model action (:mod:`isocompute.app.fixed_action`) instead of a fitted policy. A policy whose
 ``models`` have no pool stops the start-up with the flags to add.
@@ -34,19 +34,19 @@ from typing import Any
 from fastapi import FastAPI
 
 from isocompute import __version__
-from isocompute.app.auth import KeyStore, load_key_file
-from isocompute.app.batching import BatchingEngine
+from isocompute.app.accounting.auth import KeyStore, load_key_file
+from isocompute.app.accounting.metrics import Metrics, MetricsMiddleware
 from isocompute.app.errors import install_error_handlers
 from isocompute.app.fixed_action import FixedActionPolicy
 from isocompute.app.gateway import Gateway, Verifier
-from isocompute.app.metrics import Metrics, MetricsMiddleware
-from isocompute.app.pools import ModelPool, missing_pools, missing_pools_message
 from isocompute.app.routes import router
+from isocompute.app.runner.batching import BatchingEngine
+from isocompute.app.runner.pools import ModelPool, missing_pools, missing_pools_message
 from isocompute.app.serving_policy import as_serving_policy
 from isocompute.app.settings import Settings, get_settings
 from isocompute.engines.base import Engine
 from isocompute.errors import EngineUnavailable, InputError
-from isocompute.solver.model_actions import parse_action
+from isocompute.solver.models.actions import parse_action
 
 log = logging.getLogger("isocompute.app")
 

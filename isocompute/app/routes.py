@@ -38,7 +38,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
-from isocompute.app.auth import KeyStore, Principal
+from isocompute.app.accounting.auth import KeyStore, Principal
 from isocompute.app.errors import ClientDisconnected, error_responses
 from isocompute.app.gateway import Answer, Gateway, policy_text
 from isocompute.app.schemas import (

@@ -1,6 +1,6 @@
 """A routed request: what the gateway decided for each of its prompts, before anything is sampled.
 
-:class:`Routing` gathers the priced budget (:class:`~isocompute.app.pricing.BudgetPlan`), the policy's
+:class:`Routing` gathers the priced budget (:class:`~isocompute.app.accounting.pricing.BudgetPlan`), the policy's
 decision read through the :class:`~isocompute.app.serving_policy.PolicyDecision` contract, and each
 prompt's plan cut to the request's caps: ``Plan.capped(max_samples=cap, max_waves=wave cap)``. A policy
 whose actions are "k samples at once" may leave ``plans`` empty; its prompts then run the one-wave
@@ -9,8 +9,8 @@ plans ``none@k``.
 Worked example: the policy chooses ``lead:m=2@1x2,2,4`` (at most 8 samples) and the request sends
 ``max_samples = 3`` → the plan run is ``lead:m=2@1x3`` (``ks = [3]``, ``policy_ks = [8]``).
 
-Ignores: running the plans (:mod:`isocompute.app.plan_run`) and the controller's arithmetic
-(:mod:`isocompute.app.budget_control`).
+Ignores: running the plans (:mod:`isocompute.app.runner.plan_run`) and the controller's arithmetic
+(:mod:`isocompute.app.accounting.budget_control`).
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from isocompute.app.budget_control import BudgetController
-from isocompute.app.extras import FeatureCall, ProbeCall
-from isocompute.app.pricing import BudgetPlan
+from isocompute.app.accounting.budget_control import BudgetController
+from isocompute.app.accounting.pricing import BudgetPlan
+from isocompute.app.runner.extras import FeatureCall, ProbeCall
 from isocompute.app.serving_policy import PolicyDecision
-from isocompute.solver.model_actions import Action
-from isocompute.solver.plans import Plan
+from isocompute.solver.models.actions import Action
+from isocompute.solver.plans.plan import Plan
 
 __all__ = ["Routing"]
 
@@ -43,7 +43,7 @@ class Routing:
     the internal budget handed to the policy and the key's controller; the probe call and the extra
     features when the serving rule reads them; a multi-model policy's action per prompt (``model_actions``,
     empty for a single-model policy, whose prompts run ``plans``; an action's caps apply across its
-    stages, :mod:`isocompute.app.action_run`)."""
+    stages, :mod:`isocompute.app.runner.action_run`)."""
 
     plan: BudgetPlan
     plans: list[Plan]

@@ -6,12 +6,12 @@ declared costs), one sample's FLOPs for unit conversion, and ``decide``. The gat
 so any object with these members can serve — a test's fake, a policy from another library.
 
 ``decide(texts, budget, probe=…)`` returns a :class:`PolicyDecision`: per prompt an action index, its
-**plan** (:class:`isocompute.solver.plans.Plan`: a schedule of waves and a stopping rule checked on the
+**plan** (:class:`isocompute.solver.plans.plan.Plan`: a schedule of waves and a stopping rule checked on the
 vote between waves; "k samples at once" is the one-wave plan ``none@k``), the most samples k the plan
 may draw, the samples and waves it is expected to draw, and its expected cost in
 :attr:`ServingPolicy.cost_unit` (probe and extra features included where they are read), plus λ
 (``None`` for a classifier, whose knob is the budget itself) and which rule of the never-worse chain
-decided (``learned`` | ``fixed_plan`` | ``uniform``) with its evidence. :mod:`isocompute.app.plan_run`
+decided (``learned`` | ``fixed_plan`` | ``uniform``) with its evidence. :mod:`isocompute.app.runner.plan_run`
 runs the plans; pricing and budget control do not depend on them.
 
 ``needs_features(budget)`` says beforehand whether a decision at that budget reads the prompt features
@@ -24,9 +24,9 @@ adapter, or accepts an object that already implements the contract, and says wha
 
 **Several models**: :attr:`ServingPolicy.models` names the models a policy's actions run on (``()`` for a
 single-model policy, whose prompts run ``plans`` on the gateway's one pool). A multi-model policy's
-decision carries ``model_actions``: per prompt an :class:`isocompute.solver.model_actions.Action` (a
+decision carries ``model_actions``: per prompt an :class:`isocompute.solver.models.actions.Action` (a
 chain of stages, each a plan on one model: single, cascade or ensemble), run across the gateway's
-model pools by :mod:`isocompute.app.action_run`; ``plans`` is then not read. ``decide(…, model=NAME)``
+model pools by :mod:`isocompute.app.runner.action_run`; ``plans`` is then not read. ``decide(…, model=NAME)``
 restricts the choice to actions whose every stage is on that model (a request's ``model`` field pins it).
 The gateway reads ``model_actions`` only from a policy whose ``models`` is not empty (a single-model
 policy's decision need not carry it).
@@ -42,8 +42,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from isocompute.errors import InputError
-from isocompute.solver.model_actions import Action
-from isocompute.solver.plans import Plan
+from isocompute.solver.models.actions import Action
+from isocompute.solver.plans.plan import Plan
 
 __all__ = ["FittedPolicy", "PolicyDecision", "ProbeFeature", "ServingPolicy", "as_serving_policy"]
 

@@ -26,7 +26,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from isocompute.app.auth import ApiKeyRecord
+from isocompute.app.accounting.auth import ApiKeyRecord
 from isocompute.errors import InputError
 
 CONFIG_ENV = "ISOCOMPUTE_CONFIG"
@@ -100,7 +100,7 @@ class Settings(BaseSettings):
     @field_validator("model_upstreams", "model_dirs")
     @classmethod
     def _model_names(cls, v: dict[str, object]) -> dict[str, object]:
-        from isocompute.solver.model_tables import check_model_name
+        from isocompute.solver.models.tables import check_model_name
 
         for name, target in v.items():
             try:
@@ -116,7 +116,7 @@ class Settings(BaseSettings):
     def _action(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        from isocompute.solver.model_actions import parse_action
+        from isocompute.solver.models.actions import parse_action
 
         try:
             return parse_action(v).name

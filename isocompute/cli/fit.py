@@ -16,15 +16,15 @@ on the table's model, and added to every action's cost; ``--probe-cost`` declare
 are cached in the artifact (:mod:`isocompute.engines.probe_cache`), so re-fitting the same table into
 the same ``--out`` and ``isocompute report`` on it do not call the model again.
 
-Actions are **plans** (:mod:`isocompute.solver.plans`): a wave schedule and a stopping rule checked on
-the vote between waves. ``--plans`` names the menu (:func:`isocompute.policy.plan_menu.resolve_plans`):
+Actions are **plans** (:mod:`isocompute.solver.plans.plan`): a wave schedule and a stopping rule checked on
+the vote between waves. ``--plans`` names the menu (:func:`isocompute.policy.plans.menu.resolve_plans`):
 ``default`` (the default when ``--strategy majority``), a rule family (``lead``, ``window``, ``beta``,
 ``dirichlet``, ``bayes``), a comma list of plan names, or ``none`` for one-wave plans ``none@k``, k ∈
 ``--actions`` (k samples at once; the default for the other strategies). Every menu holds the uniform
 ladder ``none@k``, and every plan is capped at the largest action. ``--plan-costs`` says how the utility
 learner prices an adaptive plan per prompt (its cost head, or the plan's mean cost).
 
-``--features minilm`` adds the sentence-embedding block (:mod:`isocompute.policy.embedding`; needs
+``--features minilm`` adds the sentence-embedding block (:mod:`isocompute.policy.features.embedding`; needs
 ``pip install 'isocompute[embed]'``): ``--extra-components`` principal axes of all-MiniLM-L6-v2's
 embedding of each prompt. The gateway computes it on every request, so its cost is declared from the
 encoder's analytic FLOPs (mean over the training prompts; in samples, over one sample's mean FLOPs on
@@ -122,7 +122,7 @@ def model_flops_for(table: Any, model_config: Path | None) -> tuple[Any, dict[st
 def parse_plans(text: str | None, actions: tuple[int, ...], strategy: str) -> tuple[str, ...]:
     """``--plans SPEC`` → the menu's plan names (``()``: the one-wave actions). Without the flag:
     ``default`` for majority voting, ``none`` for the other strategies (plans vote by majority)."""
-    from isocompute.policy.plan_menu import resolve_plans
+    from isocompute.policy.plans.menu import resolve_plans
 
     spec = text if text is not None else ("default" if strategy == "majority" else "none")
     if spec.strip() == "none":
@@ -256,7 +256,7 @@ def _print_chain(console: Any, policy: Any) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from isocompute.policy.evaluate import default_budgets
+    from isocompute.evaluation.evaluate import default_budgets
 
     chain = policy.fallback_[policy.default_learner_]
     if not policy.config.fallback:

@@ -1,7 +1,7 @@
 """``isocompute fit --outcomes NAME=TABLE …``: a multi-model policy from several models' outcome tables.
 
 Reads the tables and runs the pipeline of :mod:`isocompute.cli.models_input` (join by id → aligned
-classes → FLOPs → the menu's estimates), fits :func:`isocompute.policy.multi_fit.fit_multi_policy` with
+classes → FLOPs → the menu's estimates), fits :func:`isocompute.policy.multi.fit.fit_multi_policy` with
 the flags' config (cost unit FLOPs; the menu, learners and chain from ``--max-actions``, ``--learn-on``,
 ``--fallback-rules``), writes the ``policy`` artifact (the menu settings in ``training_data.menu``, so
 ``report`` rebuilds the same menu) and prints the chain. Ignores: the single-model flags it refuses
@@ -33,9 +33,9 @@ def base_config(args: argparse.Namespace, *, plans: tuple[str, ...], cost_unit: 
 
 
 def run_models(args: argparse.Namespace) -> int:
-    """``fit --outcomes NAME=TABLE …``: a multi-model policy (:mod:`isocompute.policy.multi_fit`)."""
+    """``fit --outcomes NAME=TABLE …``: a multi-model policy (:mod:`isocompute.policy.multi.fit`)."""
     from isocompute.cli.models_input import load_estimates
-    from isocompute.policy.multi_fit import fit_multi_policy
+    from isocompute.policy.multi.fit import fit_multi_policy
 
     if args.probe_model is not None or args.features or args.shrinkage != "none" or args.min_samples or \
             args.ragged != "error" or args.strategy != "majority":

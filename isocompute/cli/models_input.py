@@ -2,10 +2,10 @@
 ``--model-params NAME=ACTIVE_PARAMS``, ``--model NAME=CONFIG``, ``--align-cache PATH``.
 
 :func:`add_model_args` registers them; :func:`load_estimates` reads the tables and runs
-:func:`isocompute.policy.multi_fit.model_estimates` (join by id → align classes → FLOPs → the menu's
+:func:`isocompute.policy.multi.fit.model_estimates` (join by id → align classes → FLOPs → the menu's
 estimates). The menu's single-model plans are ``--plans`` (default: the 30 default plans), every plan
 capped at the largest ``--actions``, plus the uniform ladder ``none@k``; cascades, weighted cascades and
-ensembles are built from them as :class:`~isocompute.solver.model_actions.MenuConfig` says, their plans
+ensembles are built from them as :class:`~isocompute.solver.models.actions.MenuConfig` says, their plans
 capped likewise. A positional table (one model) keeps today's behaviour; giving both is an error.
 
 Ignores: what the commands do with the estimates.
@@ -51,9 +51,9 @@ def is_multi(args: argparse.Namespace) -> bool:
 
 def menu_config(plans: str | None, actions: tuple[int, ...], n_orders: int) -> Any:
     """The menu settings for ``--plans`` and ``--actions`` (module docstring)."""
-    from isocompute.policy.plan_menu import ladder, resolve_plans
-    from isocompute.solver.model_actions import MenuConfig
-    from isocompute.solver.plans import default_plans, parse_plan
+    from isocompute.policy.plans.menu import ladder, resolve_plans
+    from isocompute.solver.models.actions import MenuConfig
+    from isocompute.solver.plans.plan import default_plans, parse_plan
 
     k_max = max(actions)
 
@@ -77,10 +77,10 @@ def menu_config(plans: str | None, actions: tuple[int, ...], n_orders: int) -> A
 
 
 def load_estimates(args: argparse.Namespace, actions: tuple[int, ...]) -> tuple[Any, dict[str, str]]:
-    """(:class:`~isocompute.policy.multi_fit.ModelEstimates`, inputs for the artifact's manifest)."""
+    """(:class:`~isocompute.policy.multi.fit.ModelEstimates`, inputs for the artifact's manifest)."""
     from isocompute.cli.fit import read_table
-    from isocompute.policy.multi_fit import model_estimates, parse_named_tables
-    from isocompute.solver.model_costs import parse_model_params
+    from isocompute.policy.multi.fit import model_estimates, parse_named_tables
+    from isocompute.solver.models.costs import parse_model_params
 
     paths = parse_named_tables(args.model_outcomes)
     params = parse_model_params(args.model_params)

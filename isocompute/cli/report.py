@@ -3,7 +3,7 @@
 By default k-fold cross-validation over the outcome table's prompts, for several seeds, refitting the
 policy's configuration on each fold's training part (both learners); with ``--holdout`` the fitted
 policy is scored as it is on a table it never saw. Writes a ``report`` artifact: report.json,
-report.md and PNG plots (see :mod:`isocompute.policy.report` and :mod:`isocompute.policy.evaluate`).
+report.md and PNG plots (see :mod:`isocompute.evaluation.report` and :mod:`isocompute.evaluation.evaluate`).
 
 A policy with a probe feature needs the probe's values on the table's prompts: they come from the
 policy artifact's cache when it holds this table's prompts (``isocompute fit`` on the same table), else
@@ -15,9 +15,9 @@ training part would move it by a fraction of a percent and could push the policy
 of a fold's reach), and the learned methods pay it.
 
 A policy over plans (``isocompute fit --plans …``, the default) is scored on its menu's plan arrays
-(:mod:`isocompute.policy.plan_arrays`: every plan's utility, cost and waves per prompt); the report then
+(:mod:`isocompute.policy.plans.arrays`: every plan's utility, cost and waves per prompt); the report then
 also carries the best fixed plan of every stopping-rule family chosen on each training part
-(:mod:`isocompute.policy.baselines`: lead, ESC window, Adaptive-Consistency Beta and Dirichlet,
+(:mod:`isocompute.evaluation.baselines`: lead, ESC window, Adaptive-Consistency Beta and Dirichlet,
 Best-of-∞ Bayes factor, and the best of all), each method's expected waves, and the policy's gain over
 the best fixed plan. The imitation ceiling (``--label-reps``) redraws k-sample labels and is computed for
 one-wave actions only.
@@ -60,10 +60,16 @@ def run(args: argparse.Namespace) -> int:
 
     from isocompute.artifacts import sha256_file
     from isocompute.cli.fit import model_flops_for, parse_budgets, read_table
-    from isocompute.policy.evaluate import check_targets, cross_validate, default_budgets, holdout, summarise
-    from isocompute.policy.plan_arrays import table_arrays
+    from isocompute.evaluation.evaluate import (
+        check_targets,
+        cross_validate,
+        default_budgets,
+        holdout,
+        summarise,
+    )
+    from isocompute.evaluation.report import write_report
+    from isocompute.policy.plans.arrays import table_arrays
     from isocompute.policy.policy import Policy
-    from isocompute.policy.report import write_report
     from isocompute.solver.allocate import feasible_range
 
     policy = Policy.load(args.policy)
@@ -114,8 +120,8 @@ def run(args: argparse.Namespace) -> int:
         seeds = parse_seeds(args.seeds)
         shrink = {}
         if cfg.shrinkage == "eb":
+            from isocompute.policy.learn.shrinkage import sampling_variance
             from isocompute.policy.policy import task_groups
-            from isocompute.policy.shrinkage import sampling_variance
 
             shrink = {"label_var": sampling_variance(table, cfg.actions, cfg.strategy, seed=cfg.seed),
                       "groups": task_groups(table)}
@@ -123,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
                             progress=True, **alt, **shrink, **plan_kw)
     summary = summarise(ev, n_boot=args.bootstrap, seed=args.seed)
     if not cfg.plans:
-        from isocompute.policy.label_noise import oracle_label_agreement
+        from isocompute.evaluation.label_noise import oracle_label_agreement
 
         # The oracle labels imitation is scored against: at each budget clipped to what the samples alone can
         # spend (a probe policy's range reaches past it by the probe's cost), as evaluate's oracle is.
@@ -206,7 +212,7 @@ def _alt_costs(args: argparse.Namespace, table: Any, policy: Any, model: Any, in
     import dataclasses
 
     from isocompute.cli.fit import model_flops_for
-    from isocompute.policy.plan_arrays import table_arrays
+    from isocompute.policy.plans.arrays import table_arrays
 
     cfg = policy.config
     if cfg.cost_unit == "flops":
@@ -226,9 +232,9 @@ def _alt_costs(args: argparse.Namespace, table: Any, policy: Any, model: Any, in
 
 
 def _baselines(policy: Any, table: Any, model: Any) -> Any:
-    """The rule families' plan arrays on the policy's kept prompts (:mod:`isocompute.policy.baselines`)."""
-    from isocompute.policy.baselines import FixedBaselines, baseline_plans
-    from isocompute.policy.plan_arrays import plan_arrays
+    """The rule families' plan arrays on the policy's kept prompts (:mod:`isocompute.evaluation.baselines`)."""
+    from isocompute.evaluation.baselines import FixedBaselines, baseline_plans
+    from isocompute.policy.plans.arrays import plan_arrays
 
     cfg = policy.config
     plans, columns = baseline_plans(policy.plans, cfg.actions)
@@ -240,7 +246,7 @@ def _baseline_choices(baselines: Any, budgets: Any) -> list[dict[str, Any]] | No
     """What each baseline plays at each budget when chosen on every prompt (the report names it)."""
     if baselines is None:
         return None
-    from isocompute.policy.baselines import describe_choices
+    from isocompute.evaluation.baselines import describe_choices
 
     return [{"budget": float(b), "plays": describe_choices(baselines, float(b))} for b in budgets]
 

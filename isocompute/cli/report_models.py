@@ -3,7 +3,7 @@
 The tables go through the same pipeline as ``fit`` (:func:`isocompute.cli.models_input.load_estimates`)
 with the menu the policy was fitted on (its ``--actions``, ``--plans``, ``--orders`` and
 ``--max-actions``, stored in policy.json's ``training_data.menu``); then
-:func:`isocompute.policy.report_models.evaluate_models` refits the policy's configuration on each fold's
+:func:`isocompute.evaluation.report_models.evaluate_models` refits the policy's configuration on each fold's
 training part and scores every method at every budget. The budget grid runs from the cheapest model's
 1-sample cost to the dearest model's 16-sample cost (``--n-budgets`` log-spaced points), or ``--budgets``.
 Writes a ``report`` artifact: report.json, report.md and accuracy_flops.png.
@@ -27,14 +27,14 @@ def run_models(args: argparse.Namespace) -> int:
     from isocompute.cli.fit import parse_budgets
     from isocompute.cli.models_input import load_estimates
     from isocompute.cli.report import parse_seeds
-    from isocompute.policy.policy import Policy
-    from isocompute.policy.report import KIND, SCHEMA_VERSION, _finite
-    from isocompute.policy.report_models import (
+    from isocompute.evaluation.report import KIND, SCHEMA_VERSION, _finite
+    from isocompute.evaluation.report_models import (
         budget_grid,
         evaluate_models,
         plot_accuracy_flops,
         render_markdown,
     )
+    from isocompute.policy.policy import Policy
 
     policy = Policy.load(args.policy)
     if not policy.models:

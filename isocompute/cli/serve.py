@@ -99,7 +99,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
 def split_named(values: list[str], flag: str) -> tuple[list[str], dict[str, list[str]]]:
     """``NAME=VALUE`` items by name (repeatable) and the bare ``VALUE`` items, in order. An item is named
     when what precedes its first ``=`` has no ``/`` or ``:`` (so ``http://h:1/?a=b`` and ``./x=y`` are bare)."""
-    from isocompute.solver.model_tables import check_model_name
+    from isocompute.solver.models.tables import check_model_name
 
     bare: list[str] = []
     named: dict[str, list[str]] = {}
@@ -131,11 +131,11 @@ def preflight(s: Any) -> Any:
     """The fitted policy of ``--policy`` (loaded here, once, and handed to the app) after checking that every
     model it — or ``--action`` — runs on has a named pool; None with ``--action``. Done before uvicorn
     starts so the operator reads one line with the flags to add, not a start-up traceback."""
-    from isocompute.app.pools import missing_pools, missing_pools_message
+    from isocompute.app.runner.pools import missing_pools, missing_pools_message
 
     named = dict.fromkeys([*s.model_upstreams, *s.model_dirs])
     if s.action is not None:
-        from isocompute.solver.model_actions import parse_action
+        from isocompute.solver.models.actions import parse_action
 
         missing = missing_pools(parse_action(s.action).models, named)
         if missing:

@@ -20,10 +20,10 @@ and writes a ``solution`` artifact (schema version 1) with :func:`isocompute.art
 ``frontier.json``   with ``--budgets``: the optimal mean utility and λ at each requested budget, every
 ``frontier.png``    breakpoint of the frontier, and the uniform-k points (plotted for comparison)
 
-Actions are **plans** by default (``--plans default``, :mod:`isocompute.policy.plan_menu`; ``--plans none``
+Actions are **plans** by default (``--plans default``, :mod:`isocompute.policy.plans.menu`; ``--plans none``
 for k samples at once, the default for strategies other than majority): U[i, p] and C[i, p] are each
 plan's expected accuracy and cost over random orders of the prompt's samples
-(:mod:`isocompute.policy.plan_arrays`), C differs per prompt for adaptive plans, and the solver takes
+(:mod:`isocompute.policy.plans.arrays`), C differs per prompt for adaptive plans, and the solver takes
 each prompt's columns in its own cost order. Then ``solution.jsonl`` names the plan (``plan``,
 ``plan_hi``; ``k`` is its maximum samples) and ``summary.json`` has ``plans``, ``plan_share`` and the
 allocation's ``expected_samples`` / ``expected_waves``.
@@ -187,11 +187,11 @@ def _solve_plans(cfg: SolveConfig, names: tuple[str, ...]) -> dict[str, Any]:
     """:func:`solve` over a plan menu (module docstring)."""
     import numpy as np
 
-    from isocompute.policy.plan_arrays import allocate_plans, plan_arrays
+    from isocompute.policy.plans.arrays import allocate_plans, plan_arrays
     from isocompute.solver.allocate import check_budget, feasible_range
     from isocompute.solver.frontier import frontier
-    from isocompute.solver.plan_estimates import by_cost
-    from isocompute.solver.plans import parse_plan
+    from isocompute.solver.plans.estimates import by_cost
+    from isocompute.solver.plans.plan import parse_plan
 
     table, inputs, model = _load(cfg)
     menu = [parse_plan(n) for n in names]

@@ -1,7 +1,7 @@
 """``isocompute solve --outcomes NAME=TABLE …``: the oracle over several models' actions at a FLOP budget.
 
 The tables go through :func:`isocompute.cli.models_input.load_estimates` (join → align → FLOPs → the
-menu's estimates); :func:`isocompute.solver.action_estimates.oracle` solves the budget (mean FLOPs per
+menu's estimates); :func:`isocompute.solver.models.estimates.oracle` solves the budget (mean FLOPs per
 prompt) exactly over every action, and a ``solution`` artifact is written:
 
 ``solution.jsonl``  one line per prompt: ``{"id", "action", "p", "utility", "cost"}`` — the oracle's
@@ -29,8 +29,8 @@ def run_models(args: argparse.Namespace) -> int:
     from isocompute.artifacts import artifact_writer
     from isocompute.cli.fit import parse_actions
     from isocompute.cli.models_input import load_estimates
-    from isocompute.policy.model_baselines import uniform_at_budget
-    from isocompute.solver.action_estimates import oracle
+    from isocompute.evaluation.model_baselines import uniform_at_budget
+    from isocompute.solver.models.estimates import oracle
 
     me, inputs = load_estimates(args, parse_actions(args.actions))
     est = me.estimates

@@ -98,13 +98,13 @@ class PolicyConfig:
     fold) of its relative gain over the next rule exceeds the margin; min_samples / ragged: which
     prompts of a ragged table are kept (:mod:`isocompute.solver.ragged`: drop those with fewer samples,
     and ``error`` or mark actions above a prompt's samples ``infeasible`` for it); shrinkage: ``eb``
-    trains the learners on utilities shrunk toward the task's mean (:mod:`isocompute.policy.shrinkage`),
+    trains the learners on utilities shrunk toward the task's mean (:mod:`isocompute.policy.learn.shrinkage`),
     ``none`` on the raw ones; plans: the plan menu by stable names (``RULE@SCHEDULE``,
-    :mod:`isocompute.solver.plans`; :func:`isocompute.policy.plan_menu.resolve_plans` builds one), which
+    :mod:`isocompute.solver.plans.plan`; :func:`isocompute.policy.plans.menu.resolve_plans` builds one), which
     must hold the uniform ladder ``none@k`` for every k in ``actions`` — empty means the one-wave plans
     ``none@k``, k ∈ actions, i.e. "k samples at once" (the policy before plans); plan_costs: how the
     utility learner prices an adaptive plan on a prompt — ``predicted`` by its cost head
-    (:mod:`isocompute.policy.cost_head`) or at the plan's ``mean`` training cost; fallback ``None`` means
+    (:mod:`isocompute.policy.learn.cost_head`) or at the plan's ``mean`` training cost; fallback ``None`` means
     the default chain: ``("fixed_plan", "uniform")`` with plans, ``("uniform",)`` without;
     fixed_plan_level: the one-sided level of the test that admits the fixed plan over uniform (0.95:
     the fixed plan is two numbers chosen on the training prompts — a plan pair and its mix, with the
@@ -112,8 +112,8 @@ class PolicyConfig:
     rule, which keeps ``fallback_level``; on the three MATH-500 tables 0.99 left uniform serving in 40% of
     the refits at budget 4 on Qwen3-14B, +0.10% over uniform held out vs +0.34% at 0.95, and made no
     difference on GSM8K and Date); models / model_actions: a multi-model policy
-    (:mod:`isocompute.policy.multi_policy`) — the model names cheapest first and its action menu by
-    stable names (:func:`isocompute.solver.model_actions.parse_action`), priced in FLOPs, with the chain
+    (:mod:`isocompute.policy.multi.policy`) — the model names cheapest first and its action menu by
+    stable names (:func:`isocompute.solver.models.actions.parse_action`), priced in FLOPs, with the chain
     ``("escalate", "fixed_plan", "single_model")`` by default (the best fixed action's mix with the dearer
     action given to the prompts a learned score ranks first, the best fixed action for everyone, then the
     best single model's best fixed plan); the rest are LightGBM hyper-parameters and the seed.
@@ -190,8 +190,8 @@ class PolicyConfig:
             raise InputError(f"min_samples must be an integer ≥ 0 (e.g. 16); you passed {self.min_samples!r}.")
 
     def _check_plans(self) -> None:
-        from isocompute.policy.plan_menu import ladder_columns
-        from isocompute.solver.plans import parse_plan
+        from isocompute.policy.plans.menu import ladder_columns
+        from isocompute.solver.plans.plan import parse_plan
 
         names = (self.plans,) if isinstance(self.plans, str) else tuple(self.plans)
         plans = [parse_plan(str(n)) for n in names]  # InputError naming the grammar on a bad name
@@ -210,8 +210,8 @@ class PolicyConfig:
 
     def _check_models(self) -> None:
         """A multi-model policy (``model_actions``): actions over ``models`` (cheapest first), in FLOPs."""
-        from isocompute.solver.model_actions import parse_action
-        from isocompute.solver.model_tables import check_model_name
+        from isocompute.solver.models.actions import parse_action
+        from isocompute.solver.models.tables import check_model_name
 
         models = tuple(check_model_name(m) for m in self.models)
         names = tuple(parse_action(str(n)).name for n in self.model_actions)

@@ -1,6 +1,6 @@
 """What a policy decides for a batch of prompts: :class:`Decision`, the object the gateway reads.
 
-One decision per batch, arrays indexed by prompt. The action is a **plan** (:mod:`isocompute.solver.plans`):
+One decision per batch, arrays indexed by prompt. The action is a **plan** (:mod:`isocompute.solver.plans.plan`):
 a schedule of waves and a stopping rule the gateway checks on the vote between waves. A policy fitted
 without plans (``--plans none``) chooses one-wave plans ``none@k``, i.e. k samples at once, and its
 decisions read as before (``k`` samples, one wave).
@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from isocompute.policy.fallback import LEARNED
-from isocompute.solver.model_actions import Action
-from isocompute.solver.plans import Plan
+from isocompute.solver.models.actions import Action
+from isocompute.solver.plans.plan import Plan
 
 
 @dataclass(frozen=True, eq=False)
@@ -32,13 +32,13 @@ class Decision:
 
     Per prompt (arrays of length N):
 
-    * ``plans``: the plan to run, a :class:`~isocompute.solver.plans.Plan` (``plan_names`` gives the
+    * ``plans``: the plan to run, a :class:`~isocompute.solver.plans.plan.Plan` (``plan_names`` gives the
       stable names, ``RULE@SCHEDULE``, that ``parse_plan`` reads back); ``action_index``: its index
       into ``Policy.plans``;
     * ``k``: the plan's **maximum** samples (``Plan.max_samples``) — the samples drawn only for a
       one-wave plan; an adaptive plan may stop earlier;
     * ``expected_samples``: the samples the plan is expected to draw on this prompt — the utility
-      learner's cost-head prediction where it decided (:mod:`isocompute.policy.cost_head`), else the
+      learner's cost-head prediction where it decided (:mod:`isocompute.policy.learn.cost_head`), else the
       plan's mean over the training prompts (exact expectations over sample orders; k for ``none@k``);
     * ``expected_waves``: the waves (upstream requests) the plan is expected to run on this prompt: the
       plan's mean over the training prompts, scaled by the cost head's samples where it predicted them
@@ -57,8 +57,8 @@ class Decision:
     ``rule_evidence``: why (JSON-able: the rule, the grid budget tested, a sentence, and each test's
     gain, 95% CI and number of prompts — :meth:`isocompute.policy.fallback.RuleChoice.evidence`).
 
-    Several models (:mod:`isocompute.policy.multi_policy`): ``model_actions`` gives per prompt the
-    :class:`~isocompute.solver.model_actions.Action` to run (stages of (model, plan): one plan, a cascade
+    Several models (:mod:`isocompute.policy.multi.policy`): ``model_actions`` gives per prompt the
+    :class:`~isocompute.solver.models.actions.Action` to run (stages of (model, plan): one plan, a cascade
     or an ensemble; ``Action.name`` / ``parse_action`` for its stable name), ``plans`` is then ``()``, ``k``
     each action's most samples summed over its stages, costs in FLOPs, and ``rule`` may also be
     ``escalate`` (the fixed action's mix, the dearer action to the prompts a learned score ranks first)
@@ -121,7 +121,7 @@ def make_decision(policy: Any, a: np.ndarray, budget: float, learner: str, *, ru
 def predicted_costs(policy: Any, X: np.ndarray, route: np.ndarray, a: np.ndarray,
                     learner: str) -> tuple[np.ndarray, np.ndarray] | None:
     """(cost, samples) per prompt of its chosen plan ``a`` as the serving member's cost head predicts
-    them (:mod:`isocompute.policy.cost_head`), or None when the learner has no cost head (then a
+    them (:mod:`isocompute.policy.learn.cost_head`), or None when the learner has no cost head (then a
     decision reports the plans' mean training costs)."""
     models = policy.learners_[learner].models
     if not all(getattr(m, "cost_head_", None) is not None for m in models):

@@ -4,7 +4,7 @@ A policy holds a chain of candidate rules, most ambitious first, ending in the b
 **uniform** rule (every prompt the same k, mixing the two actions adjacent to the budget so the mean
 cost is exactly the budget). With plans the chain is ``learned → fixed_plan → uniform``: the fixed
 plan is the best budget-matched mix of two plans played for every prompt (an adaptive stopping rule
-the same for everyone, :mod:`isocompute.policy.fixed_rule`); with one-wave actions it is
+the same for everyone, :mod:`isocompute.policy.plans.fixed_rule`); with one-wave actions it is
 ``learned → uniform``.
 
 Each rule is scored on the training prompts out of fold (the learned rule by the cross-fitted member

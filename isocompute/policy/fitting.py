@@ -12,7 +12,7 @@ Default budget range: with mean action costs c̄_1 < … < c̄_A on the table an
 Example: actions 1…16 in samples, a probe of 0.4321 samples → [1.433, 16.43].
 
 With a plan menu (``config.plans``) the plans are estimated on the table once
-(:func:`isocompute.policy.plan_arrays.table_arrays`) and those arrays give both the default budget range
+(:func:`isocompute.policy.plans.arrays.table_arrays`) and those arrays give both the default budget range
 (what the plans can spend: from every prompt on its cheapest plan to every prompt on its dearest) and
 the fit. A ragged table (prompts with fewer samples than the largest action or plan) is first cut to
 the prompts the config keeps (:func:`training_table`, :mod:`isocompute.solver.ragged`).
@@ -53,7 +53,7 @@ def expected_feature_cost(config: PolicyConfig, prompts: Sequence[str], sample_f
         return 0.0
     if config.feature_cost is not None:
         return float(config.feature_cost)
-    from isocompute.policy.embedding import EmbeddingBlock, cost_in_samples
+    from isocompute.policy.features.embedding import EmbeddingBlock, cost_in_samples
 
     flops = float(sum(np.mean(EmbeddingBlock(name).flops(prompts)) for name in config.feature_extras))
     return flops if config.cost_unit == "flops" else cost_in_samples(flops, sample_flops)
@@ -87,7 +87,7 @@ def sample_counts(config: PolicyConfig) -> list[int]:
     """The sample counts a config's actions may draw, ascending: its actions' k, or its plans' maxima."""
     if not config.plans:
         return list(config.actions)
-    from isocompute.solver.plans import parse_plan
+    from isocompute.solver.plans.plan import parse_plan
 
     return sorted({parse_plan(n).max_samples for n in config.plans})
 
@@ -115,7 +115,7 @@ def fit_policy(table: Any, config: PolicyConfig, *, feasible_budgets: bool = Fal
         sample_flops = sample_flops_for(table, model)
     arrays = None
     if config.plans:
-        from isocompute.policy.plan_arrays import table_arrays
+        from isocompute.policy.plans.arrays import table_arrays
 
         arrays = table_arrays(table, config, model=model_flops if config.cost_unit == "flops" else None)
     if feasible_budgets:

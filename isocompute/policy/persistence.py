@@ -6,7 +6,7 @@ features' cost per request ``feature_cost``, budget range, default learner and w
 feature names, the training prompt lengths the heuristic baseline uses, per learner the never-worse
 chain ``fallback`` — rule and tests at each grid budget —, and ``training_data``: what a ragged table
 lost, :mod:`isocompute.solver.ragged`), the plan menu ``plans`` by stable names (``RULE@SCHEDULE``,
-read back by :func:`isocompute.solver.plans.parse_plan`; action a is ``plans[a]``) with each plan's mean
+read back by :func:`isocompute.solver.plans.plan.parse_plan`; action a is ``plans[a]``) with each plan's mean
 training utility, expected samples and waves (``plan_utility``, ``plan_samples``, ``plan_waves``),
 ``features.json`` + ``features_svd.npz``, and per learner ``<learner>/model_<j>.txt`` (LightGBM text,
 one per member; a utility member with a cost head also ``<learner>/cost_<j>.txt``) +
@@ -17,8 +17,8 @@ features or the fallback existed load with ``probe=None``, ``feature_extras=()``
 and the learned rule serving every budget; artifacts written before plans (integer actions) load as
 the one-wave plans ``none@k`` (samples k, one wave). A multi-model policy (config ``models`` and
 ``model_actions``) stores its actions by stable names in ``plans`` too (``MODEL/PLAN`` stages,
-:func:`isocompute.solver.model_actions.parse_action`) and loads as
-:class:`~isocompute.policy.multi_policy.MultiPolicy` whichever class asked.
+:func:`isocompute.solver.models.actions.parse_action`) and loads as
+:class:`~isocompute.policy.multi.policy.MultiPolicy` whichever class asked.
 
 Ignores: how the policy was fitted (:mod:`isocompute.policy.policy`); the files are only read back.
 """
@@ -35,12 +35,12 @@ import numpy as np
 
 from isocompute.artifacts import artifact_writer, load_manifest
 from isocompute.errors import ArtifactError, InputError
-from isocompute.policy.calibration import Calibration
 from isocompute.policy.config import PolicyConfig
-from isocompute.policy.crossfit import N_CALIBRATION, FittedLearner
 from isocompute.policy.fallback import LEARNED, RuleChain
-from isocompute.policy.features import PromptFeatures
-from isocompute.policy.learners import OracleClassifier, UtilityRegressor, budget_grid
+from isocompute.policy.features.prompt import PromptFeatures
+from isocompute.policy.learn.calibration import Calibration
+from isocompute.policy.learn.crossfit import N_CALIBRATION, FittedLearner
+from isocompute.policy.learn.learners import OracleClassifier, UtilityRegressor, budget_grid
 
 KIND = "policy"
 SCHEMA_VERSION = 1
@@ -99,7 +99,7 @@ def load_policy(cls: Any, artifact_dir: str | Path) -> Any:
         meta = json.loads((d / "policy.json").read_text())
         config = PolicyConfig.from_dict(meta["config"])
         if config.model_actions:  # several models: the multi-model policy, whatever class was asked for
-            from isocompute.policy.multi_policy import MultiPolicy
+            from isocompute.policy.multi.policy import MultiPolicy
 
             cls = MultiPolicy
         obj = cls(config)

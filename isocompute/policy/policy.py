@@ -1,16 +1,16 @@
 """The fitted policy: prompt features → a learner → an action (a plan) per prompt at a requested budget.
 
-Actions are plans (:mod:`isocompute.solver.plans`, menu in ``PolicyConfig.plans``): a wave schedule and
+Actions are plans (:mod:`isocompute.solver.plans.plan`, menu in ``PolicyConfig.plans``): a wave schedule and
 a stopping rule checked on the vote between waves; without a menu they are the one-wave plans
 ``none@k``, k ∈ ``actions`` ("k samples at once"). ``fit(table)`` estimates every plan on every
-training prompt (:mod:`isocompute.policy.plan_arrays`): U[i, p] and C[i, p] — an adaptive plan's cost
-differs per prompt, which the utility learner's cost head predicts (:mod:`isocompute.policy.cost_head`)
+training prompt (:mod:`isocompute.policy.plans.arrays`): U[i, p] and C[i, p] — an adaptive plan's cost
+differs per prompt, which the utility learner's cost head predicts (:mod:`isocompute.policy.learn.cost_head`)
 while calibration measures the true C of its out-of-fold decisions.
 
 ``Policy(PolicyConfig(...)).fit(table)`` fits the features on the table's prompts, splits the prompts
 into ``calibration_folds`` seeded folds and trains one *member* of each learner per fold on the other
 folds (cross-fitting). Every training prompt is then decided by the member that never saw it, and the
-budget calibration (:mod:`isocompute.policy.calibration`) is measured on those out-of-fold decisions:
+budget calibration (:mod:`isocompute.policy.learn.calibration`) is measured on those out-of-fold decisions:
 the knob for budget B is set so that their mean cost is B (or, with ``calibrate_to="oracle"``, what
 the oracle spends at B). At serving time a
 prompt is routed to member ``floor(k · h(prompt))`` (h a hash uniform independent of the one used for
@@ -23,7 +23,7 @@ is recorded in :attr:`Policy.selection_`.
 
 Never worse than uniform (:mod:`isocompute.policy.fallback`): after the learners, ``fit`` scores each
 one's out-of-fold decisions against the rules after it in the chain — with plans the best fixed plan
-(:mod:`isocompute.policy.fixed_rule`: one plan, or a mix of two, for every prompt), then the
+(:mod:`isocompute.policy.plans.fixed_rule`: one plan, or a mix of two, for every prompt), then the
 budget-matched uniform rule — at every calibration budget, and keeps a rule only where a paired
 bootstrap over the training prompts supports its gain over the next (``fallback_level``,
 ``fallback_margin``); elsewhere ``decide`` serves the next rule — two plans mixed per prompt by a hash
@@ -50,7 +50,7 @@ samples buys 4 − c_p samples plus the probe. Example: c_p = 0.43 samples, acti
 can serve mean budgets in [1.43, 16.43]; a budget below 1.43 is infeasible (BudgetError).
 
 Extra feature blocks (optional, ``PolicyConfig(feature_extras=("minilm",))``): columns that cost a
-model call per prompt (a sentence embedding, :mod:`isocompute.policy.embedding`), computed by the
+model call per prompt (a sentence embedding, :mod:`isocompute.policy.features.embedding`), computed by the
 policy itself in ``decide``. Their cost c_f is paid on every request like the probe's: declared from
 the encoder's FLOPs (mean over the training prompts; in samples, over one sample's mean FLOPs on the
 served model — ``sample_flops``) or declared outright (``PolicyConfig.feature_cost``), and added to
@@ -84,14 +84,6 @@ from isocompute.policy.config import (  # noqa: F401  (re-exported: the policy's
     ProbeSpec,
     probe_column,
 )
-from isocompute.policy.crossfit import (
-    N_CALIBRATION,
-    CrossFit,
-    FittedLearner,
-    crossfit_folds,
-    fit_learner,
-    select_learner,
-)
 from isocompute.policy.decision import Decision, make_decision, predicted_costs  # noqa: F401  (Decision: re-exported)
 from isocompute.policy.fallback import (
     FIXED_PLAN,
@@ -103,20 +95,28 @@ from isocompute.policy.fallback import (
     uniform_actions,
     uniform_utilities,
 )
-from isocompute.policy.features import PromptFeatures
-from isocompute.policy.fixed_rule import fixed_actions, fixed_plan_at, fixed_plan_scores
-from isocompute.policy.learners import (
+from isocompute.policy.features.prompt import PromptFeatures
+from isocompute.policy.learn.crossfit import (
+    N_CALIBRATION,
+    CrossFit,
+    FittedLearner,
+    crossfit_folds,
+    fit_learner,
+    select_learner,
+)
+from isocompute.policy.learn.learners import (
     MIX_SEED,
     ROUTE_SEED,
     budget_grid,
     prompt_uniforms,
 )
-from isocompute.policy.members import batch_knob, member_actions
+from isocompute.policy.learn.members import batch_knob, member_actions
 from isocompute.policy.persistence import KIND, SCHEMA_VERSION, load_policy, save_policy  # noqa: F401
-from isocompute.policy.plan_arrays import allocate_plans, plan_stats
-from isocompute.policy.plan_menu import ladder_columns, menu_of
+from isocompute.policy.plans.arrays import allocate_plans, plan_stats
+from isocompute.policy.plans.fixed_rule import fixed_actions, fixed_plan_at, fixed_plan_scores
+from isocompute.policy.plans.menu import ladder_columns, menu_of
 from isocompute.solver.allocate import feasible_range
-from isocompute.solver.plans import Plan
+from isocompute.solver.plans.plan import Plan
 
 
 class Policy:
@@ -137,13 +137,13 @@ class Policy:
         flops cost unit and, with extra features in the samples unit, one sample's FLOPs per training prompt
         (the k = 1 column of the flops cost table), unless ``sample_flops`` gives those directly.
 
-        With a plan menu every plan is estimated on every prompt (:func:`~isocompute.policy.plan_arrays.table_arrays`;
+        With a plan menu every plan is estimated on every prompt (:func:`~isocompute.policy.plans.arrays.table_arrays`;
         ``arrays``: its result for this table and config, when the caller already has it).
         A ragged table (prompts with fewer samples than the largest action or plan) is kept as the config
         says (``min_samples``, ``ragged``: :mod:`isocompute.solver.ragged`); what was dropped or marked
         is in :attr:`training_data_`. ``costs``, ``probe`` and ``sample_flops`` are per prompt of ``table``.
         """
-        from isocompute.policy.plan_arrays import table_arrays
+        from isocompute.policy.plans.arrays import table_arrays
         from isocompute.solver.costs import cost_table
 
         cfg = self.config
@@ -170,7 +170,7 @@ class Policy:
             if cfg.plans:
                 raise InputError("shrinkage='eb' shrinks k-sample utilities; it works with the one-wave actions "
                                  "only (--plans none).")
-            from isocompute.policy.shrinkage import sampling_variance, shrink_utilities
+            from isocompute.policy.learn.shrinkage import sampling_variance, shrink_utilities
 
             var = sampling_variance(table, cfg.actions, cfg.strategy, seed=cfg.seed)
             labels = shrink_utilities(prep.utility, var, task_groups(table))
@@ -187,14 +187,14 @@ class Policy:
                    progress: bool = False) -> Policy:
         """Fit from prompts and their utility and cost tables (N × P each, P = ``len(self.plans)``);
         ``progress`` shows a bar. ``samples`` / ``waves``: each plan's expected samples and waves per
-        prompt (:func:`~isocompute.policy.plan_arrays.plan_arrays`), needed for adaptive plans; one-wave
+        prompt (:func:`~isocompute.policy.plans.arrays.plan_arrays`), needed for adaptive plans; one-wave
         plans default to k and 1.
 
         ``C`` is what the samples cost; the probe's declared cost and the extra features' cost
         (``feature_cost_``) are added to every entry here. ``sample_flops``: one sample's FLOPs per
         training prompt, needed only to price extra features in samples (unless the config declares
         ``feature_cost``). ``labels``: the utilities the learners imitate (N × A, default ``U``; e.g.
-        shrunk ones, :mod:`isocompute.policy.shrinkage`) — calibration, the learner choice and the
+        shrunk ones, :mod:`isocompute.policy.learn.shrinkage`) — calibration, the learner choice and the
         never-worse chain always score ``U``.
         """
         cfg = self.config
@@ -325,7 +325,7 @@ class Policy:
         return f"{len(self.plans)} plans (up to {max(self.actions)} samples)"
 
     def fixed_plan_at(self, budget: float) -> Any:
-        """The fixed-plan rule's choice at ``budget`` (:func:`isocompute.policy.fixed_rule.fixed_plan_at`)."""
+        """The fixed-plan rule's choice at ``budget`` (:func:`isocompute.policy.plans.fixed_rule.fixed_plan_at`)."""
         return fixed_plan_at(self.plan_utility_, self.sample_action_costs, budget)
 
     def fallback_actions(self, rule: str, u: np.ndarray, budget: float, *, match: str = "calibrated") -> np.ndarray:
@@ -424,12 +424,12 @@ class Policy:
     def decide_features(self, X: np.ndarray, u: np.ndarray, route: np.ndarray, budget: float,
                         learner: str | None = None, *, match: str = "calibrated") -> tuple[np.ndarray, float]:
         """(action index per prompt, knob) from precomputed features and :meth:`prompt_keys`
-        (:func:`isocompute.policy.members.member_actions`; ``match="batch"`` solves the knob on the batch)."""
+        (:func:`isocompute.policy.learn.members.member_actions`; ``match="batch"`` solves the knob on the batch)."""
         return member_actions(self, X, u, route, budget, learner or self.default_learner_, match=match)
 
     def batch_knob(self, X: np.ndarray, u: np.ndarray, route: np.ndarray, budget: float, learner: str) -> float:
         """The knob at which *this batch's* mean expected cost is nearest ``budget``
-        (:func:`isocompute.policy.members.batch_knob`)."""
+        (:func:`isocompute.policy.learn.members.batch_knob`)."""
         return batch_knob(self, X, u, route, budget, learner)
 
     def decide(self, prompts: Sequence[str], budget: float, *, probe: np.ndarray | None = None,
@@ -442,7 +442,7 @@ class Policy:
         ``probe``: the probe's value per prompt, required exactly when the policy has a probe; the costs
         reported then include the probe's. ``model`` pins a model: a single-model policy serves none by
         name (:attr:`models` is empty), so any name is an InputError; a multi-model policy
-        (:class:`~isocompute.policy.multi_policy.MultiPolicy`) restricts its actions to that model.
+        (:class:`~isocompute.policy.multi.policy.MultiPolicy`) restricts its actions to that model.
         """
         self._check_fitted()
         if model is not None:

@@ -221,7 +221,7 @@ def allocate(utilities: object, costs: object, budget: float, *, rounding: Round
 
 def feasible_range(costs: np.ndarray) -> tuple[float, float]:
     """(min, max) mean cost: every prompt on its cheapest, or on its costliest, action (the first and last
-    columns when costs ascend along each row; plan columns need not, :mod:`isocompute.solver.plan_estimates`)."""
+    columns when costs ascend along each row; plan columns need not, :mod:`isocompute.solver.plans.estimates`)."""
     costs = np.asarray(costs, dtype=np.float64)
     return float(costs.min(axis=1).mean()), float(costs.max(axis=1).mean())
 

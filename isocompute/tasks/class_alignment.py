@@ -20,7 +20,7 @@ a sha256 fingerprint of (kind, golds, every answer), written atomically, and rea
 recomputed while the fingerprint matches; a stale or damaged cache file is recomputed and replaced.
 
 Ignores: which model answered (no per-model equivalence rules), verifier scores, and the tables' own
-verdicts (callers compare them, e.g. :meth:`isocompute.solver.model_tables.ModelTables.with_classes`).
+verdicts (callers compare them, e.g. :meth:`isocompute.solver.models.tables.ModelTables.with_classes`).
 Greedy merging is not transitive, so the union may split or join a model's own classes in rare cases:
 the callers count those prompts.
 """

@@ -24,7 +24,7 @@ from isocompute.errors import IsoComputeError
 from isocompute.flops import FlopLedger, ModelFlops, RaceConvention
 from isocompute.tasks.extract import extract_answer, normalize_answer
 from isocompute.training.allocation import AllocationStep, Allocator, Group, RolloutLedger
-from isocompute.training.grpo import (
+from isocompute.training.grpo_rewards import (
     TRL_VERSION,
     aligned,
     check_trainer_args,

@@ -1,0 +1,107 @@
+"""Prometheus metrics of one gateway app, in the app's own registry (two apps in one process never clash).
+
+=====================================  =========  ====================================================
+metric                                 kind       labels / meaning
+=====================================  =========  ====================================================
+isocompute_requests_total              counter    route, status: requests answered
+isocompute_request_latency_seconds     histogram  route: wall time from request to response
+isocompute_upstream_latency_seconds    histogram  pool: one wave's sampling call
+isocompute_policy_decision_seconds     histogram  ``Policy.decide`` inside a request
+isocompute_k_chosen                    histogram  samples drawn per prompt, all waves of its plan
+isocompute_samples_total               counter    samples requested upstream
+isocompute_waves                       histogram  waves (upstream calls) per prompt's plan
+isocompute_plan_stops_total            counter    reason (rule, plan_end, cap, deadline, upstream_error)
+isocompute_flops_total                 counter    FLOPs spent (prefill once + every decode)
+isocompute_lambda                      gauge      budget_key: λ of the last decision
+isocompute_internal_budget             gauge      budget_key: the controller's internal budget
+isocompute_mean_cost                   gauge      budget_key: realised mean cost per request
+isocompute_upstream_errors_total       counter    kind (timeout, circuit_open, unavailable, misconfigured,
+                                                  bad_response, partial), pool
+=====================================  =========  ====================================================
+
+``budget_key`` is ``"<key name>:<budget><unit>"`` (e.g. ``anonymous:4samples``), with ``:max<cap>`` when
+the request's cap on samples is below the server's (``anonymous:4samples:max2``; greedy requests are
+capped at 1) and ``:waves<cap>`` when its cap on waves is; labels of keys the controller bank evicts are removed and never set again by a request
+still in flight, so the label set stays bounded by ``control_max_keys``. ``pool`` is the model pool the
+upstream call went to (:mod:`isocompute.app.runner.pools`): its model name, ``default`` for the bare pool — a
+set fixed at start-up. A multi-model answer that lost samples in two pools counts ``partial`` once in each.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+DECISION_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05)
+K_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class Metrics:
+    """The gateway's collectors, registered in a fresh :class:`CollectorRegistry`."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("isocompute_requests", "Requests answered", ["route", "status"], registry=r)
+        self.latency = Histogram("isocompute_request_latency_seconds", "Request wall time", ["route"],
+                                 buckets=LATENCY_BUCKETS, registry=r)
+        self.upstream_latency = Histogram("isocompute_upstream_latency_seconds", "Upstream call wall time",
+                                          ["pool"], buckets=LATENCY_BUCKETS, registry=r)
+        self.decision = Histogram("isocompute_policy_decision_seconds", "Policy.decide wall time",
+                                  buckets=DECISION_BUCKETS, registry=r)
+        self.k = Histogram("isocompute_k_chosen", "Samples drawn per prompt (all waves)", buckets=K_BUCKETS,
+                           registry=r)
+        self.samples = Counter("isocompute_samples", "Samples requested upstream", registry=r)
+        self.waves = Histogram("isocompute_waves", "Waves (upstream calls) per prompt's plan", buckets=K_BUCKETS,
+                               registry=r)
+        self.stops = Counter("isocompute_plan_stops", "Plans stopped, by reason", ["reason"], registry=r)
+        self.flops = Counter("isocompute_flops", "FLOPs spent upstream", registry=r)
+        self.lam = Gauge("isocompute_lambda", "λ of the last decision", ["budget_key"], registry=r)
+        self.internal_budget = Gauge("isocompute_internal_budget", "Controller's internal budget",
+                                     ["budget_key"], registry=r)
+        self.mean_cost = Gauge("isocompute_mean_cost", "Realised mean cost per request", ["budget_key"],
+                               registry=r)
+        self.upstream_errors = Counter("isocompute_upstream_errors", "Upstream failures", ["kind", "pool"],
+                                       registry=r)
+
+    def forget(self, budget_key: str) -> None:
+        """Drop a budget key's gauge labels (after the controller bank evicted it)."""
+        for g in (self.lam, self.internal_budget, self.mean_cost):
+            try:
+                g.remove(budget_key)
+            except KeyError:
+                pass
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class MetricsMiddleware:
+    """Pure ASGI middleware counting requests and timing them per route (unknown paths → ``other``, so a
+    scan of random URLs cannot grow the label set)."""
+
+    def __init__(self, app: Any, *, metrics: Metrics, routes: frozenset[str]):
+        self.app, self.metrics, self.routes = app, metrics, routes
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        label = scope["path"] if scope["path"] in self.routes else "other"
+        status = 500
+
+        async def send_status(message: Any) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        t0 = time.perf_counter()
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            self.metrics.requests.labels(label, str(status)).inc()
+            self.metrics.latency.labels(label).observe(time.perf_counter() - t0)

@@ -1,0 +1,179 @@
+"""Running a request's plans upstream: waves of samples, the stopping rule checked between them.
+
+Each prompt of a request has a plan (:class:`isocompute.solver.plans.plan.Plan`: waves w₁ … w_L and a
+stopping rule), already cut to the request's caps (``Plan.capped(max_samples=…, max_waves=…)``).
+:func:`run_plans` runs the prompts in lock-step rounds. Round r sends every prompt still sampling its
+r-th wave (:func:`isocompute.app.runner.execute.run_wave`: one ``generate(n = wave size)`` call per distinct
+size, so prompts with the same wave share a call), then merges each prompt's answers so far into
+classes (:class:`isocompute.app.runner.voting.Voter`) and asks the plan (:meth:`Plan.step` — the very code the
+offline plan estimators enumerate) whether to stop. A sample that failed or never came back is drawn
+but has no answer (``None``): it is paid for and does not vote, as in the estimators.
+
+Why a prompt stops (``PlanRun.stopped``):
+
+==================  ===========================================================================
+``rule``            the plan's stopping rule fired on the vote
+``plan_end``        the plan has no waves left
+``cap``             no waves left of the plan as capped: ``max_samples`` / ``max_waves`` cut it
+``deadline``        a later wave ran past the request's deadline (or none was left to start one)
+``upstream_error``  a later wave failed upstream (502/503: bad reply, unavailable, circuit open)
+==================  ===========================================================================
+
+**A later wave that fails** does not fail the request: the prompt is answered from the waves before it
+(its samples were drawn and paid for; the vote over them is the vote of a shorter plan), with
+``stopped`` saying why, ``stop_detail`` the error and ``partial`` true. The failed wave is not charged:
+the upstream returned no tokens to count. Only a failure of the *first* wave is the request's error
+(502/503/504 as in :mod:`isocompute.app.runner.execute`), since there is nothing to answer from.
+
+**Seeds**: wave 0 gets the request's seed (so a one-wave plan samples exactly as before plans), wave
+r > 0 ``blake2b(f"{seed}/{r}") mod 2³¹`` — a replay with the same seed draws the same waves, and no two
+waves share a random stream. No seed: every wave is unseeded.
+
+**The deadline** is the request's one :class:`~isocompute.app.runner.execute.Deadline`: every wave and every
+merge of answers runs within it; a client that disconnects cancels the task, and with it the wave in
+flight and every wave after it.
+
+Worked example: plan ``lead:m=2@1x2,2,4`` on answers a, a → round 0 draws 1 (a), round 1 draws 1 (a):
+lead 2, ``stopped = "rule"`` after 2 waves and 2 samples. Capped at ``max_samples = 3`` on a, b, a, …:
+waves 1, 1, 1 (the third shrunk to fit), lead 1 after 3 samples → ``stopped = "cap"``.
+
+Ignores: letting a prompt run ahead of the other prompts of its request (a round waits for its
+slowest call), and reusing a wave's samples across requests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from isocompute.app.errors import UpstreamTimeout
+from isocompute.app.runner.execute import Backend, Deadline, run_wave
+from isocompute.app.runner.voting import Voter
+from isocompute.engines.base import Completion
+from isocompute.errors import EngineUnavailable
+from isocompute.solver.plans.plan import Plan
+from isocompute.tasks.equivalence import Votes
+
+__all__ = ["FAILED_REASONS", "SEED_MODULUS", "PlanRun", "derived_seed", "run_plans", "wave_seed"]
+
+FAILED_REASONS = frozenset({"error", "abort"})
+SEED_MODULUS = 2**31
+
+
+def derived_seed(seed: int, tag: str) -> int:
+    """``blake2b(f"{seed}/{tag}") mod 2³¹``: the random stream of part ``tag`` of a request with ``seed``
+    (a wave here, a stage in :mod:`isocompute.app.runner.action_run`)."""
+    digest = hashlib.blake2b(f"{seed}/{tag}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % SEED_MODULUS
+
+
+def wave_seed(seed: int | None, wave: int) -> int | None:
+    """The seed of wave ``wave`` (0-based) of a request with ``seed`` (module docstring)."""
+    if seed is None or wave == 0:
+        return seed
+    return derived_seed(seed, str(wave))
+
+
+@dataclass(slots=True)
+class PlanRun:
+    """One prompt's plan as it ran: the plan (capped) and the policy's; every sample drawn, in order
+    (None where the upstream returned fewer than asked) and its extracted answer (None: none, or a failed
+    sample); the wave sizes drawn; the class-merged vote after the last wave; why it stopped, the
+    rule's statistic then, and the error that stopped it early (``deadline``/``upstream_error``)."""
+
+    plan: Plan
+    policy_plan: Plan
+    samples: list[Completion | None] = field(default_factory=list)
+    answers: list[str | None] = field(default_factory=list)
+    wave_sizes: list[int] = field(default_factory=list)
+    votes: Votes | None = None
+    stopped: str | None = None
+    statistic: float | None = None
+    detail: str | None = None
+
+    @property
+    def drawn(self) -> int:
+        """Samples drawn (asked upstream in waves that answered)."""
+        return len(self.samples)
+
+    @property
+    def usable(self) -> list[int]:
+        """Indices of the samples that came back and did not fail."""
+        return [j for j, c in enumerate(self.samples) if c is not None and c.finish_reason not in FAILED_REASONS]
+
+    @property
+    def next_wave(self) -> int | None:
+        """Size of the next wave, None once stopped."""
+        return None if self.stopped is not None else self.plan.waves[len(self.wave_sizes)]
+
+    def add(self, wave: int, comps: Sequence[Completion], extract: Callable[[str], str | None]) -> None:
+        """Record a wave of ``wave`` samples of which ``comps`` came back."""
+        got = list(comps)[:wave]
+        self.samples += got + [None] * (wave - len(got))
+        self.answers += [None if c.finish_reason in FAILED_REASONS else extract(c.text) for c in got]
+        self.answers += [None] * (wave - len(got))
+        self.wave_sizes.append(wave)
+
+    def check(self, votes: Votes) -> None:
+        """The plan's step on the merged classes of every sample so far."""
+        self.votes = votes
+        step = self.plan.step(votes.classes)
+        prob = float(step.decision.prob)
+        self.statistic = prob if math.isfinite(prob) else None  # the rule none's is −inf
+        if step.stop:
+            cut = self.plan.max_samples < self.policy_plan.max_samples
+            self.stopped = "rule" if step.reason == "rule" else ("cap" if cut else "plan_end")
+
+    def stop(self, reason: str, detail: str | None = None) -> None:
+        self.stopped, self.detail = reason, detail
+
+
+async def run_plans(
+    backend: Backend,
+    prompts: list[str],
+    plans: Sequence[Plan],
+    policy_plans: Sequence[Plan],
+    *,
+    voter: Voter,
+    extract: Callable[[str], str | None],
+    max_tokens: int,
+    temperature: float,
+    seed: int | None,
+    deadline: Deadline,
+) -> list[PlanRun]:
+    """Run every prompt's plan (module docstring); raises what the first wave raises (502/503/504)."""
+    runs = [PlanRun(p, q) for p, q in zip(plans, policy_plans, strict=True)]
+    active = list(range(len(prompts)))
+    wave = 0
+    while active:
+        if wave and deadline.remaining() <= 0:
+            for i in active:
+                runs[i].stop("deadline", f"no time left for wave {wave + 1} within the request's "
+                                         f"{deadline.seconds:g} s deadline")
+            break
+        ns = [runs[i].next_wave or 0 for i in active]
+        t0 = time.perf_counter()
+        try:
+            out = await backend.call(
+                run_wave(backend.engine, [prompts[i] for i in active], ns, max_tokens=max_tokens,
+                         temperature=temperature, seed=wave_seed(seed, wave)),
+                deadline=deadline, what="the sampling call" if wave == 0 else f"wave {wave + 1} of the sampling")
+        except EngineUnavailable as e:
+            if wave == 0:
+                raise
+            reason = "deadline" if isinstance(e, UpstreamTimeout) else "upstream_error"
+            for i in active:
+                runs[i].stop(reason, str(e))
+            break
+        backend.metrics.upstream_latency.labels(backend.pool).observe(time.perf_counter() - t0)
+        for i, n, comps in zip(active, ns, out, strict=True):
+            runs[i].add(n, comps, extract)
+        votes = await voter.classes([runs[i].answers for i in active], deadline.at)
+        for i, v in zip(active, votes, strict=True):
+            runs[i].check(v)
+        active = [i for i in active if runs[i].stopped is None]
+        wave += 1
+    return runs

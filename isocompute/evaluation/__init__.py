@@ -1,0 +1,1 @@
+"""Held-out evaluation: cross-validated scores, baselines at matched realised cost, summaries, report artifacts."""

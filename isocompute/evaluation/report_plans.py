@@ -1,0 +1,120 @@
+"""The report's plan parts: fixed-plan baselines, latency, and the accuracy-vs-cost plot of every method.
+
+For a policy over plans (:mod:`isocompute.policy.plans.menu`) :func:`plans_section` adds to ``report.md``:
+
+* per budget, every method at its realised cost — the hindsight oracle over plans, the policy as served,
+  its own fixed-plan rule, the best fixed plan of each stopping-rule family (lead, ESC window,
+  Adaptive-Consistency Beta / Dirichlet, Best-of-∞ Bayes factor; each chosen on the training folds only:
+  :mod:`isocompute.evaluation.baselines`) and of all of them, and uniform — with accuracy, realised cost and
+  expected waves (upstream requests per prompt, the latency a plan adds);
+* the policy's gain over the best fixed plan with its paired bootstrap 95% CI, the part no fixed rule has;
+* what each fixed rule plays at each budget.
+
+:func:`plot_accuracy_cost` draws accuracy against *realised* cost for every method (``accuracy_cost.png``),
+the fair axis when methods spend slightly different amounts. :func:`action_groups` lets the action plots
+group a large plan menu by rule kind. Ignores: one-wave reports (nothing here applies; the plot still
+draws).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from isocompute.policy.plans.menu import FAMILY_BASELINES
+
+ROWS = ("oracle", "learned", "fixed_plan", *(f"fixed_{f}" for f in FAMILY_BASELINES), "fixed_best", "uniform")
+LABELS = {"oracle": "oracle over plans (hindsight)", "learned": "policy as served", "fixed_plan": "policy's fixed plan",
+          "fixed_best": "best fixed plan (all families)", "uniform": "uniform maj@k",
+          **{f"fixed_{f}": f"best {label}" for f, (label, _) in FAMILY_BASELINES.items()}}
+MAX_GROUPS = 8  # action plots show at most this many plans, else one bar per rule kind
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:+.2f}%"
+
+
+def plans_section(report: dict[str, Any]) -> list[str]:
+    """Markdown lines of the plan parts (empty for a one-wave report)."""
+    if not report.get("plans"):
+        return []
+    unit = report["cost_unit"]
+    lines = ["## Plans: fixed stopping rules and latency", "",
+             f"The policy chooses among {len(report['plans'])} plans (`report.json` → `plans`). Each fixed rule plays "
+             "one plan, or a budget-matched mix of two, for every prompt, chosen on the training folds only and "
+             "scored on the held-out fold; the family rows are the ESC / Adaptive-Consistency / Best-of-∞ "
+             f"baselines. Cost is the realised mean {unit} per prompt, waves the expected upstream requests per "
+             "prompt (latency).", ""]
+    for e in report["budgets"]:
+        m = e["methods"]
+        lines += [f"**Budget {e['budget']:.4g}**", "", "| method | accuracy [95% CI] | cost | waves | gain vs uniform |",
+                  "|---|---|---:|---:|---:|"]
+        by = e.get("gain_vs_uniform_by_method", {})
+        for name in ROWS:
+            if name not in m:
+                continue
+            x = m[name]
+            g = e["gain_vs_uniform"]["relative"] if name == "learned" else (by.get(name) or {}).get("relative")
+            lines.append(f"| {LABELS.get(name, name)} | {x['accuracy']:.4f} [{x['ci95'][0]:.4f}, {x['ci95'][1]:.4f}] | "
+                         f"{x['cost']:.4g} | {x.get('waves', 1.0):.2f} | {_pct(g) if name != 'uniform' else '—'} |")
+        for base, g in e.get("gain_vs_fixed", {}).items():
+            sig = "" if g["significant"] else " (*not significant*: the CI contains 0)"
+            lines.append("")
+            lines.append(f"Policy vs {LABELS.get(base, base)}: {_pct(g['relative'])} [95% CI {_pct(g['ci95'][0])}, "
+                         f"{_pct(g['ci95'][1])}]{sig}.")
+        lines.append("")
+    choices = report.get("baseline_choices") or []
+    fixed = {round(x["budget"], 9): x["plays"] for x in report.get("fixed_plans") or []}
+    if choices:
+        names = list(choices[0]["plays"])
+        lines += ["What each fixed rule plays, chosen on every prompt of the table (each fold chose on its own "
+                  "training part):", "", "| budget | policy's fixed plan | " + " | ".join(names) + " |",
+                  "|---:|---|" + "---|" * len(names)]
+        for c in choices:
+            lines.append(f"| {c['budget']:.4g} | `{fixed.get(round(c['budget'], 9), '—')}` | "
+                         + " | ".join(f"`{c['plays'][n]}`" for n in names) + " |")
+        lines.append("")
+    return lines
+
+
+def plot_accuracy_cost(report: dict[str, Any], path: Path) -> None:
+    """Accuracy against realised cost, one line per method over the report's budgets."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    entries = report["budgets"]
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    names = [m for m in (*ROWS, "heuristic", "random") if all(m in e["methods"] for e in entries)]
+    for m in names:
+        cost = [e["methods"][m]["cost"] for e in entries]
+        acc = [e["methods"][m]["accuracy"] for e in entries]
+        style = "-" if m in ("learned", "oracle", "uniform", "fixed_best") else "--"
+        ax.plot(cost, acc, style, marker="o", ms=3, lw=1.6 if style == "-" else 1.0, label=LABELS.get(m, m))
+    if min(e["methods"]["uniform"]["cost"] for e in entries) > 0:
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel(f"realised cost (mean {report['cost_unit']} per prompt)")
+    ax.set_ylabel("accuracy (mean utility)")
+    ax.set_title(f"accuracy vs cost, every method ({report['n_prompts']} prompts, held out)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def action_groups(report: dict[str, Any]) -> tuple[list[str], np.ndarray]:
+    """(labels, group of each action): the actions themselves (k, or plan names) for small menus, else one
+    group per rule kind (``none``, ``lead``, …) for menus above :data:`MAX_GROUPS` plans."""
+    plans = report.get("plans")
+    if not plans:
+        return [str(k) for k in report["actions"]], np.arange(len(report["actions"]))
+    if len(plans) <= MAX_GROUPS:
+        return list(plans), np.arange(len(plans))
+    kinds = [p.partition("@")[0].partition(":")[0] for p in plans]
+    labels = list(dict.fromkeys(kinds))
+    return labels, np.array([labels.index(k) for k in kinds])

@@ -1,0 +1,1 @@
+"""The LightGBM learners of a policy, cross-fitted, with their budget calibration and label shrinkage."""

@@ -1,0 +1,1 @@
+"""Several models: actions across models (plans, cascades, ensembles), their tables, costs and estimates."""

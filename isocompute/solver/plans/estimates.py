@@ -1,0 +1,368 @@
+"""Plan estimators: per prompt and plan, the expected utility and cost over random sample orders.
+
+For a prompt with n graded samples (answer classes, nulls) and a plan (waves + stopping rule), play the
+plan on a uniformly random order of the n samples — without replacement, as the gateway sees them —
+and take expectations of
+
+* utility: majority vote over answer classes at the point the plan stops; t classes tied at the top
+  each get credit 1/t, a class scores the mean correctness of its samples, nulls never vote (a vote of
+  nulls only scores 0) — exactly :func:`~isocompute.solver.estimators.majority_at_k`'s convention;
+* samples drawn, waves (requests, i.e. latency), and channel totals: the sum over the drawn samples
+  of per-sample values such as completion tokens or decode FLOPs.
+
+Exact method. With the lattice of vote types (:mod:`~isocompute.solver.plans.vote_lattice`: a_π(λ, ν), how
+many label sequences of each type stop at each boundary) and the prompt's class sums
+(:mod:`~isocompute.solver.plans.vote_polynomials`: M0, MU, MW over labelled count vectors of each type),
+
+    P(stop with ν nulls and votes λ) = a_π(λ, ν) · (m₀)_ν · M0[λ] / (n)_K,        K = |λ| + ν,
+    U = Σ a_π(λ, ν) (m₀)_ν MU[λ] / (t_λ (n)_K),      E[channel] = Σ a_π (m₀)_ν (MW[λ] + ν w₀ M0[λ]) / (n)_K
+
+(t_λ = how many parts tie at the top, w₀ the nulls' mean channel value). The contraction is a matrix
+product per partition size over all plans at once. It needs the partitions of up to the largest plan's
+samples (915 for 16, 7,338 for 24), which is the method's limit, not the number of answer classes.
+
+Monte Carlo (:mod:`~isocompute.solver.plans.montecarlo`) serves larger plans, with standard errors; the
+exact method's standard errors are 0. ``method="auto"`` uses exact for plans of ≤ ``exact_max_samples``.
+
+Worked example: answers [a, a, b], a correct, plan ``lead:m=2@1x3``. The first two samples agree in
+2 of the 6 orders (a a …): stop at 2 with a; otherwise the third sample decides 2–1 for a: U = 1,
+E[samples] = (2·2 + 4·3)/6 = 8/3, E[waves] = 8/3. With ``none@2`` instead U = maj@2 = (1 + ½ + ½)/3 = 2/3
+(of the three pairs, only {a, a} avoids a tie).
+
+Stop reasons (``split=True``): the same contraction over only the stops where the rule fired
+(:func:`~isocompute.solver.plans.vote_lattice.stop_counts` with ``part="fired"``) gives P(fired) and the fired
+part of every expectation, E[X·1{fired}] (:class:`FiredPart`); the rest, E[X] − E[X·1{fired}], is where
+the plan ran out. A cascade needs exactly this: it escalates to the next model only when the plan ran out.
+In the example, ``lead:m=2@1x3`` fires in the 2 orders a a … only: P(fired) = 1/3, E[U·1{fired}] = 1/3,
+E[samples·1{fired}] = 2/3.
+
+Cost (:meth:`PlanEstimates.cost`): samples, completion tokens, or FLOPs — each wave is one request with
+n = wave size; the prompt is prefilled once per plan with prefix caching, once per wave without. The
+solver prices plans unchanged as columns of U and C; :func:`by_cost` sorts each prompt's columns by its
+own expected cost, as :func:`~isocompute.solver.allocate.allocate` requires, and maps choices back.
+Ignored: verifier scores (plans vote), and any dependence between a sample's content and its position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from isocompute.errors import InputError
+from isocompute.flops import ModelFlops, decode_flops, prefill_flops
+from isocompute.solver.outcomes import NULL_CODE, PAD_CODE, OutcomeTable
+from isocompute.solver.plans.montecarlo import simulate_plans
+from isocompute.solver.plans.plan import Plan, parse_plan
+from isocompute.solver.plans.vote_lattice import partitions, stop_counts
+from isocompute.solver.plans.vote_polynomials import class_sums, falling
+
+Method = Literal["auto", "exact", "monte-carlo"]
+CostUnit = Literal["samples", "tokens", "flops"]
+TOKENS, DECODE = "completion_tokens", "decode_flops"
+
+
+@dataclass(frozen=True, eq=False)
+class FiredPart:
+    """The part of each expectation where the plan's rule fired (module docstring), each (N, P):
+    ``prob`` = P(fired); ``utility``, ``samples``, ``waves`` and ``channels[name]`` are E[X·1{fired}];
+    ``*_se`` their standard errors (0 for exact plans)."""
+
+    prob: np.ndarray
+    utility: np.ndarray
+    samples: np.ndarray
+    waves: np.ndarray
+    channels: dict[str, np.ndarray]
+    prob_se: np.ndarray
+    utility_se: np.ndarray
+    samples_se: np.ndarray
+    waves_se: np.ndarray
+    channels_se: dict[str, np.ndarray]
+
+    def subset(self, idx: np.ndarray) -> FiredPart:
+        return FiredPart(**{k: ({c: v[idx] for c, v in x.items()} if isinstance(x, dict) else x[idx])
+                            for k, x in vars(self).items()})
+
+
+@dataclass(frozen=True, eq=False)
+class PlanEstimates:
+    """Result of :func:`estimate_plans`: (N, P) arrays for N prompts and P plans.
+
+    ``utility``, ``samples``, ``waves`` and each ``channels[name]`` hold expectations; the ``*_se``
+    arrays their standard errors (0 for exact plans). ``method[j]`` says how plan j was estimated
+    (``"exact"`` or ``"monte-carlo"``, then with ``n_orders`` orders per prompt from ``seed``).
+    ``prompt_tokens`` (N,) is kept for FLOP costs (NaN when unknown). ``fired`` holds the split by stop
+    reason when estimated with ``split=True`` (else None).
+    """
+
+    plans: tuple[Plan, ...]
+    utility: np.ndarray
+    samples: np.ndarray
+    waves: np.ndarray
+    channels: dict[str, np.ndarray]
+    utility_se: np.ndarray
+    samples_se: np.ndarray
+    waves_se: np.ndarray
+    channels_se: dict[str, np.ndarray]
+    method: tuple[str, ...]
+    n_orders: int
+    seed: int
+    prompt_tokens: np.ndarray | None = None
+    fired: FiredPart | None = None
+
+    @property
+    def names(self) -> list[str]:
+        return [p.name for p in self.plans]
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """(N, P) expected completion tokens drawn (needs the ``completion_tokens`` channel)."""
+        if TOKENS not in self.channels:
+            raise InputError("these estimates have no completion-token channel; estimate them with "
+                             "completion_tokens (a table with completion_tokens on every sample).")
+        return self.channels[TOKENS]
+
+    def cost(self, unit: CostUnit, *, model: ModelFlops | None = None, prefix_caching: bool = True) -> np.ndarray:
+        """C[i, j] in ``unit``: expected samples, completion tokens, or FLOPs. FLOPs = prefill(p_i) ·
+        (1 with prefix caching, else E[waves]) + E[Σ decode FLOPs of the drawn samples]; they need the
+        ``decode_flops`` channel (:func:`estimate_table` with ``model``) and prompt tokens."""
+        if unit == "samples":
+            return self.samples
+        if unit == "tokens":
+            return self.tokens
+        if unit != "flops":
+            raise InputError(f"unknown cost unit {unit!r}; use 'samples', 'tokens' or 'flops'.")
+        if model is None or DECODE not in self.channels or self.prompt_tokens is None:
+            raise InputError("FLOP costs need the model's FLOP shape and token counts: estimate with "
+                             "estimate_table(table, plans, model=load_model_flops(...)) and pass the same model.")
+        prefill = np.asarray(prefill_flops(model, self.prompt_tokens))[:, None]
+        return prefill * (1.0 if prefix_caching else self.waves) + self.channels[DECODE]
+
+
+    def subset(self, indices: Sequence[int] | np.ndarray) -> PlanEstimates:
+        """The rows ``indices`` (ints or a boolean mask), e.g. one cross-validation fold."""
+        idx = np.asarray(indices)
+        idx = np.flatnonzero(idx) if idx.dtype == bool else idx.astype(np.int64)
+        rows = {k: getattr(self, k)[idx] for k in ("utility", "samples", "waves", "utility_se", "samples_se", "waves_se")}
+        return PlanEstimates(
+            plans=self.plans, channels={k: v[idx] for k, v in self.channels.items()},
+            channels_se={k: v[idx] for k, v in self.channels_se.items()}, method=self.method,
+            n_orders=self.n_orders, seed=self.seed,
+            prompt_tokens=None if self.prompt_tokens is None else self.prompt_tokens[idx],
+            fired=None if self.fired is None else self.fired.subset(idx), **rows,
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class CostOrder:
+    """Plan columns sorted by each prompt's expected cost, as :func:`isocompute.solver.allocate.allocate`
+    wants them: ``utility``/``cost`` (N, P) sorted per row, ``order[i, a]`` the plan of column a."""
+
+    utility: np.ndarray
+    cost: np.ndarray
+    order: np.ndarray
+
+    def plans_of(self, actions: np.ndarray) -> np.ndarray:
+        """(N,) plan index of each prompt's sorted column ``actions[i]`` (e.g. ``Allocation.actions``)."""
+        return self.order[np.arange(self.order.shape[0]), actions]
+
+
+def by_cost(utility: np.ndarray, cost: np.ndarray) -> CostOrder:
+    """Sort each prompt's plan columns by cost (stable): which plan is cheaper differs per prompt."""
+    order = np.argsort(cost, axis=1, kind="stable")
+    return CostOrder(utility=np.take_along_axis(utility, order, 1), cost=np.take_along_axis(cost, order, 1),
+                     order=order)
+
+
+def estimate_plans(answer_codes: np.ndarray, correct: np.ndarray, plans: Sequence[Plan | str], *,
+                   channels: Mapping[str, np.ndarray] | None = None, method: Method = "auto",
+                   n_orders: int = 100, seed: int = 0, exact_max_samples: int = 24, chunk: int = 2048,
+                   prompt_tokens: np.ndarray | None = None, split: bool = False) -> PlanEstimates:
+    """Estimates for N prompts: ``answer_codes`` (N, n_max) as in an :class:`OutcomeTable` (classes ≥ 0,
+    −1 null, −2 padding; a row's codes need not be dense), ``correct`` (N, n_max); ``channels`` name →
+    (N, n_max) per-sample values (e.g. completion tokens; NaN makes that prompt's channel NaN). Plans may
+    be given by name. ``split``: also the part where each plan's rule fired (:class:`FiredPart`)."""
+    plan_list = tuple(p if isinstance(p, Plan) else parse_plan(p) for p in plans)
+    if not plan_list:
+        raise InputError("estimate_plans needs at least one plan (e.g. default_plans()).")
+    if method not in ("auto", "exact", "monte-carlo"):
+        raise InputError(f"method must be 'auto', 'exact' or 'monte-carlo', not {method!r}.")
+    codes = np.atleast_2d(np.asarray(answer_codes, dtype=np.int64))
+    corr = np.atleast_2d(np.asarray(correct, dtype=bool))
+    if codes.shape != corr.shape:
+        raise InputError(f"answer_codes {codes.shape} and correct {corr.shape} must have the same shape.")
+    chans = {k: np.atleast_2d(np.asarray(v, dtype=np.float64)) for k, v in (channels or {}).items()}
+    for k, v in chans.items():
+        if v.shape != codes.shape:
+            raise InputError(f"channel {k!r} has shape {v.shape}; it needs one value per sample, {codes.shape}.")
+    n = (codes != PAD_CODE).sum(axis=1)
+    worst = max(plan_list, key=lambda p: p.max_samples)
+    if (n < worst.max_samples).any():
+        i = int(np.argmin(n))
+        raise InputError(f"plan {worst.name} draws up to {worst.max_samples} samples but prompt row {i} has only "
+                         f"{int(n[i])}; use plans of at most {int(n.min())} samples or sample more per prompt.")
+    if method == "exact" and worst.max_samples > exact_max_samples:
+        raise InputError(f"plan {worst.name} draws up to {worst.max_samples} samples, beyond the exact "
+                         f"method's {exact_max_samples}; use method='auto' or 'monte-carlo', or raise exact_max_samples.")
+    exact = [method != "monte-carlo" and p.max_samples <= exact_max_samples for p in plan_list]
+
+    names = list(chans)
+    per_sample = np.stack([np.where(codes != PAD_CODE, chans[k], 0.0) for k in names], axis=2) if names \
+        else np.zeros(codes.shape + (0,))
+    cls = _classes(codes, corr, per_sample)
+    N, P, C = codes.shape[0], len(plan_list), len(names)
+    out = {k: np.zeros((N, P)) for k in ("u", "s", "w", "u_se", "s_se", "w_se")}
+    ch, ch_se = np.zeros((N, P, C)), np.zeros((N, P, C))
+    fo = {k: np.zeros((N, P)) for k in ("p", "u", "s", "w", "p_se", "u_se", "s_se", "w_se")}
+    fch, fch_se = np.zeros((N, P, C)), np.zeros((N, P, C))
+    ex = [j for j in range(P) if exact[j]]
+    if ex:
+        u, s, w, c, _ = _exact(cls, [plan_list[j] for j in ex], chunk)
+        out["u"][:, ex], out["s"][:, ex], out["w"][:, ex], ch[:, ex] = u, s, w, c
+        if split:
+            u, s, w, c, p = _exact(cls, [plan_list[j] for j in ex], chunk, part="fired")
+            fo["u"][:, ex], fo["s"][:, ex], fo["w"][:, ex], fch[:, ex], fo["p"][:, ex] = u, s, w, c, p
+    mc = [j for j in range(P) if not exact[j]]
+    if mc:
+        labels = np.where(codes >= 0, cls.rank_of_code(codes), codes)
+        res = simulate_plans(labels, cls.values, per_sample, [plan_list[j] for j in mc], n_orders=n_orders,
+                             seed=seed, split=split)
+        out["u"][:, mc], out["s"][:, mc], out["w"][:, mc], ch[:, mc] = res.utility, res.samples, res.waves, res.channels
+        out["u_se"][:, mc], out["s_se"][:, mc], out["w_se"][:, mc] = res.utility_se, res.samples_se, res.waves_se
+        ch_se[:, mc] = res.channels_se
+        if split and res.fired is not None and res.fired_prob is not None and res.fired_prob_se is not None:
+            f = res.fired
+            fo["u"][:, mc], fo["s"][:, mc], fo["w"][:, mc], fch[:, mc] = f.utility, f.samples, f.waves, f.channels
+            fo["u_se"][:, mc], fo["s_se"][:, mc], fo["w_se"][:, mc] = f.utility_se, f.samples_se, f.waves_se
+            fo["p"][:, mc], fo["p_se"][:, mc], fch_se[:, mc] = res.fired_prob, res.fired_prob_se, f.channels_se
+    fired = FiredPart(
+        prob=fo["p"], utility=fo["u"], samples=fo["s"], waves=fo["w"],
+        channels={k: fch[:, :, i] for i, k in enumerate(names)}, prob_se=fo["p_se"], utility_se=fo["u_se"],
+        samples_se=fo["s_se"], waves_se=fo["w_se"], channels_se={k: fch_se[:, :, i] for i, k in enumerate(names)},
+    ) if split else None
+    return PlanEstimates(
+        plans=plan_list, utility=out["u"], samples=out["s"], waves=out["w"],
+        channels={k: ch[:, :, i] for i, k in enumerate(names)}, utility_se=out["u_se"], samples_se=out["s_se"],
+        waves_se=out["w_se"], channels_se={k: ch_se[:, :, i] for i, k in enumerate(names)},
+        method=tuple("exact" if e else "monte-carlo" for e in exact), n_orders=n_orders, seed=seed,
+        prompt_tokens=None if prompt_tokens is None else np.asarray(prompt_tokens, dtype=np.float64), fired=fired,
+    )
+
+
+def estimate_table(table: OutcomeTable, plans: Sequence[Plan | str], *, model: ModelFlops | None = None,
+                   **kwargs: object) -> PlanEstimates:
+    """:func:`estimate_plans` on an outcome table, with the completion-token channel when the table has
+    token counts and the decode-FLOP channel when ``model`` is given too."""
+    channels: dict[str, np.ndarray] = {}
+    ct = np.where(table.mask, table.completion_tokens, 0.0)
+    if not np.isnan(table.completion_tokens[table.mask]).all():
+        channels[TOKENS] = ct
+    if model is not None:
+        if not table.has_token_counts:
+            raise InputError(f"FLOP costs need prompt_tokens and completion_tokens on every row of {table.source}; "
+                             "add them or use the 'samples' cost unit.")
+        channels[DECODE] = np.where(table.mask, decode_flops(model, table.prompt_tokens[:, None], ct), 0.0)
+    return estimate_plans(table.answer_codes, table.correct, plans, channels=channels,
+                          prompt_tokens=table.prompt_tokens, **kwargs)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------- internals
+
+
+@dataclass(frozen=True, eq=False)
+class _Classes:
+    """Per prompt: n, nulls m₀ and their channel means w₀ (N, C); per class, largest first: sizes,
+    values and channel means (N, G[, C]); ``rank`` (N, G_code) maps a row's code to its class index."""
+
+    n: np.ndarray
+    nulls: np.ndarray
+    null_w: np.ndarray
+    sizes: np.ndarray
+    values: np.ndarray
+    weights: np.ndarray
+    rank: np.ndarray
+
+    def rank_of_code(self, codes: np.ndarray) -> np.ndarray:
+        return np.take_along_axis(self.rank, np.maximum(codes, 0), axis=1)
+
+
+def _classes(codes: np.ndarray, correct: np.ndarray, per_sample: np.ndarray) -> _Classes:
+    N, C = codes.shape[0], per_sample.shape[2]
+    G = max(int(codes.max(initial=-1)) + 1, 1)
+    voting = codes >= 0
+    row = np.broadcast_to(np.arange(N)[:, None], codes.shape)
+    key = (row * G + codes)[voting]
+    counts = np.bincount(key, minlength=N * G).reshape(N, G).astype(np.float64)
+    right = np.bincount(key, weights=correct[voting], minlength=N * G).reshape(N, G)
+    chan = np.stack([np.bincount(key, weights=per_sample[..., c][voting], minlength=N * G).reshape(N, G)
+                     for c in range(C)], axis=2) if C else np.zeros((N, G, 0))
+    null = codes == NULL_CODE
+    nulls = null.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        null_w = np.where(nulls[:, None] > 0, (per_sample * null[..., None]).sum(axis=1) / nulls[:, None], 0.0)
+        values = np.where(counts > 0, right / counts, 0.0)
+        weights = np.where(counts[..., None] > 0, chan / counts[..., None], 0.0)
+    order = np.argsort(-counts, axis=1, kind="stable")
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.arange(G)[None, :].repeat(N, 0), axis=1)
+    return _Classes(
+        n=(codes != PAD_CODE).sum(axis=1), nulls=nulls, null_w=null_w,
+        sizes=np.take_along_axis(counts, order, 1).astype(np.int64), values=np.take_along_axis(values, order, 1),
+        weights=np.take_along_axis(weights, order[:, :, None], 1), rank=rank,
+    )
+
+
+def _exact(cls: _Classes, plans: Sequence[Plan], chunk: int,
+           part: Literal["all", "fired"] = "all") -> tuple[np.ndarray, ...]:
+    """(N, P) utility, samples, waves, (N, P, C) channels and (N, P) probability of every plan's stops
+    in ``part`` (all of them, or where the rule fired), exactly: E[X·1{part}] and P(part)."""
+    k = max(p.max_samples for p in plans)
+    lat = partitions(k)
+    P = len(plans)
+    wave_of = np.zeros((P, k + 1))  # wave index at each boundary
+    ties = np.array([lam.count(lam[0]) if lam else 1 for lam in lat.items], dtype=np.float64)
+    sizes_idx = [np.flatnonzero(lat.size == s) for s in range(k + 1)]
+    # per partition size s: A_s[λ, ν, plan] = the plan's stop count for votes λ and ν ≤ k − s nulls
+    A_s = [np.zeros((idx.size, k + 1 - s, P)) for s, idx in enumerate(sizes_idx)]
+    for j, plan in enumerate(plans):
+        for wave, K in enumerate(plan.boundaries, start=1):
+            wave_of[j, K] = wave
+        counts = stop_counts(plan, k, part)
+        for s in range(k + 1):
+            A_s[s][:, :, j] = counts[sizes_idx[s], : k + 1 - s]
+    N, C = cls.sizes.shape[0], cls.weights.shape[2]
+    Q = 2 + C  # contracted quantities: M0, MU / ties, MW per channel
+    res_u, res_s, res_w, res_p = np.zeros((N, P)), np.zeros((N, P)), np.zeros((N, P)), np.zeros((N, P))
+    res_c = np.zeros((N, P, C))
+    by_nulls = np.argsort(cls.nulls, kind="stable")  # chunks of similar null counts skip more columns
+    for lo in range(0, N, chunk):
+        rows = by_nulls[lo:lo + chunk]
+        n = rows.size
+        G = int((cls.sizes[rows] > 0).sum(axis=1).max(initial=1))
+        sums = class_sums(cls.sizes[rows, :G], cls.values[rows, :G], cls.weights[rows, :G], lat)
+        f_null = falling(cls.nulls[rows], k).T  # (ν, n)
+        inv_n = 1.0 / falling(cls.n[rows], k).T  # (K, n); plans never exceed a prompt's n
+        v_max = int(cls.nulls[rows].max())
+        z = np.zeros((k + 1, P, Q, n))  # by K = |λ| + ν
+        znu = np.zeros((k + 1, P, n))
+        for s in range(k + 1):
+            idx = sizes_idx[s]
+            nv = min(k - s, v_max) + 1
+            At = A_s[s][:, :nv].reshape(idx.size, nv * P).T  # ((ν, plan), λ)
+            if not At.any():
+                continue
+            M = np.concatenate([sums.m0[idx], sums.mu[idx] / ties[idx, None], *sums.mw[:, idx]], axis=1)
+            y = (At @ M).reshape(nv, P, Q, n) * f_null[:nv, None, None, :]
+            z[s:s + nv] += y
+            znu[s:s + nv] += y[:, :, 0] * np.arange(nv)[:, None, None]
+        tot = (z * inv_n[:, None, None, :]).sum(axis=0)  # (P, Q, n)
+        prob = z[:, :, 0] * inv_n[:, None, :]  # (K, P, n): P(stop at K samples)
+        res_u[rows] = tot[:, 1].T
+        res_p[rows] = tot[:, 0].T
+        res_s[rows] = (prob * np.arange(k + 1)[:, None, None]).sum(axis=0).T
+        res_w[rows] = (prob * wave_of.T[:, :, None]).sum(axis=0).T
+        nulls_drawn = (znu * inv_n[:, None, :]).sum(axis=0).T  # (n, P) expected nulls drawn
+        res_c[rows] = tot[:, 2:].transpose(2, 0, 1) + nulls_drawn[:, :, None] * cls.null_w[rows][:, None, :]
+    return res_u, res_s, res_w, res_c, res_p

@@ -1,0 +1,326 @@
+"""Stopping rules: pure functions of the vote so far that say whether to stop sampling.
+
+Every rule has one method in Adaptive-Consistency's shape, ``should_stop(answers) -> StopDecision``
+(``most_common``, ``prob``, ``stop``), its threshold fixed in ``__init__``, and underneath a vectorised
+``statistic(states)`` over many vote states at once. The gateway calls ``should_stop`` on the answer
+classes of the waves drawn so far; the plan estimators call ``stops`` on every reachable vote state;
+both run the same ``statistic``, so offline estimates and served behaviour cannot drift apart.
+
+A vote state (:class:`VoteStates`, one row per state) holds all the rules may look at:
+
+* ``counts`` — the votes of each answer class, sorted descending (the labels do not matter).
+  **Null answers never vote**: a sample with no answer is drawn and paid for but adds no count, a
+  state whose samples are all null has no leader, and no rule stops on zero votes;
+* ``run`` — how many of the latest samples agree (the trailing run of one non-null class; a null
+  ends it). Only ESC's window reads it; it depends on the order of the samples, not only on counts.
+
+Rules (``stop`` ⟺ statistic ≥ threshold; ``prob`` in :class:`StopDecision` is that statistic):
+
+``none``                 never stops early (the plan draws all its waves).
+``lead:m=M``             the leader leads the runner-up by ≥ M votes (statistic c₁ − c₂).
+``window:w=W``           the latest W samples are one answer (ESC, Li et al. 2024; statistic: the run).
+``beta:p=P``             Adaptive-Consistency's Beta rule (Aggarwal et al. 2023): with the top two
+                         counts c₁, c₂ and a uniform prior, P(x > ½) for x ~ Beta(c₁+1, c₂+1) ≥ P,
+                         in closed form ``scipy.stats.beta.sf(0.5, c₁+1, c₂+1)``.
+``dirichlet:p=P,top=T``  Adaptive-Consistency's Dirichlet rule: over the T largest classes with a
+                         uniform prior, P(the leader's probability is the largest) ≥ P under
+                         Dirichlet(c + 1); fewer than 3 classes fall back to the Beta rule, as there.
+``bayes:B=B,alpha=A,top=T``  the Bayes-factor rule after Best-of-∞ (Komiyama et al.): a Dirichlet-
+                         process prior of concentration A gives the posterior Dirichlet(c₁ … c_T, A)
+                         over the T largest classes and the mass of answers not seen yet; H₁ = "the
+                         leader is the mode" (its probability beats every seen class and the whole
+                         unseen mass), H₀ its complement; stop when P(H₁)/P(H₀) ≥ B (equal prior
+                         odds, so the Bayes factor is the posterior odds). Our reading of the paper:
+                         its exact prior odds and Monte Carlo evaluation are replaced by this closed
+                         form (:mod:`isocompute.solver.plans.dirichlet`).
+
+Worked example: answers [a, a, b, a]: counts (3, 1), run 1. ``lead:m=2`` stops (3 − 1 = 2);
+``window:w=2`` does not (the last two differ); ``beta:p=0.9``: beta.sf(0.5, 4, 2) = 0.8125, no stop.
+
+This module ignores how answers are put into classes (``isocompute.tasks``) and the cost of sampling.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, fields
+from typing import ClassVar
+
+import numpy as np
+from scipy.stats import beta as beta_dist
+
+from isocompute.errors import InputError
+from isocompute.solver.plans.dirichlet import leader_max_prob
+
+
+@dataclass(frozen=True, eq=False)
+class VoteStates:
+    """Vote states, one per row: ``counts`` (S, W) sorted descending and zero-padded, ``run`` (S,) the
+    trailing run of one non-null answer."""
+
+    counts: np.ndarray
+    run: np.ndarray
+
+    @property
+    def votes(self) -> np.ndarray:
+        return self.counts.sum(axis=1)
+
+    def top(self, width: int) -> np.ndarray:
+        """(S, width) the largest ``width`` counts, zero-padded."""
+        c = self.counts[:, :width]
+        if c.shape[1] < width:
+            c = np.pad(c, ((0, 0), (0, width - c.shape[1])))
+        return c
+
+
+@dataclass(frozen=True)
+class StopDecision:
+    """One rule's verdict on one vote: the leading answer (None without votes), the rule's statistic
+    (a probability for beta/dirichlet, the Bayes factor for bayes, the lead or run for lead/window)
+    and whether to stop."""
+
+    most_common: Hashable | None
+    prob: float
+    stop: bool
+
+
+def vote_state(answers: Sequence[Hashable | None]) -> tuple[VoteStates, Hashable | None]:
+    """The one-row vote state of ``answers`` (class keys in sampling order, None = no answer) and the
+    leading class (among tied leaders the one seen first)."""
+    votes = Counter(a for a in answers if a is not None)
+    ranked = votes.most_common()
+    counts = np.array([[c for _, c in ranked]], dtype=np.int64).reshape(1, -1)
+    run = 0
+    for a in reversed(answers):
+        if a is None or (run and a != answers[-1]):
+            break
+        run += 1
+    states = VoteStates(counts=counts, run=np.array([run]))
+    return states, (ranked[0][0] if ranked else None)
+
+
+class StoppingRule:
+    """Base class: subclasses are frozen dataclasses whose fields are the rule's parameters."""
+
+    kind: ClassVar[str]
+    width: ClassVar[int] = 0  # how many of the largest counts ``statistic`` reads
+    uses_run: ClassVar[bool] = False  # reads ``run`` (then ``run_cap``: runs longer than it look the same)
+    run_cap: ClassVar[int] = 0
+
+    @property
+    def threshold(self) -> float:
+        raise NotImplementedError
+
+    def statistic(self, states: VoteStates) -> np.ndarray:
+        raise NotImplementedError
+
+    @property
+    def name(self) -> str:
+        """Stable text name, e.g. ``lead:m=2`` (parsed back by :func:`parse_rule`)."""
+        params = ",".join(f"{f.name}={_fmt(getattr(self, f.name))}" for f in fields(self))  # type: ignore[arg-type]
+        return f"{self.kind}:{params}" if params else self.kind
+
+    def stops(self, states: VoteStates) -> np.ndarray:
+        """(S,) bool: stop at each state. A state without votes never stops."""
+        return (self.statistic(states) >= self.threshold) & (states.top(1)[:, 0] > 0)
+
+    def should_stop(self, answers: Sequence[Hashable | None]) -> StopDecision:
+        states, leader = vote_state(answers)
+        stat = float(self.statistic(states)[0])
+        return StopDecision(most_common=leader, prob=stat, stop=bool(self.stops(states)[0]))
+
+
+def _fmt(x: float | int) -> str:
+    if isinstance(x, int):
+        return str(x)
+    r = repr(float(x))
+    return r[:-2] if r.endswith(".0") else r
+
+
+def _int_at_least(rule: str, name: str, value: object, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise InputError(f"{rule} rule: {name} must be an integer >= {low}, got {value!r}.")
+
+
+def _prob_above_half(rule: str, value: object) -> None:
+    if not isinstance(value, float | int) or not 0.5 < float(value) < 1.0:
+        raise InputError(f"{rule} rule: p must be a probability in (0.5, 1), got {value!r}; at p <= 0.5 "
+                         "a state with no votes already looks decided.")
+
+
+@dataclass(frozen=True)
+class NoRule(StoppingRule):
+    kind: ClassVar[str] = "none"
+
+    @property
+    def threshold(self) -> float:
+        return math.inf
+
+    def statistic(self, states: VoteStates) -> np.ndarray:
+        return np.full(states.run.shape, -math.inf)
+
+
+@dataclass(frozen=True)
+class LeadRule(StoppingRule):
+    m: int = 2
+    kind: ClassVar[str] = "lead"
+    width: ClassVar[int] = 2
+
+    def __post_init__(self) -> None:
+        _int_at_least("lead", "m", self.m, 1)
+
+    @property
+    def threshold(self) -> float:
+        return float(self.m)
+
+    def statistic(self, states: VoteStates) -> np.ndarray:
+        c = states.top(2)
+        return (c[:, 0] - c[:, 1]).astype(np.float64)
+
+
+@dataclass(frozen=True)
+class WindowRule(StoppingRule):
+    w: int = 3
+    kind: ClassVar[str] = "window"
+    uses_run: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        _int_at_least("window", "w", self.w, 1)
+
+    @property
+    def threshold(self) -> float:
+        return float(self.w)
+
+    @property
+    def run_cap(self) -> int:  # type: ignore[override]
+        return self.w
+
+    def statistic(self, states: VoteStates) -> np.ndarray:
+        return states.run.astype(np.float64)
+
+
+@dataclass(frozen=True)
+class BetaRule(StoppingRule):
+    p: float = 0.95
+    kind: ClassVar[str] = "beta"
+    width: ClassVar[int] = 2
+
+    def __post_init__(self) -> None:
+        _prob_above_half("beta", self.p)
+        object.__setattr__(self, "p", float(self.p))
+
+    @property
+    def threshold(self) -> float:
+        return self.p
+
+    def statistic(self, states: VoteStates) -> np.ndarray:
+        c = states.top(2)
+        return beta_dist.sf(0.5, c[:, 0] + 1, c[:, 1] + 1)
+
+
+@dataclass(frozen=True)
+class DirichletRule(StoppingRule):
+    p: float = 0.95
+    top: int = 5
+    kind: ClassVar[str] = "dirichlet"
+
+    def __post_init__(self) -> None:
+        _prob_above_half("dirichlet", self.p)
+        _int_at_least("dirichlet", "top", self.top, 2)
+        object.__setattr__(self, "p", float(self.p))
+
+    @property
+    def width(self) -> int:  # type: ignore[override]
+        return self.top
+
+    @property
+    def threshold(self) -> float:
+        return self.p
+
+    def statistic(self, states: VoteStates) -> np.ndarray:
+        c = states.top(self.top)
+        out = beta_dist.sf(0.5, c[:, 0] + 1, c[:, 1] + 1)
+        many = (c > 0).sum(axis=1) >= 3
+        if many.any():
+            cm = c[many]
+            out[many] = leader_max_prob(cm[:, 0] + 1, np.where(cm[:, 1:] > 0, cm[:, 1:] + 1, 0))
+        return out
+
+
+@dataclass(frozen=True)
+class BayesFactorRule(StoppingRule):
+    B: float = 10.0
+    alpha: float = 0.3
+    top: int = 5
+    kind: ClassVar[str] = "bayes"
+
+    def __post_init__(self) -> None:
+        for name in ("B", "alpha"):
+            v = getattr(self, name)
+            if not isinstance(v, float | int) or isinstance(v, bool) or not 0 < float(v) < math.inf:
+                raise InputError(f"bayes rule: {name} must be a positive number, got {v!r}.")
+            object.__setattr__(self, name, float(v))
+        _int_at_least("bayes", "top", self.top, 1)
+
+    @property
+    def width(self) -> int:  # type: ignore[override]
+        return self.top
+
+    @property
+    def threshold(self) -> float:
+        return self.B
+
+    def statistic(self, states: VoteStates) -> np.ndarray:
+        c = states.top(self.top)
+        out = np.zeros(c.shape[0])
+        voted = c[:, 0] > 0
+        if voted.any():
+            p1 = leader_max_prob(c[voted, 0], c[voted, 1:], self.alpha)
+            with np.errstate(divide="ignore"):
+                out[voted] = p1 / (1.0 - p1)
+        return out
+
+
+def stops_unique(rule: StoppingRule, states: VoteStates) -> np.ndarray:
+    """``rule.stops(states)``, evaluating the statistic once per distinct state the rule can tell apart:
+    its ``width`` largest counts (at least the largest, which says whether there are votes) and the run
+    (capped) if it reads it. The Dirichlet rules cost milliseconds per distinct state."""
+    w = max(rule.width, 1)
+    key = states.top(w)
+    if rule.uses_run:
+        key = np.hstack([key, np.minimum(states.run, rule.run_cap)[:, None]])
+    uniq, inv = np.unique(key, axis=0, return_inverse=True)
+    run = uniq[:, w] if rule.uses_run else np.zeros(len(uniq), np.int64)
+    sub = VoteStates(counts=uniq[:, :w], run=run)
+    return rule.stops(sub)[inv.ravel()]
+
+
+RULES: dict[str, type[StoppingRule]] = {
+    r.kind: r for r in (NoRule, LeadRule, WindowRule, BetaRule, DirichletRule, BayesFactorRule)
+}
+_GRAMMAR = ("a rule is KIND or KIND:NAME=VALUE,…, e.g. none, lead:m=2, window:w=3, beta:p=0.95, "
+            "dirichlet:p=0.95,top=5, bayes:B=10,alpha=0.3,top=5")
+
+
+def parse_rule(text: str) -> StoppingRule:
+    """The rule named ``text`` (the inverse of :attr:`StoppingRule.name`); omitted parameters take
+    their defaults."""
+    kind, _, rest = text.strip().partition(":")
+    cls = RULES.get(kind)
+    if cls is None:
+        raise InputError(f"unknown stopping rule {kind!r} in {text!r}; kinds: {', '.join(RULES)} ({_GRAMMAR}).")
+    types = {f.name: f.type for f in fields(cls)}  # type: ignore[arg-type]
+    kwargs: dict[str, int | float] = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or key not in types:
+            raise InputError(f"bad parameter {item!r} in rule {text!r}: {kind} takes "
+                             f"{', '.join(types) or 'no parameters'} ({_GRAMMAR}).")
+        try:
+            kwargs[key] = int(value) if types[key] in (int, "int") else float(value)
+        except ValueError:
+            raise InputError(f"parameter {key} of rule {text!r} must be a number, got {value!r}.") from None
+    return cls(**kwargs)
