@@ -1,5 +1,5 @@
-"""The README's "Configuration" table is the one place the gateway's settings are documented: it must list
-exactly the fields of :class:`isocompute.app.settings.Settings`, each with its ``ISOCOMPUTE_<FIELD>``
+"""The "Configuration" table of docs/gateway.md is the one place the gateway's settings are documented: it
+must list exactly the fields of :class:`isocompute.app.settings.Settings`, each with its ``ISOCOMPUTE_<FIELD>``
 variable and its real default, and the section's TOML example must load. A new setting without a row, a
 changed default or a renamed field fails here.
 """
@@ -15,12 +15,12 @@ import pytest
 
 from isocompute.app.settings import Settings
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "gateway.md"
 
 
 def config_section(text: str) -> str:
     m = re.search(r"^## Configuration\n(.*?)(?=^## )", text, flags=re.MULTILINE | re.DOTALL)
-    assert m, 'README.md has no "## Configuration" section followed by another section'
+    assert m, 'docs/gateway.md has no "## Configuration" section followed by another section'
     return m.group(1)
 
 
@@ -64,7 +64,7 @@ def no_isocompute_env(monkeypatch):
 
 @pytest.fixture(scope="module")
 def rows():
-    header, rows = parse_table(config_section(README.read_text()))
+    header, rows = parse_table(config_section(DOC.read_text()))
     assert header == ["setting", "env var", "default", "meaning"]
     assert all(len(r) == 4 for r in rows), [r for r in rows if len(r) != 4]
     return rows
@@ -95,7 +95,7 @@ def test_env_vars_and_defaults_are_the_real_ones(rows):
         documented, real = parse_default(default), real_default(name)
         # the type too: a float default is written `4.0`, not `4`
         assert documented == real and type(documented) is type(real), (
-            f"{name}: README says {default}, Settings says {real!r}")
+            f"{name}: docs/gateway.md says {default}, Settings says {real!r}")
         assert meaning, f"{name} has no meaning"
 
 
@@ -109,7 +109,7 @@ def test_the_documented_env_var_is_read(rows, monkeypatch, no_isocompute_env):
 
 
 def test_the_toml_example_loads(tmp_path, monkeypatch, no_isocompute_env):
-    section = config_section(README.read_text())
+    section = config_section(DOC.read_text())
     m = re.search(r"```toml\n(.*?)```", section, flags=re.DOTALL)
     assert m, "the Configuration section has no ```toml example"
     cfg = tmp_path / "gateway.toml"
