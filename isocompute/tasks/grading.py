@@ -27,6 +27,11 @@ switched off (``parsing_timeout=None``, ``timeout_seconds=None``) and replaced b
 
 A timed-out or crashed item counts as incorrect and is listed in :class:`GradeResult`.
 
+Where it lives: this module is the pool (:class:`Grader`); the rule for one item is
+:mod:`isocompute.tasks.grading_rule`, what the workers run (soft timeouts, :func:`map_in_process`)
+:mod:`isocompute.tasks.grading_workers`, and the math-verify calls :mod:`isocompute.tasks.verify`. Their
+public names are importable from here too.
+
 Ignores: partial credit, multiple-choice letter matching, units beyond what math-verify normalises.
 
 >>> from isocompute.tasks.base import Problem
@@ -38,22 +43,29 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import signal
-import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from fractions import Fraction
-from functools import lru_cache
 from typing import Any
 
 from isocompute.errors import DependencyError, InputError
-from isocompute.tasks.base import Problem
-from isocompute.tasks.extract import extract_answer, normalize_answer
+from isocompute.tasks.grading_rule import NUMERIC_TASKS, _shortcut, answer_correct, grade, numbers_equal  # noqa: F401
+from isocompute.tasks.grading_workers import (
+    _POOL_FUNCTIONS,
+    _RIGHT,
+    _TIMEOUT,
+    _WRONG,
+    MapResult,
+    _map_values,
+    _verify_chunk,
+    _worker_init,
+    _worker_ready,
+    map_in_process,
+)
+from isocompute.tasks.verify import _math_verify, _parse_boxed, math_equal, require_math_verify  # noqa: F401
 
 __all__ = [
     "GradeResult", "Grader", "MapResult", "answer_correct", "grade", "map_in_process", "math_equal", "numbers_equal",
@@ -61,239 +73,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-NUMERIC_TASKS = frozenset({"arith"})
-
-# Status codes a worker returns per item.
-_WRONG, _RIGHT, _TIMEOUT = 0, 1, 2
-
-
-# ------------------------------------------------------------------------------------------ the rule
-def _to_number(s: str) -> Fraction | None:
-    try:
-        return Fraction(normalize_answer(s))
-    except (ValueError, ZeroDivisionError):
-        return None
-
-
-def numbers_equal(gold: str, pred: str) -> bool:
-    """Exact numeric equality after trivial normalisation; a non-number is never equal.
-
-    >>> numbers_equal("1,000", "1000.0"), numbers_equal("3/4", "0.75"), numbers_equal("7", "seven")
-    (True, True, False)
-    """
-    a, b = _to_number(gold), _to_number(pred)
-    return a is not None and b is not None and a == b
-
-
-class _MathVerifyNoise(logging.Filter):
-    """Drop math-verify's one-off warning that its timeouts are off: here that is deliberate."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Timeout is disabled")
-
-
-@lru_cache(maxsize=1)
-def _math_verify() -> tuple[Any, Any]:
-    """math-verify's ``(parse, verify)``, after checking once that it really grades.
-
-    Imported lazily: math-verify pulls in sympy (~1 s), which ``import isocompute.tasks`` should not pay.
-    The known-answer check matters because math-verify's ``parse`` turns any exception — a missing
-    LaTeX parser (antlr4) among them — into "no answer" logged at DEBUG, so a broken install would grade
-    every math answer wrong without a word. A failure raises :class:`DependencyError`; lru_cache does
-    not cache it, so every later call raises it again rather than grading.
-    """
-    fix = "reinstall it with `pip install 'math-verify[antlr4_13_2]'`"
-    try:
-        from math_verify import parse, verify
-    except ImportError as e:
-        raise DependencyError(f"math-verify is not installed or does not import ({e}); {fix}.") from e
-    for name in ("math_verify.parser", "math_verify.grader"):
-        logging.getLogger(name).addFilter(_MathVerifyNoise())
-    try:
-        # \frac{2}{4} and \frac{1}{2} differ as strings, so only a working LaTeX parser calls them equal.
-        half, two_quarters = (parse(t, parsing_timeout=None) for t in ("$\\frac{1}{2}$", "$\\frac{2}{4}$"))
-        works = bool(verify(half, two_quarters, timeout_seconds=None))
-    except Exception as e:  # whatever broke inside math-verify, the message names it
-        raise DependencyError(f"math-verify cannot parse LaTeX ({type(e).__name__}: {e}); {fix}.") from e
-    if not works:
-        raise DependencyError(
-            "math-verify cannot parse LaTeX: it grades \\frac{1}{2} and \\frac{2}{4} as different (its own "
-            f"error is logged by the `math_verify` logger at DEBUG); {fix}."
-        )
-    return parse, verify
-
-
-def require_math_verify() -> None:
-    """Raise :class:`DependencyError` unless math-verify imports and grades ``1/2 = 2/4``; cached.
-
-    Call it before work whose grading will need math-verify, so a broken install stops the job at
-    start-up, not after hours of sampling.
-    """
-    _math_verify()
-
-
-@lru_cache(maxsize=4096)
-def _parse_boxed(answer: str) -> Any:
-    # Gold answers repeat (n samples per prompt), so parsed golds are cached. An exception (our soft
-    # timeout) propagates through lru_cache without being cached.
-    parse, _ = _math_verify()
-    return parse("\\boxed{" + answer + "}", parsing_timeout=None)
-
-
-def math_equal(gold: str, pred: str) -> bool:
-    """math-verify equivalence of two extracted answers, gold first; no timeout of its own.
-
-    >>> math_equal("\\\\frac{1}{2}", "0.5"), math_equal("(1, 2)", "(2, 1)")
-    (True, False)
-    """
-    _, verify = _math_verify()
-    return bool(verify(_parse_boxed(gold), _parse_boxed(pred), timeout_seconds=None))
-
-
-def _shortcut(gold: str, text: str, task: str) -> tuple[str, str | None, bool | None]:
-    """Cheap part of the rule: (normalised gold, extracted pred, verdict or None if math-verify must decide)."""
-    gold_n = normalize_answer(gold)
-    pred = extract_answer(text)
-    if pred is None:
-        return gold_n, None, False
-    if task in NUMERIC_TASKS:
-        return gold_n, pred, numbers_equal(gold_n, pred)
-    if pred == gold_n:
-        return gold_n, pred, True
-    return gold_n, pred, None
-
-
-class _ItemTimeout(BaseException):
-    """Raised by our interval timer. A BaseException so math-verify's ``except Exception`` lets it out."""
-
-
-@contextmanager
-def _soft_timeout(seconds: float | None) -> Iterator[None]:
-    """Raise :class:`_ItemTimeout` after ``seconds`` of wall time; a no-op off the main thread."""
-    if not seconds or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def on_alarm(signum: int, frame: Any) -> None:
-        raise _ItemTimeout
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    outer_delay, outer_interval = signal.setitimer(signal.ITIMER_REAL, seconds)
-    started = time.monotonic()
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        if outer_delay:
-            # The caller had its own timer running (pytest-timeout, a trainer's watchdog): re-arm what
-            # is left of it rather than silently cancelling it.
-            left = max(outer_delay - (time.monotonic() - started), 1e-3)
-            signal.setitimer(signal.ITIMER_REAL, left, outer_interval)
-
-
-def _math_equal_status(gold: str, pred: str, timeout: float | None) -> int:
-    # Outside the try: a broken math-verify is the job's error, not one wrong answer.
-    require_math_verify()
-    try:
-        with _soft_timeout(timeout):
-            return _RIGHT if math_equal(gold, pred) else _WRONG
-    except _ItemTimeout:
-        return _TIMEOUT
-    except Exception:  # an unparsable answer is a wrong answer, not a crashed batch
-        logger.debug("math-verify failed on gold=%r pred=%r", gold[:80], pred[:80], exc_info=True)
-        return _WRONG
-
-
-def _math_key_status(answer: str, timeout: float | None) -> Any:
-    from isocompute.tasks.math_forms import math_key  # lazily: math_forms reads parses through this module
-
-    try:
-        with _soft_timeout(timeout):
-            return math_key(answer)
-    except _ItemTimeout:
-        return _TIMEOUT
-    except Exception:  # an unparsable answer has no canonical form; it is compared as a string
-        logger.debug("math-verify could not parse %r", answer[:80], exc_info=True)
-        return None
-
-
-def answer_correct(gold: str, text: str, task: str, *, timeout: float | None = 5.0) -> bool:
-    """The grading rule for one item in this process; ``text`` is a completion or an extracted answer.
-
-    ``timeout`` (seconds) is enforced with ``SIGALRM`` only on the main thread; it cannot stop sympy
-    stuck inside C code — use :class:`Grader` for untrusted batches.
-    """
-    gold_n, pred, verdict = _shortcut(gold, text, task)
-    if verdict is not None:
-        return verdict
-    assert pred is not None  # _shortcut returns a verdict when there is no prediction
-    return _math_equal_status(gold_n, pred, timeout) == _RIGHT
-
-
-def grade(problem: Problem, completion: str) -> bool:
-    """Is ``completion``'s final answer equal to ``problem.gold``? Pure; a timeout (5 s) is incorrect."""
-    return answer_correct(problem.gold, completion, problem.task)
-
-
-# ------------------------------------------------------------------------------------------ the pool
-def _worker_init() -> None:
-    _math_verify()
-    math_equal("1", "1")  # warm sympy's caches and the LaTeX parser before the first deadline starts
-
-
-def _worker_ready() -> int:
-    import os
-
-    return os.getpid()
-
-
-def _verify_chunk(pairs: list[tuple[str, str]], timeout: float | None) -> list[int]:
-    """Worker side: math-verify status for each (gold, pred), each under its own soft timeout."""
-    return [_math_equal_status(g, p, timeout) for g, p in pairs]
-
-
-def _key_chunk(answers: list[str], timeout: float | None) -> list[Any]:
-    """Worker side: :func:`~isocompute.tasks.math_forms.math_key` of each answer, ``_TIMEOUT`` (an int)
-    where it ran out of time."""
-    return [_math_key_status(a, timeout) for a in answers]
-
-
-# What Grader.map can run in its workers: a name, so callers need not import private functions.
-_POOL_FUNCTIONS = {"verify": _verify_chunk, "math_key": _key_chunk}
-
-
-def _map_values(function: str, raw: list[Any]) -> MapResult:
-    """Timeouts (``_TIMEOUT``) become ``None`` and are listed; verify statuses become booleans."""
-    timed_out = [i for i, v in enumerate(raw) if type(v) is int and v == _TIMEOUT]
-    values = list(raw)
-    for i in timed_out:
-        values[i] = None
-    if function == "verify":
-        values = [None if v is None else v == _RIGHT for v in values]
-    return MapResult(values, timed_out)
-
-
-def map_in_process(
-    function: str, items: Sequence[Any], *, timeout: float | None = None, deadline: float | None = None
-) -> MapResult:
-    """:meth:`Grader.map` in this process: the same values, each item under a soft timeout (default
-    5 s; it holds on the main thread only). Items still to do when ``deadline`` (a ``time.monotonic()``
-    value) passes are not run: their value is ``None`` and they are listed as timed out.
-    """
-    if function not in _POOL_FUNCTIONS:
-        raise InputError(f"map_in_process runs one of {sorted(_POOL_FUNCTIONS)}; you passed {function!r}.")
-    run = _POOL_FUNCTIONS[function]
-    raw: list[Any] = []
-    for item in items:
-        if deadline is not None and time.monotonic() >= deadline:
-            raw.append(_TIMEOUT)
-            continue
-        left = None if deadline is None else max(deadline - time.monotonic(), 1e-3)
-        per_item = 5.0 if timeout is None else timeout
-        raw += run([item], per_item if left is None else min(per_item, left))
-    return _map_values(function, raw)
 
 
 @dataclass(slots=True)
@@ -307,17 +86,6 @@ class GradeResult:
     crashed: list[int] = field(default_factory=list)
     restarts: int = 0
     seconds: float = 0.0
-
-
-@dataclass(slots=True)
-class MapResult:
-    """Outcome of :meth:`Grader.map`: ``values[i]`` for item ``i`` (``None`` where it timed out or
-    crashed a worker, both listed); ``restarts`` counts pool rebuilds."""
-
-    values: list[Any]
-    timed_out: list[int] = field(default_factory=list)
-    crashed: list[int] = field(default_factory=list)
-    restarts: int = 0
 
 
 @dataclass(slots=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from isocompute.tasks.grading import _parse_boxed
+from isocompute.tasks.verify import _parse_boxed
 
 __all__ = ["Value", "math_key", "values_differ"]
 
