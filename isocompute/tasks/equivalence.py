@@ -34,109 +34,38 @@ comparisons run in its process pool with its per-item timeout and hang recovery;
 in this process (soft timeout on the main thread only). A parse that times out leaves the answer a
 string; a comparison that times out keeps the two apart (and a gold comparison counts as incorrect).
 
+Where it lives: the kinds and the cheap kinds' keys are :mod:`isocompute.tasks.answer_keys`; reading
+``math`` keys and the rounds of comparisons :mod:`isocompute.tasks.class_merge`; this module builds each
+record's groups, the classes and the votes. Names of the first are importable from here too.
+
 Ignores: units ("18 dollars" is not the number 18 — extraction's job), partial credit, and answers
 that differ only beyond the kinds above (e.g. synonyms in free text).
 """
 
 from __future__ import annotations
 
-import math
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
-from fractions import Fraction
 from typing import Any
 
 from isocompute.errors import InputError
-from isocompute.tasks.extract import normalize_answer
-from isocompute.tasks.grading import Grader, map_in_process
-from isocompute.tasks.math_forms import values_differ
+from isocompute.tasks.answer_keys import (  # noqa: F401
+    ABS_TOL,
+    KINDS,
+    REL_TOL,
+    TASK_KINDS,
+    canonical_key,
+    kind_of,
+    normalised_or_none,
+)
+from isocompute.tasks.class_merge import Group, Key, distinct_keys, merge_groups
+from isocompute.tasks.grading import Grader
 
 __all__ = [
     "KINDS", "TASK_KINDS", "Classes", "Votes", "answer_classes", "canonical_key", "classify", "kind_of",
     "vote_classes",
 ]
-
-KINDS = ("math", "number", "date", "choice", "exact")
-TASK_KINDS = {"arith": "number", "gsm8k": "number", "math": "math", "math500": "math", "date": "date"}
-REL_TOL = 1e-9
-ABS_TOL = 1e-9
-
-
-def kind_of(task: str) -> str:
-    """The equivalence kind of a task name (``"gsm8k"`` → ``"number"``); a kind's own name is accepted."""
-    key = task.strip().lower()
-    if key in KINDS:
-        return key
-    if key in TASK_KINDS:
-        return TASK_KINDS[key]
-    raise InputError(f"unknown task or answer kind {task!r}; choose a task ({', '.join(TASK_KINDS)}) "
-                     f"or a kind ({', '.join(KINDS)}).")
-
-
-# ------------------------------------------------------------------------------------------ keys
-_NUMERIC_DATE = re.compile(r"(\d{1,2})[/.-](\d{1,2})[/.-](\d{4}|\d{2})")
-_ISO_DATE = re.compile(r"(\d{4})-(\d{1,2})-(\d{1,2})")
-_NAMED_DATES = ("%B %d, %Y", "%b %d, %Y", "%B %d %Y", "%b %d %Y", "%d %B %Y", "%d %b %Y")
-_CHOICE = re.compile(r"\(?([A-Za-z])(?:\)|\.|:|$)(?:\s.*)?", re.DOTALL)
-
-
-def _date_key(s: str) -> str | None:
-    s = s.split("\n", 1)[0].strip().rstrip(".")  # a dump may keep text after the date's line
-    if m := _NUMERIC_DATE.fullmatch(s):
-        month, day, year = m.groups()
-    elif m := _ISO_DATE.fullmatch(s):
-        year, month, day = m.groups()
-    else:
-        for fmt in _NAMED_DATES:
-            try:
-                d = datetime.strptime(s, fmt)
-            except ValueError:
-                continue
-            return f"date:{d.month:02d}/{d.day:02d}/{d.year:04d}"
-        return None
-    return f"date:{int(month):02d}/{int(day):02d}/{int(year):04d}"
-
-
-def _number(s: str) -> Fraction | None:
-    try:
-        return Fraction(s.replace(",", ""))
-    except (ValueError, ZeroDivisionError):
-        return None
-
-
-def canonical_key(answer: str, kind: str) -> str | None:
-    """The canonical key of a normalised, non-empty answer for a cheap kind (not ``math``), or ``None``
-    when the answer does not read as that kind (then it is compared as a string).
-
-    >>> canonical_key("18.0", "number"), canonical_key("5/1/2021", "date"), canonical_key("(b)", "choice")
-    ('num:18', 'date:05/01/2021', 'choice:B')
-    """
-    if kind == "number":
-        value = _number(answer)
-        return None if value is None else f"num:{value}"
-    if kind == "date":
-        return _date_key(answer)
-    if kind == "choice":
-        m = _CHOICE.fullmatch(answer)
-        return f"choice:{m.group(1).upper()}" if m else None
-    if kind == "exact":
-        return f"str:{answer}"
-    raise InputError(f"canonical_key reads kinds number, date, choice, exact; {kind!r} goes through classify().")
-
-
-def _numbers_close(a: str, b: str) -> bool:
-    x, y = float(Fraction(a[4:])), float(Fraction(b[4:]))
-    return math.isclose(x, y, rel_tol=REL_TOL, abs_tol=ABS_TOL)
-
-
-def _normalise(answer: str | None) -> str | None:
-    if answer is None:
-        return None
-    s = normalize_answer(str(answer))
-    return s or None
 
 
 # ------------------------------------------------------------------------------------------ classes
@@ -162,41 +91,6 @@ class Classes:
     complete: bool = True
 
 
-_Key = tuple[str | None, complex | None]  # canonical key (None: unreadable) and, for math, a constant's value
-_Group = tuple[str, str | None, complex | None]  # a record's distinct answer: first string, key, value
-
-
-# math-verify's work is a pure function of the strings, so it is remembered across calls in this process
-# (an import grades in batches; the gateway sees the same answers again). Timeouts are not remembered.
-_CACHE_LIMIT = 200_000
-_MATH_KEYS: dict[str, _Key] = {}
-_VERIFIED: dict[tuple[str, str], bool] = {}
-
-
-def _remember(cache: dict, items: Any) -> None:
-    if len(cache) > _CACHE_LIMIT:
-        cache.clear()
-    cache.update(items)
-
-
-def _keys(
-    strings: list[str], kind: str, grader: Grader | None, timeout: float | None, deadline: float | None
-) -> tuple[list[_Key], int]:
-    """Canonical key (and value) of each distinct string, and how many parses timed out."""
-    if kind != "math":
-        return [(canonical_key(s, kind), None) for s in strings], 0
-    todo = [s for s in strings if s not in _MATH_KEYS]
-    if grader is None:
-        result = map_in_process("math_key", todo, timeout=timeout, deadline=deadline)
-    else:
-        result = grader.map("math_key", todo, timeout=_within(timeout, deadline))
-    failed = set(result.timed_out) | set(result.crashed)
-    fresh = {s: ((None, None) if v is None else (f"math:{v[0]}", v[1]))
-             for s, v in zip(todo, result.values, strict=True)}
-    _remember(_MATH_KEYS, ((s, k) for i, (s, k) in enumerate(fresh.items()) if i not in failed))
-    return [fresh[s] if s in fresh else _MATH_KEYS[s] for s in strings], len(failed)
-
-
 def classify(
     records: Sequence[Sequence[str | None]],
     kind: str,
@@ -218,29 +112,43 @@ def classify(
     if golds is not None and len(golds) != len(records):
         raise InputError(f"classify got {len(records)} records but {len(golds)} gold answers; pass one per record.")
     norm_cache: dict[Any, str | None] = {}
-    rows = [[norm_cache[a] if a in norm_cache else norm_cache.setdefault(a, _normalise(a)) for a in rec]
+    rows = [[norm_cache[a] if a in norm_cache else norm_cache.setdefault(a, normalised_or_none(a)) for a in rec]
             for rec in records]
-    gold_rows = [None] * len(rows) if golds is None else [_normalise(g) for g in golds]
+    gold_rows = [None] * len(rows) if golds is None else [normalised_or_none(g) for g in golds]
     # A record whose answers and gold are all one string needs no key: identical strings are equal
     # (grading's own shortcut), so math-verify only reads records where something differs.
     single = [len({*row, gold} - {None}) <= 1 for row, gold in zip(rows, gold_rows, strict=True)]
     strings = list(dict.fromkeys(x for row, gold, one in zip(rows, gold_rows, single, strict=True) if not one
                                  for x in (*row, gold) if x is not None))
-    keys, timed_out = _keys(strings, kind, grader, timeout, deadline)
+    keys, timed_out = distinct_keys(strings, kind, grader, timeout, deadline)
     key_of = dict(zip(strings, keys, strict=True))
+    groups, sample_group, gold_unreadable = _groups(rows, gold_rows, single, key_of, with_gold=golds is not None)
 
-    # Groups: one per distinct key (or string, when unreadable) of a record, gold first when readable.
-    groups: list[list[_Group]] = []
+    cluster, more_timeouts, complete = merge_groups(groups, kind, grader, timeout, deadline)
+    timed_out += more_timeouts
+    complete = complete and timed_out == 0  # a parse or comparison cut short may have split a class
+    classes, correct, n_classes = _dense(cluster, sample_group, gold_unreadable, with_gold=golds is not None)
+    distinct = [len({s for s in row if s is not None}) for row in rows]
+    return Classes(classes, correct, distinct, n_classes, gold_unreadable, timed_out, complete)
+
+
+def _groups(
+    rows: list[list[str | None]], gold_rows: list[str | None], single: list[bool], key_of: dict[str, Key],
+    *, with_gold: bool,
+) -> tuple[list[list[Group]], list[list[int | None]], list[int]]:
+    """One group per distinct key (or string, when unreadable) of a record, gold first when readable:
+    each record's groups, each sample's group (None for a null answer), records whose gold is unreadable."""
+    groups: list[list[Group]] = []
     sample_group: list[list[int | None]] = []
     gold_unreadable: list[int] = []
     for r, (row, gold) in enumerate(zip(rows, gold_rows, strict=True)):
         index: dict[str, int] = {}
-        reps: list[_Group] = []
+        reps: list[Group] = []
         if single[r]:
             key_of_r = {x: (f"same:{x}", None) for x in {*row, gold} - {None}}
         else:
             key_of_r = key_of
-        if golds is not None:
+        if with_gold:
             gkey, gvalue = key_of_r[gold] if gold is not None else (None, None)
             if gkey is None:
                 gold_unreadable.append(r)
@@ -260,11 +168,14 @@ def classify(
             row_groups.append(index[ident])
         groups.append(reps)
         sample_group.append(row_groups)
+    return groups, sample_group, gold_unreadable
 
-    cluster, more_timeouts, complete = _merge(groups, kind, grader, timeout, deadline)
-    timed_out += more_timeouts
-    complete = complete and timed_out == 0  # a parse or comparison cut short may have split a class
 
+def _dense(
+    cluster: list[list[int]], sample_group: list[list[int | None]], gold_unreadable: list[int], *, with_gold: bool
+) -> tuple[list[list[int | None]], list[list[bool] | None], list[int]]:
+    """Dense class ids per record in order of first appearance, verdicts against the gold's class (None
+    without a readable gold), and the number of classes per record."""
     classes: list[list[int | None]] = []
     correct: list[list[bool] | None] = []
     n_classes: list[int] = []
@@ -273,90 +184,12 @@ def classify(
         out = [None if g is None else dense.setdefault(cluster[r][g], len(dense)) for g in row_groups]
         classes.append(out)
         n_classes.append(len(dense))
-        if golds is None or r in gold_unreadable:
+        if not with_gold or r in gold_unreadable:
             correct.append(None)
         else:
             gold_cluster = cluster[r][0]
             correct.append([g is not None and cluster[r][g] == gold_cluster for g in row_groups])
-    distinct = [len({s for s in row if s is not None}) for row in rows]
-    return Classes(classes, correct, distinct, n_classes, gold_unreadable, timed_out, complete)
-
-
-def _merge(
-    groups: list[list[_Group]], kind: str, grader: Grader | None,
-    timeout: float | None, deadline: float | None,
-) -> tuple[list[list[int]], int, bool]:
-    """Greedy merge of each record's groups (module docstring): cluster id per group, timeouts, complete."""
-    cluster = [list(range(len(g))) for g in groups]
-    if kind not in ("math", "number"):
-        return cluster, 0, True  # canonical keys are the whole rule
-    # Only readable keys can merge; an unreadable answer is a class of its own string.
-    pending = [[i for i, (_, k, _) in enumerate(g) if k is not None] for g in groups]
-    cache: dict[tuple[str, str], bool] = {}
-    timed_out = 0
-    while True:
-        todo = [r for r, p in enumerate(pending) if len(p) >= 2]
-        if not todo:
-            return cluster, timed_out, True
-        if deadline is not None and time.monotonic() >= deadline:
-            return cluster, timed_out, False
-        pairs = []
-        for r in todo:
-            first = groups[r][pending[r][0]]
-            for g in pending[r][1:]:
-                other = groups[r][g]
-                pair = _pair(first, other, kind)
-                if pair not in cache and kind == "math" and values_differ(first[2], other[2]):
-                    cache[pair] = False  # two constants far apart: no need to ask math-verify
-                pairs.append(pair)
-        new = [p for p in dict.fromkeys(pairs) if p not in cache]
-        verdicts, late = _verdicts(new, kind, grader, timeout, deadline)
-        timed_out += late
-        cache.update(zip(new, verdicts, strict=True))
-        for r in todo:
-            rep, rest = pending[r][0], pending[r][1:]
-            keep = []
-            for g in rest:
-                if cache[_pair(groups[r][rep], groups[r][g], kind)]:
-                    cluster[r][g] = cluster[r][rep]
-                else:
-                    keep.append(g)
-            pending[r] = keep
-
-
-def _verdicts(
-    pairs: list[tuple[str, str]], kind: str, grader: Grader | None, timeout: float | None,
-    deadline: float | None,
-) -> tuple[list[bool], int]:
-    """Does each pair merge (first element first)? And how many comparisons timed out (False)."""
-    if kind == "number":
-        return [_numbers_close(a, b) for a, b in pairs], 0
-    todo = [p for p in pairs if p not in _VERIFIED]
-    if not todo:
-        return [_VERIFIED[p] for p in pairs], 0
-    if grader is None:
-        result = map_in_process("verify", todo, timeout=timeout, deadline=deadline)
-    else:
-        result = grader.map("verify", todo, timeout=_within(timeout, deadline))
-    failed = set(result.timed_out) | set(result.crashed)
-    fresh = {p: bool(v) for p, v in zip(todo, result.values, strict=True)}
-    _remember(_VERIFIED, ((p, v) for i, (p, v) in enumerate(fresh.items()) if i not in failed))
-    return [fresh[p] if p in fresh else _VERIFIED[p] for p in pairs], len(failed)
-
-
-def _within(timeout: float | None, deadline: float | None) -> float | None:
-    """The per-item timeout, shortened to what is left before ``deadline``."""
-    if deadline is None:
-        return timeout
-    left = max(deadline - time.monotonic(), 1e-3)
-    return left if timeout is None else min(timeout, left)
-
-
-def _pair(rep: _Group, other: _Group, kind: str) -> tuple[str, str]:
-    """What is compared: math-verify reads the strings, the number rule reads the keys."""
-    if kind == "number":
-        return rep[1], other[1]  # type: ignore[return-value]
-    return rep[0], other[0]
+    return classes, correct, n_classes
 
 
 def answer_classes(
