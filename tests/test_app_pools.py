@@ -305,11 +305,11 @@ def test_serve_refuses_a_policy_on_a_model_without_a_pool_before_uvicorn_starts(
     with every pool there, the policy is loaded once and handed to the app."""
     import uvicorn
 
-    from isocompute.app import main
+    from isocompute.app import serving_policy
     from isocompute.cli.serve import run
 
     loads, started = [], []
-    monkeypatch.setattr(main, "load_policy", lambda path: loads.append(path) or TwoModels())
+    monkeypatch.setattr(serving_policy, "load_policy", lambda path: loads.append(path) or TwoModels())
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.append(app))
     argv = ["--policy", str(tmp_path), "--upstream", "s=http://127.0.0.1:9"]
     with pytest.raises(InputError, match=r"^no pool for model\(s\) x, used by the policy in --policy .*named pools "

@@ -16,10 +16,9 @@ from isocompute.policy.features.prompt import (
     expression_features,
     hand_features,
     hashed_matrix,
-    murmur_index,
     ngrams,
-    tokenize,
 )
+from isocompute.policy.features.text_rules import murmur_index, tokenize
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

@@ -10,6 +10,7 @@ import pytest
 
 from isocompute.cli import main
 from isocompute.errors import InputError
+from isocompute.policy.loading import load_policy
 from isocompute.policy.multi.menu import hull_columns, prune_menu
 from isocompute.policy.multi.policy import SINGLE_MODEL, ActionView, MultiPolicy, single_model_choice
 from isocompute.policy.policy import Policy
@@ -61,7 +62,7 @@ def fitted(two_models):
 
 
 def test_fit_writes_a_multi_model_policy_that_loads_back(fitted, two_models):
-    policy = Policy.load(fitted)
+    policy = load_policy(fitted)
     assert isinstance(policy, MultiPolicy) and policy.models == ("small", "large")
     meta = json.loads((fitted / "policy.json").read_text())
     assert meta["plans"] == [a.name for a in policy.model_actions] == list(policy.config.model_actions)
@@ -77,12 +78,12 @@ def test_fit_writes_a_multi_model_policy_that_loads_back(fitted, two_models):
         assert d.rule in ("learned", "fixed_plan", SINGLE_MODEL)
         if d.rule == SINGLE_MODEL:  # the best single model's fixed plan: every prompt on one model
             assert len({a.models for a in d.model_actions}) == 1
-        again = Policy.load(fitted).decide(prompts, b)
+        again = load_policy(fitted).decide(prompts, b)
         assert [a.name for a in again.model_actions] == [a.name for a in d.model_actions]
 
 
 def test_model_pin_restricts_every_stage_to_that_model(fitted):
-    policy = Policy.load(fitted)
+    policy = load_policy(fitted)
     lo, hi = policy.budget_range
     for model in policy.models:
         for b in (lo, np.sqrt(lo * hi), hi):
@@ -219,7 +220,7 @@ def test_tiny_world_fit_and_report(tiny_world, tmp_path):
     args += ["--actions", "1,2,4,8", "--orders", "50"]
     pol = tmp_path / "policy"
     assert main(["fit", *args, "--out", str(pol), "--max-actions", "16"]) == 0
-    policy = Policy.load(pol)
+    policy = load_policy(pol)
     assert policy.models == ("tiny-s", "tiny-l")
     out = tmp_path / "report"
     assert main(["report", *without_actions(args), "--policy", str(pol), "--out", str(out), "--folds", "4", "--seeds", "1",
@@ -260,7 +261,7 @@ def test_escalate_gives_the_dearer_action_to_the_prompts_the_score_ranks_first()
 def test_the_gateway_adapter_serves_a_multi_model_policy(fitted):
     from isocompute.app.serving_policy import FittedPolicy, ServingPolicy, as_serving_policy
 
-    sp = as_serving_policy(Policy.load(fitted))
+    sp = as_serving_policy(load_policy(fitted))
     assert isinstance(sp, FittedPolicy) and isinstance(sp, ServingPolicy)
     assert sp.models == ("small", "large") and sp.cost_unit == "flops"
     lo, hi = sp.budget_range
@@ -283,7 +284,7 @@ def test_a_fitted_multi_model_policy_serves_end_to_end_on_the_tiny_world(tiny_wo
         args += ["--outcomes", f"{name}={path}"]
     pol = tmp_path / "policy"
     assert main(["fit", *args, "--actions", "1,2,4", "--orders", "50", "--out", str(pol), "--max-actions", "12"]) == 0
-    policy = Policy.load(pol)
+    policy = load_policy(pol)
     lo, hi = policy.budget_range
     dirs = {name: d for name, (d, _) in tiny_world.items()}
     s = Settings(engine="transformers", model_dirs=dirs, policy_dir=pol, default_max_tokens=4, max_tokens_limit=8,

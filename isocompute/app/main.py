@@ -1,7 +1,7 @@
 """``create_app(settings)``: the FastAPI application, with nothing loaded until its lifespan starts.
 
 The lifespan (not the import, not ``create_app``) reads the API keys, loads the policy
-(``Policy.load(policy_dir)``), builds the engine (``engines.registry.make_engine``), finds the model's
+(``isocompute.policy.loading.load_policy(policy_dir)``), builds the engine (``engines.registry.make_engine``), finds the model's
 tokenizer (for chat templates and prompt-length checks) and its config (for FLOP accounting), starts
 the math-verify pool when answers are merged as ``math`` (``answer_kind``; a missing or broken
 math-verify stops the start-up with the fix), and starts the readiness task (:mod:`isocompute.app.readiness`), which keeps checking the upstream with real
@@ -34,6 +34,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from isocompute import __version__
+from isocompute.app import serving_policy
 from isocompute.app.accounting.auth import KeyStore, load_key_file
 from isocompute.app.accounting.metrics import Metrics, MetricsMiddleware
 from isocompute.app.errors import install_error_handlers
@@ -49,13 +50,6 @@ from isocompute.errors import EngineUnavailable, InputError
 from isocompute.solver.models.actions import parse_action
 
 log = logging.getLogger("isocompute.app")
-
-
-def load_policy(path: Path) -> Any:
-    """The fitted policy in ``path`` (raises ``ArtifactError`` with the fix when it is not one)."""
-    from isocompute.policy.policy import Policy
-
-    return Policy.load(path)
 
 
 def build_engine(s: Settings) -> Engine:
@@ -193,7 +187,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.keystore = build_keystore(s)
     policy = injected["policy"]
     if policy is None and s.policy_dir is not None:
-        policy = await asyncio.to_thread(load_policy, s.policy_dir)
+        policy = await asyncio.to_thread(serving_policy.load_policy, s.policy_dir)
     if policy is None:
         log.warning("no policy loaded (--policy DIR): generation routes answer 503 until POST /admin/reload")
     names = pool_names(s, injected["engines"])

@@ -329,13 +329,13 @@ async def reload_policy(
 ) -> ReloadResponse:
     """Reload the policy from ``policy_dir`` (default: the configured one). Needs the admin key."""
     who = keys.authorize_admin(authorization)
-    from isocompute.app.main import load_policy
+    from isocompute.app import serving_policy
 
     path = (body.policy_dir if body else None) or request.app.state.settings.policy_dir
     if path is None:
         raise InputError("no policy_dir configured; send {\"policy_dir\": \"DIR\"}")
     try:
-        policy = await asyncio.to_thread(load_policy, Path(path))
+        policy = await asyncio.to_thread(serving_policy.load_policy, Path(path))
     except ArtifactError as e:  # the running policy stays; the admin sent a bad directory
         raise InputError(f"cannot reload: {e}") from None
     gw.replace_policy(policy)

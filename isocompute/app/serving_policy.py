@@ -37,6 +37,7 @@ Ignores: how a policy decides (LightGBM, a table, a rule).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -183,5 +184,13 @@ def as_serving_policy(policy: Any) -> ServingPolicy:
         contract = [m for m in _CONTRACT if not hasattr(policy, m)]
         raise InputError(f"{type(policy).__name__} cannot serve: it is neither a fitted isocompute Policy (no "
                          f"{', '.join(missing)}) nor a ServingPolicy (no {', '.join(contract)}); load one "
-                         "with Policy.load(DIR) or implement isocompute.app.serving_policy.ServingPolicy")
+                         "with isocompute.policy.loading.load_policy(DIR) or implement isocompute.app.serving_policy.ServingPolicy")
     return FittedPolicy(policy)
+
+
+def load_policy(path: Path) -> Any:
+    """The fitted policy in ``path``, whichever kind it holds (raises ``ArtifactError`` with the fix when it
+    is not one); the gateway loads through this function at start-up and on ``POST /admin/reload``."""
+    from isocompute.policy.loading import load_policy as load_artifact
+
+    return load_artifact(path)

@@ -141,8 +141,7 @@ def preflight(s: Any) -> Any:
         if missing:
             raise InputError(missing_pools_message(missing, named, f"--action {s.action!r}"))
         return None
-    from isocompute.app.main import load_policy
-    from isocompute.app.serving_policy import as_serving_policy
+    from isocompute.app.serving_policy import as_serving_policy, load_policy
 
     policy = load_policy(s.policy_dir)
     missing = missing_pools(as_serving_policy(policy).models, named)

@@ -6,7 +6,7 @@ prompt and action) and a mean-FLOPs budget B, and return a :class:`HeldOut`: per
 utility and cost of the method, scored on prompts its choice never saw.
 
 * **uniform maj@k of model m** (:func:`uniform_at_budget`): ``m/none@k`` for every prompt, the two k
-  whose mean FLOPs bracket B mixed so the mean is B (:func:`isocompute.evaluation.evaluate.uniform_mix`);
+  whose mean FLOPs bracket B mixed so the mean is B (:func:`isocompute.policy.fallback.uniform_mix`);
   no choice is learned, so nothing is held out. Outside [k_min, k_max]'s costs: None.
 * **a fixed action set** (:func:`best_fixed`): one action — or a budget-matched mix of two — for every
   prompt, chosen on k − 1 folds and scored on the k-th (:func:`isocompute.policy.plans.fixed.cross_validate_fixed_plan`).
@@ -33,10 +33,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from isocompute.errors import BudgetError
-from isocompute.evaluation.evaluate import uniform_mix
+from isocompute.policy.fallback import uniform_mix
+from isocompute.policy.multi.menu import uniform_columns  # noqa: F401  (re-exported)
 from isocompute.policy.plans.fixed import FixedPlanChoice, choose_fixed_plan, fold_assignment
 from isocompute.solver.models.estimates import ActionEstimates
-from isocompute.solver.plans.rules import NoRule
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,13 +55,6 @@ class HeldOut:
     @property
     def mean_cost(self) -> float:
         return float(self.cost.mean())
-
-
-def uniform_columns(est: ActionEstimates, model: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(k, columns)`` of the model's one-wave, no-rule plans ``model/none@k``, by k."""
-    pairs = sorted((a.stages[0].plan.max_samples, j) for j, a in enumerate(est.actions)
-                   if a.models == (model,) and isinstance(a.stages[0].plan.rule, NoRule) and a.stages[0].plan.n_waves == 1)
-    return np.array([k for k, _ in pairs], np.int64), np.array([j for _, j in pairs], np.int64)
 
 
 def uniform_at_budget(est: ActionEstimates, model: str, budget: float) -> HeldOut | None:

@@ -18,7 +18,8 @@ and the learned rule serving every budget; artifacts written before plans (integ
 the one-wave plans ``none@k`` (samples k, one wave). A multi-model policy (config ``models`` and
 ``model_actions``) stores its actions by stable names in ``plans`` too (``MODEL/PLAN`` stages,
 :func:`isocompute.solver.models.actions.parse_action`) and loads as
-:class:`~isocompute.policy.multi.policy.MultiPolicy` whichever class asked.
+:class:`~isocompute.policy.multi.policy.MultiPolicy` only (:func:`isocompute.policy.loading.load_policy`
+reads either kind).
 
 Ignores: how the policy was fitted (:mod:`isocompute.policy.policy`); the files are only read back.
 """
@@ -98,10 +99,9 @@ def load_policy(cls: Any, artifact_dir: str | Path) -> Any:
     try:
         meta = json.loads((d / "policy.json").read_text())
         config = PolicyConfig.from_dict(meta["config"])
-        if config.model_actions:  # several models: the multi-model policy, whatever class was asked for
-            from isocompute.policy.multi.policy import MultiPolicy
-
-            cls = MultiPolicy
+        if config.model_actions and not getattr(cls, "MULTI_MODEL", False):
+            raise ArtifactError(f"{d} holds a multi-model policy; load it with "
+                                "isocompute.policy.loading.load_policy(DIR), which returns whichever kind it holds.")
         obj = cls(config)
         obj.features_ = PromptFeatures.load(d)
         obj.action_costs_ = np.asarray(meta["action_costs"], dtype=np.float64)

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from isocompute.policy.features.prompt import tokenize
+from isocompute.policy.features.text_rules import tokenize
 
 
 def _expression(rng: np.random.Generator) -> tuple[str, int, int, int, int]:

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from isocompute.policy.learn.booster_head import BoosterHead, stack_rows
 from isocompute.policy.learn.booster_predict import BoosterPredictor
-from isocompute.policy.learn.learners import BoosterHead, stack_rows
 
 
 class SampleCostRegressor(BoosterHead):

@@ -51,8 +51,8 @@ class HeadroomScore:
         prompt's hash uniform (the tie jitter)."""
         import lightgbm as lgb
 
+        from isocompute.policy.learn.booster_head import _lgb_params
         from isocompute.policy.learn.booster_predict import BoosterPredictor
-        from isocompute.policy.learn.learners import _lgb_params
         from isocompute.policy.multi.menu import hull_columns
 
         hull = hull_columns(U.mean(axis=0), C.mean(axis=0))

@@ -29,12 +29,19 @@ from collections.abc import Sequence
 import numpy as np
 
 from isocompute.errors import InputError
-from isocompute.evaluation.model_baselines import uniform_columns
 from isocompute.solver.allocate import feasible_range
 from isocompute.solver.models.estimates import ActionEstimates, oracle
+from isocompute.solver.plans.rules import NoRule
 
 MAX_ACTIONS = 40
 N_BUDGETS = 8
+
+
+def uniform_columns(est: ActionEstimates, model: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(k, columns)`` of the model's one-wave, no-rule plans ``model/none@k``, by k."""
+    pairs = sorted((a.stages[0].plan.max_samples, j) for j, a in enumerate(est.actions)
+                   if a.models == (model,) and isinstance(a.stages[0].plan.rule, NoRule) and a.stages[0].plan.n_waves == 1)
+    return np.array([k for k, _ in pairs], np.int64), np.array([j for _, j in pairs], np.int64)
 
 
 def hull_columns(u: np.ndarray, c: np.ndarray) -> np.ndarray:

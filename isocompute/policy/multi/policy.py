@@ -126,6 +126,8 @@ def single_model_scores(U: np.ndarray, C: np.ndarray, columns: dict[str, np.ndar
 class MultiPolicy(Policy):
     """A fitted multi-model policy (module docstring); fit with :func:`isocompute.policy.multi.fit.fit_multi_policy`."""
 
+    MULTI_MODEL = True  # persistence.load_policy reads a multi-model artifact into this class only
+
     @cached_property
     def plans(self) -> tuple[ActionView, ...]:  # type: ignore[override]
         if not self.config.model_actions:

@@ -1,0 +1,24 @@
+"""Loading a policy artifact whichever kind it holds: :class:`~isocompute.policy.policy.Policy` (one model)
+or :class:`~isocompute.policy.multi.policy.MultiPolicy` (several), read from its config. The gateway and the
+report load through :func:`load_policy`; ``Policy.load`` and ``MultiPolicy.load`` read their own kind only.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from isocompute.policy.multi.policy import MultiPolicy
+from isocompute.policy.policy import Policy
+
+
+def load_policy(artifact_dir: str | Path) -> Policy:
+    """The fitted policy in ``artifact_dir``: a :class:`MultiPolicy` when its config names model actions,
+    else a :class:`Policy`. Raises :class:`~isocompute.errors.ArtifactError` with the fix when the
+    directory is not a valid policy artifact."""
+    meta = Path(artifact_dir) / "policy.json"
+    try:
+        multi = bool(json.loads(meta.read_text())["config"].get("model_actions"))
+    except (OSError, KeyError, TypeError, ValueError, AttributeError):
+        multi = False  # Policy.load says what is wrong with the artifact
+    return (MultiPolicy if multi else Policy).load(artifact_dir)
