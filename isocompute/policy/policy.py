@@ -1,63 +1,8 @@
 """The fitted policy: prompt features → a learner → an action (a plan) per prompt at a requested budget.
 
-Actions are plans (:mod:`isocompute.solver.plans.plan`, menu in ``PolicyConfig.plans``): a wave schedule and
-a stopping rule checked on the vote between waves; without a menu they are the one-wave plans
-``none@k``, k ∈ ``actions`` ("k samples at once"). ``fit(table)`` estimates every plan on every
-training prompt (:mod:`isocompute.policy.plans.arrays`): U[i, p] and C[i, p] — an adaptive plan's cost
-differs per prompt, which the utility learner's cost head predicts (:mod:`isocompute.policy.learn.cost_head`)
-while calibration measures the true C of its out-of-fold decisions.
-
-``Policy(PolicyConfig(...)).fit(table)`` fits the features on the table's prompts, splits the prompts
-into ``calibration_folds`` seeded folds and trains one *member* of each learner per fold on the other
-folds (cross-fitting). Every training prompt is then decided by the member that never saw it, and the
-budget calibration (:mod:`isocompute.policy.learn.calibration`) is measured on those out-of-fold decisions:
-the knob for budget B is set so that their mean cost is B (or, with ``calibrate_to="oracle"``, what
-the oracle spends at B). At serving time a
-prompt is routed to member ``floor(k · h(prompt))`` (h a hash uniform independent of the one used for
-mixing), so a new prompt meets exactly the process the calibration measured — what is calibrated is
-what is served — at the price of members trained on (k − 1)/k of the data.
-
-With ``learner="auto"`` both learners are fitted and the one with the higher mean out-of-fold accuracy
-over the budget range becomes the default (ties go to the classifier, the seed's learner); the reason
-is recorded in :attr:`Policy.selection_`.
-
-Never worse than uniform (:mod:`isocompute.policy.fallback`): after the learners, ``fit`` scores each
-one's out-of-fold decisions against the rules after it in the chain — with plans the best fixed plan
-(:mod:`isocompute.policy.plans.fixed_rule`: one plan, or a mix of two, for every prompt), then the
-budget-matched uniform rule — at every calibration budget, and keeps a rule only where a paired
-bootstrap over the training prompts supports its gain over the next (``fallback_level``,
-``fallback_margin``); elsewhere ``decide`` serves the next rule — two plans mixed per prompt by a hash
-of its text, exact in expectation — and says so on the decision (``Decision.rule``,
-``Decision.rule_evidence``). ``rule_at(budget)`` and ``needs_features(budget)`` tell a
-caller beforehand (where uniform serves, no features or probe are needed and none are paid).
-
-``Policy.decide(prompts, budget)`` is pure and fast: features, knob from the calibration table, one
-LightGBM call per member present in the batch (single-threaded, no pandas). Decisions depend only on
-the prompt text and the budget, so a repeated prompt gets the same plan (:class:`~isocompute.policy.decision.Decision`). A budget outside the trained
-range raises :class:`~isocompute.errors.BudgetError` naming the range.
-
-Costs: ``cost_unit="samples"`` (default) prices a plan at its expected samples (c_a = k_a for k samples
-at once). With ``"flops"`` each training prompt is priced from its token counts, and serving reports a
-plan's mean training cost (a new prompt's completion length is unknown before it is generated).
-
-Probe feature (optional, ``PolicyConfig(probe=ProbeSpec(...))``): one value per prompt from a cheap
-model call (the mean token entropy of a short greedy answer, :mod:`isocompute.engines.probe`) joins the
-text features as the last column. The policy cannot call a model, so the caller computes the values
-and passes them: ``fit_arrays(prompts, U, C, probe=values)``, ``decide(prompts, B, probe=values)``.
-The probe is paid on every request, so its declared cost c_p (``ProbeSpec.cost``, in ``cost_unit``) is
-added to every action's cost: the policy fits, calibrates and reports with C + c_p, and a budget of 4
-samples buys 4 − c_p samples plus the probe. Example: c_p = 0.43 samples, actions 1…16 → the policy
-can serve mean budgets in [1.43, 16.43]; a budget below 1.43 is infeasible (BudgetError).
-
-Extra feature blocks (optional, ``PolicyConfig(feature_extras=("minilm",))``): columns that cost a
-model call per prompt (a sentence embedding, :mod:`isocompute.policy.features.embedding`), computed by the
-policy itself in ``decide``. Their cost c_f is paid on every request like the probe's: declared from
-the encoder's FLOPs (mean over the training prompts; in samples, over one sample's mean FLOPs on the
-served model — ``sample_flops``) or declared outright (``PolicyConfig.feature_cost``), and added to
-every action's cost in fit, calibration and decide. Example: minilm on the demo table costs 1.9e8 FLOPs
-= 3.2 samples of the tiny model, so actions 1…16 serve mean budgets in [4.2, 19.2]; on a 1.5B model with
-300-token answers it is ~0.0002 samples.
-
+How it is fitted (cross-fitted members, budget calibration, the never-worse chain), what it costs (plans,
+FLOPs, the probe and extra feature blocks) and how it decides: ``docs/policy.md``. ``Policy.decide(prompts,
+budget)`` is pure and fast; a budget outside the trained range raises :class:`~isocompute.errors.BudgetError`.
 Artifact (``save``/``load``; manifest kind ``policy``, schema 1): :mod:`isocompute.policy.persistence`.
 
 Ignores: per-request caps (``max_samples`` is the gateway's), and how probe values are computed (the
@@ -115,6 +60,7 @@ from isocompute.policy.persistence import KIND, SCHEMA_VERSION, load_policy, sav
 from isocompute.policy.plans.arrays import allocate_plans, plan_stats
 from isocompute.policy.plans.fixed_rule import fixed_actions, fixed_plan_at, fixed_plan_scores
 from isocompute.policy.plans.menu import ladder_columns, menu_of
+from isocompute.policy.table_prep import prepare_table, task_groups  # noqa: F401  (task_groups: re-exported)
 from isocompute.solver.allocate import feasible_range
 from isocompute.solver.plans.plan import Plan
 
@@ -143,37 +89,10 @@ class Policy:
         says (``min_samples``, ``ragged``: :mod:`isocompute.solver.ragged`); what was dropped or marked
         is in :attr:`training_data_`. ``costs``, ``probe`` and ``sample_flops`` are per prompt of ``table``.
         """
-        from isocompute.policy.plans.arrays import table_arrays
-        from isocompute.solver.costs import cost_table
-
-        cfg = self.config
-        prep = arrays if arrays is not None else table_arrays(table, cfg, model=model_flops if cfg.cost_unit == "flops"
-                                                              else None)
+        prep, costs, probe, sample_flops, labels = prepare_table(self.config, table, costs=costs, probe=probe,
+                                                                 sample_flops=sample_flops, model_flops=model_flops,
+                                                                 arrays=arrays)
         full, table = len(table), prep.table
-
-        def rows(x: Any) -> Any:
-            """A per-prompt array of the input table, cut to the kept prompts (a wrong shape is left for
-            fit_arrays to report)."""
-            if x is None or not prep.dropped or np.shape(x)[:1] != (full,):
-                return x
-            return np.asarray(x)[prep.kept]
-
-        costs, probe, sample_flops = rows(costs), rows(probe), rows(sample_flops)
-        if costs is None:
-            costs = prep.cost
-        if (sample_flops is None and cfg.feature_extras and cfg.cost_unit == "samples"
-                and cfg.feature_cost is None and model_flops is not None):
-            sample_flops = cost_table(table.prompt_tokens, table.mean_completion_tokens, (1,), unit="flops",
-                                      model=model_flops)[:, 0]
-        labels = None
-        if cfg.shrinkage == "eb":
-            if cfg.plans:
-                raise InputError("shrinkage='eb' shrinks k-sample utilities; it works with the one-wave actions "
-                                 "only (--plans none).")
-            from isocompute.policy.learn.shrinkage import sampling_variance, shrink_utilities
-
-            var = sampling_variance(table, cfg.actions, cfg.strategy, seed=cfg.seed)
-            labels = shrink_utilities(prep.utility, var, task_groups(table))
         self.fit_arrays(table.prompts, prep.utility, costs, samples=prep.samples, waves=prep.waves, probe=probe,
                         sample_flops=sample_flops, labels=labels, progress=progress)
         self.training_data_ = {"prompts_in_table": full, "dropped": len(prep.dropped),
@@ -476,8 +395,3 @@ class Policy:
     def load(cls, artifact_dir: str | Path) -> Policy:
         """Read a policy artifact; raises :class:`ArtifactError` on a kind/schema/checksum mismatch."""
         return load_policy(cls, artifact_dir)
-
-
-def task_groups(table: Any) -> list[str]:
-    """Each prompt's task (its meta's ``task``, else one group): what shrinkage shrinks toward."""
-    return [str(m.get("task", "")) for m in table.metas]
