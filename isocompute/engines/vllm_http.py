@@ -2,6 +2,8 @@
 
 One request per prompt asks for all ``n`` samples (``"n": n``), so vLLM prefills the shared prompt once.
 Token counts and the reading of replies and HTTP statuses: :mod:`isocompute.engines.openai_replies`.
+One call to one upstream (a POST within its time budget, the readiness check, the model listing):
+:mod:`isocompute.engines.upstream_calls`.
 
 Greedy decoding (``temperature == 0``) asks for one sample and repeats it ``n`` times, since vLLM
 rejects ``n > 1`` without sampling and the samples would be identical anyway.
@@ -52,25 +54,24 @@ import httpx
 from isocompute.engines.base import (
     REQUEST_DEADLINE,
     Completion,
-    UpstreamBadResponse,
-    UpstreamMisconfigured,
     check_generate_args,
     gather_or_cancel,
 )
 from isocompute.engines.circuit import Upstream, UpstreamPool
-from isocompute.engines.openai_replies import (
-    Retryable,
-    check_status,
-    describe,
-    parse_completions,
-    split_evenly,
-)
+from isocompute.engines.openai_replies import Retryable, describe, parse_completions, split_evenly
 from isocompute.engines.probe import TOP_LOGPROBS, ProbeResult, completion_logprobs_entropy
+from isocompute.engines.upstream_calls import (
+    DEADLINE_MARGIN_S,  # noqa: F401
+    attempt_budget,
+    base_url,
+    check_upstream,
+    fetch_model_entry,
+    fetch_model_name,
+    post_completions,
+)
 from isocompute.errors import EngineUnavailable, InputError
 
 __all__ = ["START_HINT", "Upstream", "VLLMHTTPEngine", "split_evenly"]
-
-DEADLINE_MARGIN_S = 0.05  # end an attempt this long before the caller's deadline, to count its timeout
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,7 @@ class VLLMHTTPEngine:
                 f"errors_to_trip={errors_to_trip}, timeout={timeout}, connect_timeout={connect_timeout}, "
                 f"probe_timeout={probe_timeout}, cooldown={cooldown}, max_cooldown={max_cooldown}"
             )
-        self.pool = UpstreamPool([_base_url(u) for u in urls], cooldown=cooldown, max_cooldown=max_cooldown,
+        self.pool = UpstreamPool([base_url(u) for u in urls], cooldown=cooldown, max_cooldown=max_cooldown,
                                  errors_to_trip=errors_to_trip, probe=self._probe_upstream, hint=START_HINT)
         self.upstreams = self.pool.upstreams
         self.model = model
@@ -217,21 +218,9 @@ class VLLMHTTPEngine:
         await self._check(up, self.probe_timeout)
 
     async def _check(self, up: Upstream, timeout: float) -> None:
-        """One real 1-token completion on ``up`` (its model's name first, when unknown), within ``timeout``.
-        Raises whatever went wrong; ``Retryable`` for a misconfiguration becomes UpstreamMisconfigured."""
-        client = self._ensure_client()
-        async with asyncio.timeout(timeout):
-            model = self.model or await self._fetch_model(up)
-            r = await client.post(f"{up.url}/v1/completions",
-                                  json={"model": model, "prompt": "1", "max_tokens": 1, "temperature": 0.0})
-        try:
-            check_status(up.url, r, model)
-        except Retryable as e:
-            if e.kind == "wrong":
-                raise UpstreamMisconfigured(str(e)) from None
-            raise
-        except InputError as e:  # our own 1-token request refused: the upstream wants something else
-            raise UpstreamMisconfigured(str(e)) from None
+        """One real 1-token completion on ``up`` within ``timeout`` (:func:`check_upstream`); the first
+        one answered names the model when it was not given."""
+        model = await check_upstream(self._ensure_client(), up.url, self.model, timeout)
         if self.model is None:
             self.model = model
 
@@ -286,12 +275,10 @@ class VLLMHTTPEngine:
         raise EngineUnavailable(f"no upstream listed its model ({'; '.join(errors)}); {START_HINT}")
 
     async def _fetch_model_entry(self, up: Upstream) -> dict[str, Any]:
-        r = await self._ensure_client().get(f"{up.url}/v1/models")
-        r.raise_for_status()
-        return dict(r.json()["data"][0])
+        return await fetch_model_entry(self._ensure_client(), up.url)
 
     async def _fetch_model(self, up: Upstream) -> str:
-        return str((await self._fetch_model_entry(up))["id"])
+        return await fetch_model_name(self._ensure_client(), up.url)
 
     async def _complete_one(
         self, model: str, prompt: str, n: int, max_tokens: int, temperature: float, seed: int | None
@@ -329,15 +316,16 @@ class VLLMHTTPEngine:
             for attempt in range(self.retries + 1):
                 if backoff:
                     delay = min(self.backoff * 2 ** min(attempt - 1, 30), self.max_backoff)
-                    await asyncio.sleep(min(delay * random.uniform(0.5, 1.0), self._budget(deadline) or 0.0))
-                budget = self._budget(deadline)
+                    await asyncio.sleep(min(delay * random.uniform(0.5, 1.0),
+                                            attempt_budget(self.attempt_timeout, deadline) or 0.0))
+                budget = attempt_budget(self.attempt_timeout, deadline)
                 if budget is None:
                     raise TimeoutError(f"the request's deadline passed after {attempt} attempts "
                                        f"({'; '.join(failures[-3:])})")
                 up = self.pool.pick()
                 epoch = self.pool.sent(up)
                 try:
-                    data = await self._post(client, up, body, budget)
+                    data = await post_completions(client, up.url, body, budget)
                 except Retryable as e:
                     failures.append(f"{up.url}: {e}")
                     backoff = e.kind in ("error", "busy")
@@ -359,42 +347,6 @@ class VLLMHTTPEngine:
             f"all {self.retries + 1} attempts failed ({'; '.join(failures[-3:])}); {START_HINT}"
         )
 
-    def _budget(self, deadline: float | None) -> float | None:
-        """Seconds the next attempt may take: ``attempt_timeout``, or less to end ``DEADLINE_MARGIN_S``
-        before the caller's deadline (so this engine, not the caller, sees the timeout and counts it);
-        None when that leaves nothing."""
-        if deadline is None:
-            return self.attempt_timeout
-        left = deadline - DEADLINE_MARGIN_S - time.monotonic()
-        return min(self.attempt_timeout, left) if left > 0 else None
-
-    async def _post(self, client: httpx.AsyncClient, up: Upstream, body: dict[str, Any],
-                    budget: float) -> dict[str, Any]:
-        try:
-            async with asyncio.timeout(budget):  # httpx's read timeout is per chunk; this bounds the whole
-                r = await client.post(f"{up.url}/v1/completions", json=body)
-        except TimeoutError:
-            raise Retryable(f"no answer within {budget:.3g} s", "slow") from None
-        except httpx.ConnectTimeout as e:  # nobody accepts the connection
-            raise Retryable(describe(e), "down") from e
-        except httpx.TimeoutException as e:  # slow is not dead: the others waiting there may still be answered
-            raise Retryable(describe(e), "slow") from e
-        except httpx.TransportError as e:  # refused, reset, closed mid-answer: the server is gone
-            raise Retryable(describe(e), "dead") from e
-        except httpx.HTTPError as e:  # it answered, but httpx cannot read the reply (DecodingError, …)
-            raise UpstreamBadResponse(f"upstream {up.url} sent a reply that cannot be read ({describe(e)}); "
-                                      "check that it is an OpenAI-compatible server") from e
-        check_status(up.url, r, body.get("model"))
-        try:
-            data = r.json()
-        except ValueError:
-            raise UpstreamBadResponse(f"upstream {up.url} answered with a body that is not JSON: {r.text[:200]!r}; "
-                                      "check that --upstream points at an OpenAI-compatible server") from None
-        if not isinstance(data, dict):
-            raise UpstreamBadResponse(f"upstream {up.url} sent a completions reply this engine cannot read "
-                                      f"(a JSON {type(data).__name__}, not an object)")
-        return data
-
     def _parse(self, data: dict[str, Any], n: int) -> list[Completion]:
         comps, split = parse_completions(data, n)
         if split and not self._warned_split:
@@ -413,9 +365,3 @@ class VLLMHTTPEngine:
         return ProbeResult.of([h for h, _, _ in parsed], [p for _, _, p in parsed], [m for _, m, _ in parsed],
                               f"top{TOP_LOGPROBS}")
 
-
-def _base_url(url: str) -> str:
-    url = url.rstrip("/")
-    if not url.startswith(("http://", "https://")):
-        raise InputError(f"upstream {url!r} is not an http(s) URL; pass e.g. http://127.0.0.1:8000")
-    return url[: -len("/v1")] if url.endswith("/v1") else url

@@ -1,0 +1,111 @@
+"""One HTTP call to one OpenAI-compatible upstream, its failures sorted into what the balancer does next.
+
+:func:`post_completions` POSTs a ``/v1/completions`` body within a wall-clock budget and returns the JSON
+object, raising :class:`~isocompute.engines.openai_replies.Retryable` with the kind of failure (``slow``:
+no answer in time; ``down``: nobody accepts the connection; ``dead``: refused, reset or closed
+mid-answer; statuses per :func:`~isocompute.engines.openai_replies.check_status`) and
+:class:`~isocompute.engines.base.UpstreamBadResponse` for a reply that cannot be read.
+:func:`check_upstream` is the readiness check (one real 1-token completion); :func:`fetch_model_entry`
+reads ``/v1/models``; :func:`attempt_budget` is how long the next attempt may take before the caller's
+deadline. :class:`~isocompute.engines.vllm_http.VLLMHTTPEngine` balances and retries over these.
+
+Ignores: which upstream to pick, retries and backoff, circuit breaking (the engine and
+:mod:`isocompute.engines.circuit` decide those).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+
+from isocompute.engines.base import UpstreamBadResponse, UpstreamMisconfigured
+from isocompute.engines.openai_replies import Retryable, check_status, describe
+from isocompute.errors import InputError
+
+__all__ = [
+    "DEADLINE_MARGIN_S", "attempt_budget", "base_url", "check_upstream", "fetch_model_entry", "fetch_model_name",
+    "post_completions",
+]
+
+DEADLINE_MARGIN_S = 0.05  # end an attempt this long before the caller's deadline, to count its timeout
+
+
+def base_url(url: str) -> str:
+    """``url`` without a trailing ``/`` or ``/v1``; an upstream that is not an http(s) URL is refused."""
+    url = url.rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise InputError(f"upstream {url!r} is not an http(s) URL; pass e.g. http://127.0.0.1:8000")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def attempt_budget(attempt_timeout: float, deadline: float | None) -> float | None:
+    """Seconds the next attempt may take: ``attempt_timeout``, or less to end ``DEADLINE_MARGIN_S``
+    before the caller's deadline (so the engine, not the caller, sees the timeout and counts it);
+    None when that leaves nothing."""
+    if deadline is None:
+        return attempt_timeout
+    left = deadline - DEADLINE_MARGIN_S - time.monotonic()
+    return min(attempt_timeout, left) if left > 0 else None
+
+
+async def fetch_model_entry(client: httpx.AsyncClient, url: str) -> dict[str, Any]:
+    """The first entry of ``url``'s ``/v1/models`` (no timeout of its own: callers bound it)."""
+    r = await client.get(f"{url}/v1/models")
+    r.raise_for_status()
+    return dict(r.json()["data"][0])
+
+
+async def fetch_model_name(client: httpx.AsyncClient, url: str) -> str:
+    """The ``id`` of the first model ``url`` serves."""
+    return str((await fetch_model_entry(client, url))["id"])
+
+
+async def check_upstream(client: httpx.AsyncClient, url: str, model: str | None, timeout: float) -> str:
+    """One real 1-token completion on ``url`` (its model's name first, when ``model`` is None), within
+    ``timeout``; returns the model's name. Raises whatever went wrong; ``Retryable`` for a
+    misconfiguration becomes UpstreamMisconfigured."""
+    async with asyncio.timeout(timeout):
+        model = model or await fetch_model_name(client, url)
+        r = await client.post(f"{url}/v1/completions",
+                              json={"model": model, "prompt": "1", "max_tokens": 1, "temperature": 0.0})
+    try:
+        check_status(url, r, model)
+    except Retryable as e:
+        if e.kind == "wrong":
+            raise UpstreamMisconfigured(str(e)) from None
+        raise
+    except InputError as e:  # our own 1-token request refused: the upstream wants something else
+        raise UpstreamMisconfigured(str(e)) from None
+    return model
+
+
+async def post_completions(client: httpx.AsyncClient, url: str, body: dict[str, Any],
+                           budget: float) -> dict[str, Any]:
+    """POST ``body`` to ``url``'s ``/v1/completions`` within ``budget`` seconds; the reply's JSON object."""
+    try:
+        async with asyncio.timeout(budget):  # httpx's read timeout is per chunk; this bounds the whole
+            r = await client.post(f"{url}/v1/completions", json=body)
+    except TimeoutError:
+        raise Retryable(f"no answer within {budget:.3g} s", "slow") from None
+    except httpx.ConnectTimeout as e:  # nobody accepts the connection
+        raise Retryable(describe(e), "down") from e
+    except httpx.TimeoutException as e:  # slow is not dead: the others waiting there may still be answered
+        raise Retryable(describe(e), "slow") from e
+    except httpx.TransportError as e:  # refused, reset, closed mid-answer: the server is gone
+        raise Retryable(describe(e), "dead") from e
+    except httpx.HTTPError as e:  # it answered, but httpx cannot read the reply (DecodingError, …)
+        raise UpstreamBadResponse(f"upstream {url} sent a reply that cannot be read ({describe(e)}); "
+                                  "check that it is an OpenAI-compatible server") from e
+    check_status(url, r, body.get("model"))
+    try:
+        data = r.json()
+    except ValueError:
+        raise UpstreamBadResponse(f"upstream {url} answered with a body that is not JSON: {r.text[:200]!r}; "
+                                  "check that --upstream points at an OpenAI-compatible server") from None
+    if not isinstance(data, dict):
+        raise UpstreamBadResponse(f"upstream {url} sent a completions reply this engine cannot read "
+                                  f"(a JSON {type(data).__name__}, not an object)")
+    return data
