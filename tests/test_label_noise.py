@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from isocompute.errors import InputError
-from isocompute.evaluation.label_noise import oracle_label_agreement, resampled_utilities
+from isocompute.policy.learn.label_noise import oracle_label_agreement, resampled_utilities
 from isocompute.policy.synthetic import synthetic_records
 from isocompute.solver.estimators import utilities
 from isocompute.solver.outcomes import from_records

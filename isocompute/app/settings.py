@@ -100,7 +100,7 @@ class Settings(BaseSettings):
     @field_validator("model_upstreams", "model_dirs")
     @classmethod
     def _model_names(cls, v: dict[str, object]) -> dict[str, object]:
-        from isocompute.solver.models.tables import check_model_name
+        from isocompute.solver.models.actions import check_model_name
 
         for name, target in v.items():
             try:

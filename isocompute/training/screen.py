@@ -5,7 +5,7 @@ is not piloted again for ``staleness`` steps. On a large prompt pool a prompt se
 a run, so that memory rarely pays — but prompts *like* it keep coming. :class:`PromptScreen` carries the
 pilot's verdict over to similar prompts: every pilot is a label (*survived*: its accuracy fell in the
 kept band) on the prompt's cheap text features (the policy's hand features,
-:func:`isocompute.policy.features.prompt.hand_features`: lengths, digit and operator counts, the expression
+:func:`isocompute.policy.features.text_stats.hand_features`: lengths, digit and operator counts, the expression
 block); a small LightGBM classifier, refitted every ``refit_every`` pilot rounds, predicts every pool
 prompt's chance of surviving its pilot; the allocator pilots a candidate only when that chance is at
 least ``min_survival``, or, with probability ``explore``, anyway — so the screen keeps seeing, and can
@@ -45,7 +45,7 @@ class PromptScreen:
 
     def __init__(self, prompts: Sequence[str], *, min_survival: float = 0.2, explore: float = 0.1,
                  refit_every: int = 4, min_labels: int = 32, seed: int = 0) -> None:
-        from isocompute.policy.features.prompt import hand_features
+        from isocompute.policy.features.text_stats import hand_features
 
         if not prompts:
             raise InputError("the screen needs the prompt pool's texts; it got none.")

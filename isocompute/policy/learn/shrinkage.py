@@ -10,7 +10,7 @@ each entry by its posterior mean under a normal prior across the prompts of the 
     Ũ[i, a] = m_a + w_i(a) (U[i, a] − m_a),   w_i(a) = τ²_a / (τ²_a + σ²_i(a)),
 
 with σ²_i(a) the variance of U[i, a] over bootstrap redraws of the prompt's own samples
-(:func:`isocompute.evaluation.label_noise.resampled_utilities`), m_a the task's mean of U[·, a] and
+(:func:`isocompute.policy.learn.label_noise.resampled_utilities`), m_a the task's mean of U[·, a] and
 τ²_a = max(Var_i U[i, a] − mean_i σ²_i(a), 0) (method of moments). A prompt every sample gets right
 (or wrong) has σ² = 0 and keeps its row; an ambiguous one moves toward the task's curve.
 
@@ -36,7 +36,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from isocompute.evaluation.label_noise import resampled_utilities
+from isocompute.policy.learn.label_noise import resampled_utilities
 from isocompute.solver.outcomes import OutcomeTable
 
 SHRINKAGE = ("none", "eb")
