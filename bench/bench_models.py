@@ -53,7 +53,7 @@ from isocompute.solver.models.costs import parse_model_params, resolve_model_flo
 from isocompute.solver.models.estimates import ActionEstimates, estimate_menu, oracle
 from isocompute.solver.models.tables import join_tables
 from isocompute.solver.outcomes import read_outcomes
-from isocompute.tasks.class_alignment import align_answers
+from isocompute.tasks.answers.class_alignment import align_answers
 from isocompute.tasks.grading import Grader
 
 

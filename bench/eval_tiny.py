@@ -9,7 +9,7 @@ The named baseline is one greedy sample: the script prints the ratio of majority
 accuracy to greedy accuracy, i.e. what spending 16× the compute buys on this model.
 
 Uses transformers ``generate`` directly (batched, ``num_return_sequences=n``), the chat template, and
-:func:`isocompute.tasks.extract.extract_answer`. Held-out: problems come from arith seed ``--seed``
+:func:`isocompute.tasks.answers.extract.extract_answer`. Held-out: problems come from arith seed ``--seed``
 (default 0), while SFT trains on seeds ≥ 1,000,000.
 
     .venv/bin/python bench/eval_tiny.py --model runs/tiny-sft [--problems 500 --n 16 --json out.json]
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     from isocompute.tasks import arith
-    from isocompute.tasks.extract import extract_answer
+    from isocompute.tasks.answers.extract import extract_answer
     from isocompute.training.tiny import load_tiny
 
     torch.set_num_threads(args.threads)

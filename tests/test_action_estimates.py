@@ -21,7 +21,7 @@ from isocompute.solver.models.tables import join_tables
 from isocompute.solver.outcomes import from_records
 from isocompute.solver.plans.estimates import estimate_plans
 from isocompute.solver.plans.plan import parse_plan
-from isocompute.tasks.class_alignment import align_answers
+from isocompute.tasks.answers.class_alignment import align_answers
 
 GOLD = "a"
 

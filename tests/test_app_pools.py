@@ -432,7 +432,7 @@ def test_an_action_never_exceeds_its_caps_and_escalates_only_when_its_plan_ran_o
     from isocompute.app.runner.action_run import run_actions
     from isocompute.app.runner.execute import Backend, Deadline
     from isocompute.app.runner.voting import Voter
-    from isocompute.tasks.extract import extract_answer
+    from isocompute.tasks.answers.extract import extract_answer
 
     names = ["m0", "m1", "m2"][:len(plans)]
     action = parse_action(" > ".join(f"{m}/{p}" for m, p in zip(names, plans, strict=True)))

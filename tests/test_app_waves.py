@@ -261,7 +261,7 @@ def test_route_reports_the_plan_capped_and_the_rule():
 def test_the_one_string_shortcut_is_what_vote_classes_says(answers):
     """The vote skips merging when the answers are one string; where it does, the result is vote_classes'."""
     from isocompute.app.runner.voting import one_string
-    from isocompute.tasks.equivalence import vote_classes
+    from isocompute.tasks.answers.equivalence import vote_classes
 
     fast = one_string(answers)
     if len(set(answers) - {None}) > 1 or " 12" in answers:

@@ -18,9 +18,15 @@ from hypothesis import strategies as st
 from isocompute.errors import InputError
 from isocompute.solver.estimators import utilities
 from isocompute.solver.outcomes import from_records
-from isocompute.tasks.equivalence import answer_classes, canonical_key, classify, kind_of, vote_classes
+from isocompute.tasks.answers.equivalence import (
+    answer_classes,
+    canonical_key,
+    classify,
+    kind_of,
+    vote_classes,
+)
+from isocompute.tasks.answers.math_forms import math_key, values_differ
 from isocompute.tasks.grading import Grader, map_in_process
-from isocompute.tasks.math_forms import math_key, values_differ
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
 

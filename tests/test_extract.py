@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from isocompute.tasks.extract import extract_answer, extract_boxed, last_number, normalize_answer
+from isocompute.tasks.answers.extract import extract_answer, extract_boxed, last_number, normalize_answer
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

@@ -11,7 +11,7 @@ import pytest
 
 from isocompute.errors import DependencyError, InputError
 from isocompute.tasks.base import Problem
-from isocompute.tasks.extract import extract_boxed
+from isocompute.tasks.answers.extract import extract_boxed
 from isocompute.tasks.grading import Grader, answer_correct, grade, math_equal, numbers_equal
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -233,7 +233,7 @@ def test_math500_answers_verify_against_their_own_solutions(grader: Grader) -> N
 def test_math500_math_verify_alone_agrees_without_string_shortcut() -> None:
     """The same 500 checks through math-verify itself (the pool short-cuts identical strings)."""
     rows = [json.loads(line) for line in _data("math500_test.jsonl").read_text().splitlines()]
-    from isocompute.tasks.extract import normalize_answer
+    from isocompute.tasks.answers.extract import normalize_answer
 
     failures = [
         r["unique_id"]

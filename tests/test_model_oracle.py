@@ -18,7 +18,7 @@ from isocompute.solver.models.actions import MenuConfig, default_actions
 from isocompute.solver.models.estimates import estimate_actions, oracle
 from isocompute.solver.models.tables import join_tables
 from isocompute.solver.outcomes import from_records
-from isocompute.tasks.class_alignment import align_answers
+from isocompute.tasks.answers.class_alignment import align_answers
 
 FLOPS = {"A": ModelFlops.from_active_params(1.0), "B": ModelFlops.from_active_params(5.0)}
 

@@ -10,7 +10,7 @@ import pytest
 from isocompute.errors import InputError
 from isocompute.solver.models.tables import check_model_name, join_tables
 from isocompute.solver.outcomes import NULL_CODE, from_records
-from isocompute.tasks.class_alignment import align_answers
+from isocompute.tasks.answers.class_alignment import align_answers
 
 
 def table(rows, task="arith", source="t"):

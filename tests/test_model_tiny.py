@@ -14,7 +14,7 @@ from isocompute.solver.models.costs import resolve_model_flops
 from isocompute.solver.models.estimates import estimate_menu, models_by_cost, oracle
 from isocompute.solver.models.tables import join_tables
 from isocompute.solver.outcomes import read_outcomes
-from isocompute.tasks.class_alignment import align_answers
+from isocompute.tasks.answers.class_alignment import align_answers
 
 pytestmark = pytest.mark.slow
 

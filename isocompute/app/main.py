@@ -180,7 +180,7 @@ async def close_all(engines: list[Engine]) -> None:
 
 @contextlib.asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    from isocompute.tasks.extract import extract_answer
+    from isocompute.tasks.answers.extract import extract_answer
 
     s: Settings = app.state.settings
     injected = app.state.injected

@@ -90,7 +90,7 @@ class Settings(BaseSettings):
     @field_validator("answer_kind")
     @classmethod
     def _kind(cls, v: str) -> str:
-        from isocompute.tasks.equivalence import kind_of
+        from isocompute.tasks.answers.equivalence import kind_of
 
         try:
             return kind_of(v)

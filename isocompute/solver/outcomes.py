@@ -15,7 +15,7 @@ Fields (required unless marked optional):
 
   * ``answer`` — the extracted final answer, ``null`` when none could be extracted (a JSON number
     is read as its string), kept raw.
-  * ``class`` (optional) — the answer's equivalence class (:mod:`isocompute.tasks.equivalence`): an
+  * ``class`` (optional) — the answer's equivalence class (:mod:`isocompute.tasks.answers.equivalence`): an
     integer, dense within the record (``0 … G−1``), ``null`` exactly when ``answer`` is null; equal
     answer strings share a class. A record gives ``class`` on every sample or on none. Majority votes
     count classes where given, else equal strings (so tables written before classes read as before).

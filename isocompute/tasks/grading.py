@@ -7,7 +7,7 @@ Two entry points share one rule:
 
 The rule for ``(gold, text, task)``:
 
-1. ``pred = extract_answer(text)`` (see :mod:`isocompute.tasks.extract`); ``None`` is incorrect.
+1. ``pred = extract_answer(text)`` (see :mod:`isocompute.tasks.answers.extract`); ``None`` is incorrect.
 2. ``task == "arith"``: exact numeric equality, both sides read as fractions — ``"420" == "420.0"``,
    ``"-3/4" == "-0.75"``, but ``"419.9999" != "420"``.
 3. otherwise, identical normalised strings are correct; else math-verify decides:
@@ -249,7 +249,7 @@ class Grader:
         """Run a worker function over ``items`` in the pool, with the same per-item timeouts and hang or
         crash recovery as grading. ``function``: ``"verify"`` — items are ``(gold, pred)`` extracted
         answers, values ``True``/``False`` (math-verify, gold first); ``"math_key"`` — items are answers,
-        values :func:`~isocompute.tasks.math_forms.math_key`. ``timeout`` (seconds per item) defaults to
+        values :func:`~isocompute.tasks.answers.math_forms.math_key`. ``timeout`` (seconds per item) defaults to
         the grader's own; a shorter one serves callers with a deadline (the gateway's vote).
         """
         if function not in _POOL_FUNCTIONS:

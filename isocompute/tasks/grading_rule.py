@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from isocompute.tasks.answers.extract import extract_answer, normalize_answer
 from isocompute.tasks.base import Problem
-from isocompute.tasks.extract import extract_answer, normalize_answer
 from isocompute.tasks.grading_workers import _RIGHT, _math_equal_status
 
 __all__ = ["NUMERIC_TASKS", "answer_correct", "grade", "numbers_equal"]

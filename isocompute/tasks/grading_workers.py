@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from isocompute.errors import InputError
-from isocompute.tasks.math_forms import math_key
+from isocompute.tasks.answers.math_forms import math_key
 from isocompute.tasks.verify import _math_verify, math_equal, require_math_verify
 
 __all__ = ["MapResult", "map_in_process"]
@@ -106,7 +106,7 @@ def _verify_chunk(pairs: list[tuple[str, str]], timeout: float | None) -> list[i
 
 
 def _key_chunk(answers: list[str], timeout: float | None) -> list[Any]:
-    """Worker side: :func:`~isocompute.tasks.math_forms.math_key` of each answer, ``_TIMEOUT`` (an int)
+    """Worker side: :func:`~isocompute.tasks.answers.math_forms.math_key` of each answer, ``_TIMEOUT`` (an int)
     where it ran out of time."""
     return [_math_key_status(a, timeout) for a in answers]
 

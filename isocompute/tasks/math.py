@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from isocompute.errors import InputError
+from isocompute.tasks.answers.extract import extract_boxed
 from isocompute.tasks.base import Problem
-from isocompute.tasks.extract import extract_boxed
 from isocompute.tasks.jsonl import read_records
 
 TASK = "math"

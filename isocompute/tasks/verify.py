@@ -2,7 +2,7 @@
 
 :func:`math_equal` is math-verify's equivalence of two extracted answers (gold first, because math-verify
 is not symmetric); :func:`_parse_boxed` its cached parse of one answer, which
-:mod:`isocompute.tasks.math_forms` reads too. math-verify's own timeouts use ``SIGALRM`` and cannot run
+:mod:`isocompute.tasks.answers.math_forms` reads too. math-verify's own timeouts use ``SIGALRM`` and cannot run
 outside the main thread, so they are switched off (``parsing_timeout=None``, ``timeout_seconds=None``);
 callers bound each item themselves (:mod:`isocompute.tasks.grading_workers`).
 

@@ -52,7 +52,7 @@ from isocompute.app.runner.voting import Voter
 from isocompute.engines.base import gather_or_cancel
 from isocompute.errors import EngineUnavailable
 from isocompute.solver.models.actions import Action, Stage
-from isocompute.tasks.equivalence import Votes
+from isocompute.tasks.answers.equivalence import Votes
 
 __all__ = ["ActionRun", "StageRun", "run_actions", "stage_seed"]
 

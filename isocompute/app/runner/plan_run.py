@@ -55,7 +55,7 @@ from isocompute.app.runner.voting import Voter
 from isocompute.engines.base import Completion
 from isocompute.errors import EngineUnavailable
 from isocompute.solver.plans.plan import Plan
-from isocompute.tasks.equivalence import Votes
+from isocompute.tasks.answers.equivalence import Votes
 
 __all__ = ["FAILED_REASONS", "SEED_MODULUS", "PlanRun", "derived_seed", "run_plans", "wave_seed"]
 

@@ -1,7 +1,7 @@
 """The gateway's vote counts answer classes: a request's answers merged by the task's equivalence rule.
 
 After every wave, each prompt's extracted answers so far (all its waves) go through
-:func:`isocompute.tasks.equivalence.vote_classes` with the server's ``answer_kind`` (``number`` by
+:func:`isocompute.tasks.answers.equivalence.vote_classes` with the server's ``answer_kind`` (``number`` by
 default; ``math`` for MATH-style answers, where ``(3,\\pi/2)`` and ``(3,\\frac{\\pi}{2})`` are one class):
 the plan's stopping rule reads those classes, and the final vote counts them. The same module puts the
 offline tables' samples into classes, so the served vote and the estimators agree on what "the same
@@ -20,7 +20,7 @@ split, never wrongly joined). If the worker thread does not answer in that time 
 another), the request votes on exact strings instead, so no request outlives its deadline waiting
 for a vote. Answers that are all one string need no merging and skip it (:func:`one_string`: the
 vote of one sample, or of unanimous waves). Repeats are cheap: math-verify's parses and comparisons are remembered per process
-(:mod:`isocompute.tasks.equivalence`), so the merge after a later wave re-reads the earlier waves'
+(:mod:`isocompute.tasks.answers.equivalence`), so the merge after a later wave re-reads the earlier waves'
 answers for free.
 
 Worked example (``math``): answers ``["(3,\\pi/2)", "(0,3)", "(3,\\frac{\\pi}{2})"]`` → classes
@@ -38,8 +38,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from isocompute.tasks.equivalence import Votes, vote_classes
-from isocompute.tasks.extract import normalize_answer
+from isocompute.tasks.answers.equivalence import Votes, vote_classes
+from isocompute.tasks.answers.extract import normalize_answer
 
 __all__ = ["Voter", "one_string"]
 
@@ -50,7 +50,7 @@ MIN_TIMEOUT_S = 1e-3  # vote_classes needs a positive time; past the deadline it
 class Voter:
     """Merges each prompt's answers into classes within a request's time (see the module docstring).
 
-    ``kind``: an answer kind of :mod:`isocompute.tasks.equivalence`; ``timeout_s``: the most one merge
+    ``kind``: an answer kind of :mod:`isocompute.tasks.answers.equivalence`; ``timeout_s``: the most one merge
     may take; ``grader``: the math-verify pool (used for ``math``; without one math-verify runs in the
     worker thread, with no hard timeout).
     """

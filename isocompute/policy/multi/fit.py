@@ -87,7 +87,7 @@ def model_estimates(tables: Mapping[str, Any], *, params: Mapping[str, float] | 
                     menu: MenuConfig | None = None, grader: Any = None) -> ModelEstimates:
     """The pipeline of the module docstring on name → :class:`~isocompute.solver.outcomes.OutcomeTable`."""
     from isocompute.solver.models.costs import resolve_model_flops
-    from isocompute.tasks.class_alignment import align_answers
+    from isocompute.tasks.answers.class_alignment import align_answers
     from isocompute.tasks.grading import Grader
 
     mt = join_tables(dict(tables))

@@ -9,7 +9,7 @@ samples, verdicts, token counts, meta) and one array of answer codes per model.
 Answer codes across models. A table's codes are dense per record within that table, so right after the
 join the codes of two models mean different answers (``aligned`` is False): fine for single-model
 plans, wrong for a vote that mixes models. :meth:`ModelTables.with_classes` installs classes computed
-over the union of each prompt's answers — :func:`isocompute.tasks.class_alignment.align_answers` on
+over the union of each prompt's answers — :func:`isocompute.tasks.answers.class_alignment.align_answers` on
 :meth:`ModelTables.answers` (the solver room does not import ``tasks``; the caller passes them in)::
 
     joined = join_tables({"A": ta, "B": tb})
@@ -183,7 +183,7 @@ class ModelTables:
     def _need_aligned(self, what: str) -> None:
         if not self.aligned:
             raise InputError(f"{what} need answer classes shared by every model: align them first with "
-                             "isocompute.tasks.class_alignment.align_answers and ModelTables.with_classes.")
+                             "isocompute.tasks.answers.class_alignment.align_answers and ModelTables.with_classes.")
 
 
 def join_tables(tables: Mapping[str, OutcomeTable], *, missing: Literal["error", "drop"] = "error",

@@ -5,8 +5,8 @@ outcome-table lines (the format of :mod:`isocompute.solver.outcomes`, as plain d
 import the solver). Per record:
 
 1. answers are the dump's (raw text kept in ``answer``; one that normalises to nothing is null) or,
-   without them, :func:`~isocompute.tasks.extract.extract_answer` of each completion;
-2. :func:`~isocompute.tasks.equivalence.classify` with the record's task kind and gold gives each sample's
+   without them, :func:`~isocompute.tasks.answers.extract.extract_answer` of each completion;
+2. :func:`~isocompute.tasks.answers.equivalence.classify` with the record's task kind and gold gives each sample's
    ``class`` and ``correct`` — for ``math`` exactly ``verify(gold, answer)`` of
    :mod:`isocompute.tasks.grading`, in its process pool;
 3. with a tokenizer, ``prompt_tokens`` (the prompt text alone: the dump's chat template is unknown) and,
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from isocompute.errors import InputError
-from isocompute.tasks.equivalence import classify, kind_of
-from isocompute.tasks.extract import extract_answer, normalize_answer
+from isocompute.tasks.answers.equivalence import classify, kind_of
+from isocompute.tasks.answers.extract import extract_answer, normalize_answer
 from isocompute.tasks.grading import Grader
 from isocompute.tasks.importers.records import RawRecord
 

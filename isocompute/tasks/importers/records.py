@@ -28,7 +28,7 @@ class RawRecord:
     """One prompt of an external dump, before grading.
 
     ``answers`` are the extracted answers (None or "" = no answer); when the dump has none, they are
-    extracted from ``completions`` (full texts) with :func:`isocompute.tasks.extract.extract_answer`.
+    extracted from ``completions`` (full texts) with :func:`isocompute.tasks.answers.extract.extract_answer`.
     When both are given, ``completions`` only serve to count completion tokens with a tokenizer.
     ``gold`` is None when the dump's gold could not be read (the importer says why in
     ``gold_problem``); such a record is reported and left out, never graded wrong. ``completion_tokens``

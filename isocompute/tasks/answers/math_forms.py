@@ -3,7 +3,7 @@
 :func:`math_key` gives each answer a key (the ``srepr`` of math-verify's parse; equal keys are equal
 expressions) and, when the answer is a constant or a set or tuple of constants, its numeric value.
 :func:`values_differ` says when two values are so far apart that ``verify`` would say "different"
-anyway, so :mod:`isocompute.tasks.equivalence` need not ask it. Checked on the three MATH-500 dumps:
+anyway, so :mod:`isocompute.tasks.answers.equivalence` need not ask it. Checked on the three MATH-500 dumps:
 of 5,459 within-problem pairs it rules apart (428 of them sets or tuples), math-verify verifies none
 equal. Parses are cached and run without a timeout of their own: call these through
 :class:`isocompute.tasks.grading.Grader` (or ``map_in_process``), which bounds each item.

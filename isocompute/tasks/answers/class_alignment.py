@@ -4,7 +4,7 @@ An outcome table's classes are dense per record *within its own table*: class 0 
 and class 0 of Qwen3's record 17 need not be the same answer. An ensemble vote (Phi-4's and Qwen3's
 samples in one vote) and a cascade's vote over all the samples drawn need classes that mean the same
 thing in every model's samples. :func:`align_answers` gives them: for each prompt it concatenates every
-model's raw answers (model order, then sample order) and runs :func:`~isocompute.tasks.equivalence.classify`
+model's raw answers (model order, then sample order) and runs :func:`~isocompute.tasks.answers.equivalence.classify`
 once over that union with the prompt's gold, then splits the classes back per model. So the rule is
 exactly the one ``import`` and ``sample`` use (math-verify for ``math``, in the grader's process pool),
 the classes are dense per prompt over the union (``0 … G−1``, the gold's class first when its key reads),
@@ -36,7 +36,7 @@ from pathlib import Path
 
 from isocompute.artifacts import atomic_write_text
 from isocompute.errors import InputError
-from isocompute.tasks.equivalence import classify, kind_of
+from isocompute.tasks.answers.equivalence import classify, kind_of
 from isocompute.tasks.grading import Grader
 
 __all__ = ["Alignment", "align_answers", "alignment_fingerprint"]
@@ -51,7 +51,7 @@ class Alignment:
     ``classes[m][i][j]``: class of model m's sample j on prompt i (None for a null answer), dense per
     prompt over all models; ``n_classes[i]``: classes of prompt i; ``correct[m][i]``: verdicts against
     the gold (None where the gold's key did not read); ``timed_out``/``complete`` as in
-    :class:`~isocompute.tasks.equivalence.Classes`; ``fingerprint`` keys the cache; ``cached`` says whether
+    :class:`~isocompute.tasks.answers.equivalence.Classes`; ``fingerprint`` keys the cache; ``cached`` says whether
     this came from the cache file.
     """
 

@@ -5,7 +5,7 @@
 round by round, each distinct key to the first earlier representative it merges with (representative
 first); :func:`_verdicts` asks whether pairs merge (the number rule, else math-verify). Parses and
 verdicts are remembered across calls in this process; timeouts are not. The rule itself, and who calls
-this, is :mod:`isocompute.tasks.equivalence`.
+this, is :mod:`isocompute.tasks.answers.equivalence`.
 
 Ignores: the kinds whose canonical key is the whole rule (``date``, ``choice``, ``exact``): they never merge
 here.
@@ -16,9 +16,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from isocompute.tasks.answer_keys import canonical_key, numbers_close
+from isocompute.tasks.answers.answer_keys import canonical_key, numbers_close
+from isocompute.tasks.answers.math_forms import values_differ
 from isocompute.tasks.grading import Grader, map_in_process
-from isocompute.tasks.math_forms import values_differ
 
 __all__ = ["Group", "Key", "distinct_keys", "merge_groups"]
 

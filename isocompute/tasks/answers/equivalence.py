@@ -6,7 +6,7 @@ answer (the Phi-4 MATH-500 dump splits 52 + 23 votes between them), ``\\frac12``
 
 | kind | an answer's canonical key | keys that still merge |
 |---|---|---|
-| ``math`` | math-verify's parse, printed (``srepr``), see :func:`isocompute.tasks.math_forms.math_key` | ``verify(a, b)`` |
+| ``math`` | math-verify's parse, printed (``srepr``), see :func:`isocompute.tasks.answers.math_forms.math_key` | ``verify(a, b)`` |
 | ``number`` | the exact value (``"18.0"`` → 18, ``"3/4"`` → 3/4) | ``|a − b| ≤ 1e-9·max(|a|, |b|) + 1e-9`` |
 | ``date`` | ``MM/DD/YYYY`` of the first line (``5/1/2021``, ``2021-05-01``, ``May 1, 2021``) | — |
 | ``choice`` | the letter (``(b)``, ``B.``, ``B) text`` → ``B``) | — |
@@ -34,8 +34,8 @@ comparisons run in its process pool with its per-item timeout and hang recovery;
 in this process (soft timeout on the main thread only). A parse that times out leaves the answer a
 string; a comparison that times out keeps the two apart (and a gold comparison counts as incorrect).
 
-Where it lives: the kinds and the cheap kinds' keys are :mod:`isocompute.tasks.answer_keys`; reading
-``math`` keys and the rounds of comparisons :mod:`isocompute.tasks.class_merge`; this module builds each
+Where it lives: the kinds and the cheap kinds' keys are :mod:`isocompute.tasks.answers.answer_keys`; reading
+``math`` keys and the rounds of comparisons :mod:`isocompute.tasks.answers.class_merge`; this module builds each
 record's groups, the classes and the votes. Names of the first are importable from here too.
 
 Ignores: units ("18 dollars" is not the number 18 — extraction's job), partial credit, and answers
@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from isocompute.errors import InputError
-from isocompute.tasks.answer_keys import (  # noqa: F401
+from isocompute.tasks.answers.answer_keys import (  # noqa: F401
     ABS_TOL,
     KINDS,
     REL_TOL,
@@ -59,7 +59,7 @@ from isocompute.tasks.answer_keys import (  # noqa: F401
     kind_of,
     normalised_or_none,
 )
-from isocompute.tasks.class_merge import Group, Key, distinct_keys, merge_groups
+from isocompute.tasks.answers.class_merge import Group, Key, distinct_keys, merge_groups
 from isocompute.tasks.grading import Grader
 
 __all__ = [

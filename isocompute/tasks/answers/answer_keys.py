@@ -3,9 +3,9 @@
 :func:`kind_of` maps a task to its answer kind (:data:`TASK_KINDS`); :func:`canonical_key` reads a normalised
 answer as that kind — ``"18.0"`` → ``num:18``, ``5/1/2021`` / ``2021-05-01`` / ``May 1, 2021`` →
 ``date:05/01/2021``, ``(b)`` → ``choice:B``; two ``num:`` keys still merge when within ``REL_TOL``/``ABS_TOL``
-(:func:`numbers_close`). The rules that use them are in :mod:`isocompute.tasks.equivalence`.
+(:func:`numbers_close`). The rules that use them are in :mod:`isocompute.tasks.answers.equivalence`.
 
-Ignores: ``math`` answers (math-verify reads those, :mod:`isocompute.tasks.math_forms`), units, and words
+Ignores: ``math`` answers (math-verify reads those, :mod:`isocompute.tasks.answers.math_forms`), units, and words
 for numbers (``"eighteen"`` has no key and is compared as a string).
 """
 
@@ -17,7 +17,7 @@ from datetime import datetime
 from fractions import Fraction
 
 from isocompute.errors import InputError
-from isocompute.tasks.extract import normalize_answer
+from isocompute.tasks.answers.extract import normalize_answer
 
 __all__ = [
     "ABS_TOL", "KINDS", "REL_TOL", "TASK_KINDS", "canonical_key", "kind_of", "normalised_or_none", "numbers_close",
