@@ -232,23 +232,7 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
 
     prompts = list(prompts)
     n = len(prompts)
-    if (config.probe is None) != (probe is None):
-        raise InputError("probe values must be passed exactly when the configuration has a probe "
-                         f"(it {'has none' if config.probe is None else 'has ' + repr(config.probe.name)}).")
-    pv = None if probe is None else np.asarray(probe, dtype=np.float64)
-    if pv is not None and pv.shape != (n,):
-        raise InputError(f"probe values must be one number per prompt, shape ({n},); got shape {pv.shape}.")
-    sf = None if sample_flops is None else np.asarray(sample_flops, dtype=np.float64)
-    if sf is not None and sf.shape != (n,):
-        raise InputError(f"sample_flops must be one number per prompt, shape ({n},); got shape {sf.shape}.")
-    if folds < 2:
-        raise InputError(f"--folds must be ≥ 2 for cross-validation (got {folds}); use --holdout to score a "
-                         "fitted policy on a separate table.")
-    min_train = 4 * config.calibration_folds
-    if n // folds < 2 or n - (n + folds - 1) // folds < min_train:
-        raise InputError(f"{folds} folds over {n} prompts leave held-out parts of {n // folds} prompt(s) and "
-                         f"training parts of {n - (n + folds - 1) // folds}; each needs ≥ 2 held-out and ≥ "
-                         f"{min_train} training prompts. Use fewer folds or a larger table.")
+    pv, sf = _cv_inputs(config, n, probe, sample_flops, folds)
     budgets_arr = np.asarray(budgets, dtype=np.float64)
     refit = dataclasses.replace(config, learner="auto")
     S, N = len(seeds), n
@@ -274,13 +258,7 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
         for f, test in enumerate(parts):
             test = np.sort(test)
             train = np.sort(np.concatenate(parts[:f] + parts[f + 1:]))
-            labels = None
-            if config.shrinkage == "eb":
-                if label_var is None:
-                    raise InputError("a configuration with shrinkage='eb' needs label_var= (the utilities' sampling "
-                                     "variance, policy.shrinkage.sampling_variance) for cross-validation.")
-                labels = shrink_utilities(U[train], label_var[train],
-                                          None if groups is None else [groups[i] for i in train])
+            labels = _fold_labels(config, U, label_var, groups, train)
             pol = Policy(dataclasses.replace(refit, seed=config.seed + 1000 * seed + f)).fit_arrays(
                 [prompts[i] for i in train], U[train], C[train], probe=None if pv is None else pv[train],
                 sample_flops=None if sf is None else sf[train], labels=labels,
@@ -307,6 +285,40 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
                       per_learner, gap, fold_of, defaults, selections, rules,
                       None if C_alt is None else cost_alt, None if C_alt is None else alt_unit,
                       _reference(U, C, C_alt, config.actions, menu.ladder), wav, tuple(p.name for p in menu.plans))
+
+
+def _cv_inputs(config: PolicyConfig, n: int, probe: np.ndarray | None, sample_flops: np.ndarray | None,
+               folds: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Check :func:`cross_validate`'s per-prompt inputs and folds; the probe values and sample FLOPs as arrays."""
+    if (config.probe is None) != (probe is None):
+        raise InputError("probe values must be passed exactly when the configuration has a probe "
+                         f"(it {'has none' if config.probe is None else 'has ' + repr(config.probe.name)}).")
+    pv = None if probe is None else np.asarray(probe, dtype=np.float64)
+    if pv is not None and pv.shape != (n,):
+        raise InputError(f"probe values must be one number per prompt, shape ({n},); got shape {pv.shape}.")
+    sf = None if sample_flops is None else np.asarray(sample_flops, dtype=np.float64)
+    if sf is not None and sf.shape != (n,):
+        raise InputError(f"sample_flops must be one number per prompt, shape ({n},); got shape {sf.shape}.")
+    if folds < 2:
+        raise InputError(f"--folds must be ≥ 2 for cross-validation (got {folds}); use --holdout to score a "
+                         "fitted policy on a separate table.")
+    min_train = 4 * config.calibration_folds
+    if n // folds < 2 or n - (n + folds - 1) // folds < min_train:
+        raise InputError(f"{folds} folds over {n} prompts leave held-out parts of {n // folds} prompt(s) and "
+                         f"training parts of {n - (n + folds - 1) // folds}; each needs ≥ 2 held-out and ≥ "
+                         f"{min_train} training prompts. Use fewer folds or a larger table.")
+    return pv, sf
+
+
+def _fold_labels(config: PolicyConfig, U: np.ndarray, label_var: np.ndarray | None, groups: Sequence[str] | None,
+                 train: np.ndarray) -> np.ndarray | None:
+    """The training part's labels when the config shrinks them (``shrinkage="eb"``), else None (the utilities)."""
+    if config.shrinkage != "eb":
+        return None
+    if label_var is None:
+        raise InputError("a configuration with shrinkage='eb' needs label_var= (the utilities' sampling "
+                         "variance, policy.shrinkage.sampling_variance) for cross-validation.")
+    return shrink_utilities(U[train], label_var[train], None if groups is None else [groups[i] for i in train])
 
 
 def _reference(U: np.ndarray, C: np.ndarray, C_alt: np.ndarray | None, actions: Sequence[int],

@@ -52,6 +52,18 @@ def _acc(x: float) -> str:
 
 def render_markdown(report: dict[str, Any]) -> str:
     """The human-readable report (GitHub-flavoured Markdown)."""
+    lines = _intro(report) + _learners_section(report) + _accuracy_section(report)
+    lines += plans_section(report) + _fallback_section(report) + _same_accuracy_section(report)
+    lines += _not_binding_note(report) + _spend_section(report) + _ceiling_section(report)
+    lines += _both_learners_section(report) + _targets_section(report)
+    lines += ["## Plots", "", "![accuracy vs budget](accuracy.png)", "",
+              "![accuracy vs realised cost, every method](accuracy_cost.png)", "", "![actions per budget](actions.png)", "",
+              f"![learned vs oracle actions at budget {reference_budget(report):g}](confusion.png)", ""]
+    return "\n".join(lines)
+
+
+def _intro(report: dict[str, Any]) -> list[str]:
+    """Title, what was evaluated and how, the probe feature, a small-sample warning and the inputs."""
     n = report["n_prompts"]
     lines = [f"# isocompute report — {report['mode']}", ""]
     if report["mode"] == "cv":
@@ -77,16 +89,23 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += [f"> **Small sample ({n} prompts).** Confidence intervals are wide and a difference whose CI "
                   "contains 0 is *not significant*; read the numbers as a pipeline check, not as evidence.", ""]
     lines += ["## Inputs", ""] + [f"- `{k}`: `{v}`" for k, v in report["inputs"].items()] + [""]
+    return lines
 
+
+def _learners_section(report: dict[str, Any]) -> list[str]:
+    """Which learner the policy defaults to, and why."""
     lc = report["learner_comparison"]
-    lines += ["## Learners", "", f"- Default learner of the policy: **{report['policy']['default_learner']}** — "
-              f"{report['policy']['selection'].get('why', report['policy']['selection'].get('rule', ''))}.",
-              f"- On these held-out prompts: {lc['why']}." if lc.get("better") else "", ""]
+    return ["## Learners", "", f"- Default learner of the policy: **{report['policy']['default_learner']}** — "
+            f"{report['policy']['selection'].get('why', report['policy']['selection'].get('rule', ''))}.",
+            f"- On these held-out prompts: {lc['why']}." if lc.get("better") else "", ""]
 
-    lines += ["## Accuracy at matched budgets", "",
-              "| budget | oracle | learned | uniform | heuristic | random | learned cost (vs budget) | oracle cost "
-              "| gain vs uniform [95% CI] | imitation | regret ≤ bound | APGR |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---:|"]
+
+def _accuracy_section(report: dict[str, Any]) -> list[str]:
+    """Accuracy of every method at each matched budget, with the gain over uniform."""
+    lines = ["## Accuracy at matched budgets", "",
+             "| budget | oracle | learned | uniform | heuristic | random | learned cost (vs budget) | oracle cost "
+             "| gain vs uniform [95% CI] | imitation | regret ≤ bound | APGR |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---:|"]
     for e in report["budgets"]:
         m = e["methods"]
         g = e["gain_vs_uniform"]
@@ -106,9 +125,12 @@ def render_markdown(report: dict[str, Any]) -> str:
               "k adjacent to the budget; the heuristic gives the larger k to the longest prompts; random deals "
               "the oracle's action histogram to random prompts. The bound is (1 − imitation) × the worst "
               "per-prompt gap; it holds by construction, so ✗ would flag a bug.", ""]
+    return lines
 
-    lines += plans_section(report) + _fallback_section(report) + _same_accuracy_section(report)
 
+def _not_binding_note(report: dict[str, Any]) -> list[str]:
+    """Why the oracle may spend less than the budget (only when it does)."""
+    lines: list[str] = []
     not_binding = [e["budget"] for e in report["budgets"] if not e["oracle_budget_binding"]]
     if not_binding:
         lines += [f"At budgets {', '.join(f'{b:.4g}' for b in not_binding)} the oracle spends less than the budget "
@@ -116,10 +138,14 @@ def render_markdown(report: dict[str, Any]) -> str:
                   "cannot know which prompts those are; calibrated to the budget it spends the spare samples as "
                   "insurance (or less, if its learner cannot find a use for them — then its cost column shows it), "
                   "and its imitation accuracy there measures agreement with an oracle that spends less.", ""]
+    return lines
 
-    lines += ["## Spend on budget", "",
-              "| budget | learned cost [95% CI] | error | learned (batch) acc | learned (batch) cost | error |",
-              "|---:|---|---:|---:|---:|---:|"]
+
+def _spend_section(report: dict[str, Any]) -> list[str]:
+    """Realised cost against the budget, per prompt and batch-matched."""
+    lines = ["## Spend on budget", "",
+             "| budget | learned cost [95% CI] | error | learned (batch) acc | learned (batch) cost | error |",
+             "|---:|---|---:|---:|---:|---:|"]
     for e in report["budgets"]:
         m, mb = e["methods"]["learned"], e["methods"].get("learned_batch")
         ci = m.get("cost_ci95", [float("nan")] * 2)
@@ -131,7 +157,12 @@ def render_markdown(report: dict[str, Any]) -> str:
               "that noise). `learned (batch)` solves the same learner's knob on the held-out prompts themselves "
               "(`Policy.decide(..., match=\"batch\")`, what an offline batch job uses); the gateway holds a "
               "stream of single requests on budget with its online controller instead.", ""]
+    return lines
 
+
+def _ceiling_section(report: dict[str, Any]) -> list[str]:
+    """The label-noise ceiling on imitation (when the summary has it)."""
+    lines: list[str] = []
     if all("imitation_ceiling" in e for e in report["budgets"]):
         lines += ["## How far can imitation go?", "",
                   "Each oracle label comes from one finite set of samples per prompt; redraw those samples "
@@ -143,9 +174,13 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += [f"| {e['budget']:.4g} | {e['imitation_accuracy']:.3f} | {e['imitation_ceiling']:.3f} | "
                   f"{e['label_agreement']:.3f} |" for e in report["budgets"]]
         lines.append("")
+    return lines
 
-    lines += ["## Both learners", "", "| budget | classifier acc | classifier cost | classifier imitation | "
-              "utility acc | utility cost | utility imitation |", "|---:|---:|---:|---:|---:|---:|---:|"]
+
+def _both_learners_section(report: dict[str, Any]) -> list[str]:
+    """Accuracy, cost and imitation of both learners at each budget."""
+    lines = ["## Both learners", "", "| budget | classifier acc | classifier cost | classifier imitation | "
+             "utility acc | utility cost | utility imitation |", "|---:|---:|---:|---:|---:|---:|---:|"]
     for e in report["budgets"]:
         row = [f"{e['budget']:.4g}"]
         for name in ("classifier", "utility"):
@@ -154,7 +189,12 @@ def render_markdown(report: dict[str, Any]) -> str:
                     else ["—", "—", "—"])
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
+    return lines
 
+
+def _targets_section(report: dict[str, Any]) -> list[str]:
+    """Whether the headline targets are met at the reference budget (when evaluated)."""
+    lines: list[str] = []
     t = report.get("targets")
     if t:
         lines += [f"## Targets at budget {t['budget']:g}", "",
@@ -171,10 +211,7 @@ def render_markdown(report: dict[str, Any]) -> str:
                   + (f"{_pct(t['batch_cost_within_2pct']['value'], 2)} — "
                      f"{'met' if t['batch_cost_within_2pct']['pass'] else 'not met'}"
                      if "batch_cost_within_2pct" in t else "—"), ""]
-    lines += ["## Plots", "", "![accuracy vs budget](accuracy.png)", "",
-              "![accuracy vs realised cost, every method](accuracy_cost.png)", "", "![actions per budget](actions.png)", "",
-              f"![learned vs oracle actions at budget {reference_budget(report):g}](confusion.png)", ""]
-    return "\n".join(lines)
+    return lines
 
 
 def _fallback_section(report: dict[str, Any]) -> list[str]:

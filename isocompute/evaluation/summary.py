@@ -99,52 +99,18 @@ def summarise(ev: Evaluation, *, n_boot: int = 2000, seed: int = 0) -> dict[str,
     A = len(ev.actions)
     entries = []
     for bi, b in enumerate(ev.budgets):
-        methods: dict[str, Any] = {}
-        for m in METHODS:
-            u = per_prompt[mi[m], bi]
-            if np.isnan(u).any():
-                continue
-            boot = u[idx].mean(axis=1)
-            cboot = ev.cost[:, mi[m], bi].mean(axis=0)[idx].mean(axis=1)
-            methods[m] = {"accuracy": float(ev.utility[:, mi[m], bi].mean()),
-                          "cost": float(ev.cost[:, mi[m], bi].mean()), "ci95": _ci(boot), "cost_ci95": _ci(cboot)}
-            if ev.cost_alt is not None:
-                methods[m]["cost_alt"] = float(ev.cost_alt[:, mi[m], bi].mean())
-            if ev.waves is not None:
-                methods[m]["waves"] = float(ev.waves[:, mi[m], bi].mean())
+        methods = _methods_at(ev, per_prompt, bi, idx)
         uU = per_prompt[mi["uniform"], bi]
         rel, ci = _paired_gain(per_prompt[mi["learned"], bi], uU, idx)
         match = ev.oracle_actions[:, bi] == ev.learned_actions[:, bi]  # (S, N)
         imitation = float(match.mean())
         regret = methods["oracle"]["accuracy"] - methods["learned"]["accuracy"]
         gap_max = float(ev.gap[:, bi].max())
-        per_fold = []
-        for s in range(S):
-            for f in range(ev.n_folds):
-                sel = ev.fold[s] == f
-                o = ev.utility[s, mi["oracle"], bi, sel].mean()
-                lrn = ev.utility[s, mi["learned"], bi, sel].mean()
-                imit = float(match[s, sel].mean())
-                bound = (1 - imit) * float(ev.gap[s, bi, sel].max())
-                per_fold.append({"seed": ev.seeds[s], "fold": f, "n": int(sel.sum()),
-                                 "oracle": float(o), "learned": float(lrn),
-                                 "uniform": float(ev.utility[s, mi["uniform"], bi, sel].mean()),
-                                 "cost": float(ev.cost[s, mi["learned"], bi, sel].mean()),
-                                 "imitation_accuracy": imit, "regret": float(o - lrn), "bound": bound,
-                                 "regret_le_bound": bool(o - lrn <= bound + 1e-12),
-                                 "learner": ev.default_learner[s][f]})
+        per_fold = _per_fold(ev, bi, match)
         gap_uo = methods["oracle"]["accuracy"] - methods["uniform"]["accuracy"]
         confusion = np.zeros((A, A), dtype=np.int64)
         np.add.at(confusion, (ev.learned_actions[:, bi].ravel(), ev.oracle_actions[:, bi].ravel()), 1)
-        learners = {}
-        for name in LEARNERS:
-            m = f"learned_{name}"
-            if m in methods:
-                la = ev.learner_actions[:, LEARNERS.index(name), bi]
-                learners[name] = {**methods[m], "imitation_accuracy": float((la == ev.oracle_actions[:, bi]).mean()),
-                                  "gain_vs_uniform": float(
-                    (methods[m]["accuracy"] - methods["uniform"]["accuracy"]) / methods["uniform"]["accuracy"])
-                    if methods["uniform"]["accuracy"] > 0 else None}
+        learners = _learner_entries(ev, methods, bi)
         uL = per_prompt[mi["learned"], bi]
         entries.append({
             "budget": float(b),
@@ -178,6 +144,61 @@ def summarise(ev: Evaluation, *, n_boot: int = 2000, seed: int = 0) -> dict[str,
     return {"budgets": entries, "n_prompts": N, "bootstrap": n_boot, "bootstrap_seed": seed,
             "learner_comparison": compare_learners(entries),
             "same_accuracy": same_accuracy(entries, ev.reference, ev.alt_unit) if ev.reference else None}
+
+
+def _methods_at(ev: Evaluation, per_prompt: np.ndarray, bi: int, idx: np.ndarray) -> dict[str, Any]:
+    """Per method scored at budget ``bi``: mean accuracy and cost with bootstrap CIs (and FLOP cost, waves)."""
+    mi = {m: j for j, m in enumerate(METHODS)}
+    methods: dict[str, Any] = {}
+    for m in METHODS:
+        u = per_prompt[mi[m], bi]
+        if np.isnan(u).any():
+            continue
+        boot = u[idx].mean(axis=1)
+        cboot = ev.cost[:, mi[m], bi].mean(axis=0)[idx].mean(axis=1)
+        methods[m] = {"accuracy": float(ev.utility[:, mi[m], bi].mean()),
+                      "cost": float(ev.cost[:, mi[m], bi].mean()), "ci95": _ci(boot), "cost_ci95": _ci(cboot)}
+        if ev.cost_alt is not None:
+            methods[m]["cost_alt"] = float(ev.cost_alt[:, mi[m], bi].mean())
+        if ev.waves is not None:
+            methods[m]["waves"] = float(ev.waves[:, mi[m], bi].mean())
+    return methods
+
+
+def _per_fold(ev: Evaluation, bi: int, match: np.ndarray) -> list[dict[str, Any]]:
+    """Oracle, learned and uniform accuracy, cost, imitation and regret against its bound, per seed and fold."""
+    mi = {m: j for j, m in enumerate(METHODS)}
+    S = ev.utility.shape[0]
+    per_fold = []
+    for s in range(S):
+        for f in range(ev.n_folds):
+            sel = ev.fold[s] == f
+            o = ev.utility[s, mi["oracle"], bi, sel].mean()
+            lrn = ev.utility[s, mi["learned"], bi, sel].mean()
+            imit = float(match[s, sel].mean())
+            bound = (1 - imit) * float(ev.gap[s, bi, sel].max())
+            per_fold.append({"seed": ev.seeds[s], "fold": f, "n": int(sel.sum()),
+                             "oracle": float(o), "learned": float(lrn),
+                             "uniform": float(ev.utility[s, mi["uniform"], bi, sel].mean()),
+                             "cost": float(ev.cost[s, mi["learned"], bi, sel].mean()),
+                             "imitation_accuracy": imit, "regret": float(o - lrn), "bound": bound,
+                             "regret_le_bound": bool(o - lrn <= bound + 1e-12),
+                             "learner": ev.default_learner[s][f]})
+    return per_fold
+
+
+def _learner_entries(ev: Evaluation, methods: dict[str, Any], bi: int) -> dict[str, Any]:
+    """Each learner's own numbers at budget ``bi`` (where scored): its method's, imitation, gain vs uniform."""
+    learners = {}
+    for name in LEARNERS:
+        m = f"learned_{name}"
+        if m in methods:
+            la = ev.learner_actions[:, LEARNERS.index(name), bi]
+            learners[name] = {**methods[m], "imitation_accuracy": float((la == ev.oracle_actions[:, bi]).mean()),
+                              "gain_vs_uniform": float(
+                (methods[m]["accuracy"] - methods["uniform"]["accuracy"]) / methods["uniform"]["accuracy"])
+                if methods["uniform"]["accuracy"] > 0 else None}
+    return learners
 
 
 def _paired_gain(a: np.ndarray, base: np.ndarray, idx: np.ndarray) -> tuple[float, list[float]]:
