@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from isocompute.cli.fit import read_table
 from isocompute.policy.features.prompt import PromptFeatures
+from isocompute.stages.inputs import read_table
 
 RATE = ("each", "per", "every", "times", "twice", "half", "total", "remaining", "average")
 COMPARE = ("more", "less", "than", "left", "fewer", "difference")

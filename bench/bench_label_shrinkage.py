@@ -20,12 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-from isocompute.cli.fit import read_table
 from isocompute.evaluation.evaluate import METHODS, bootstrap_indices, cross_validate
 from isocompute.policy.learn.shrinkage import sampling_variance
 from isocompute.policy.policy import PolicyConfig, task_groups
 from isocompute.solver.costs import cost_table
 from isocompute.solver.estimators import utilities
+from isocompute.stages.inputs import read_table
 
 
 def main() -> None:

@@ -27,7 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from isocompute.cli import main as cli
+from isocompute.errors import IsoComputeError
+from isocompute.stages.fit import FitConfig, fit
+from isocompute.stages.options import parse_config
+from isocompute.stages.report import ReportConfig, report
 
 
 def main() -> None:
@@ -46,12 +49,20 @@ def main() -> None:
     if args.align_cache:
         common += ["--align-cache", str(args.align_cache)]
     t0, c0 = time.perf_counter(), time.process_time()
-    if cli(["fit", *common, *args.fit_args.split(), "--out", str(work / "policy")]) != 0:
-        raise SystemExit("fit failed")
+    try:
+        fit(parse_config(FitConfig, [*common, *args.fit_args.split(), "--out", str(work / "policy")],
+                         prog="isocompute fit"))
+    except IsoComputeError as e:
+        raise SystemExit(f"fit failed: {e}") from None
     t1, c1 = time.perf_counter(), time.process_time()
-    if cli(["report", *common, "--policy", str(work / "policy"), "--out", str(work / "report"), "--seeds", args.seeds,
-            "--n-budgets", str(args.n_budgets)]) != 0:
-        raise SystemExit("report failed")
+    try:
+        res = report(parse_config(ReportConfig, [*common, "--policy", str(work / "policy"), "--out", str(work / "report"),
+                                                 "--seeds", args.seeds, "--n-budgets", str(args.n_budgets)],
+                                  prog="isocompute report"))
+    except IsoComputeError as e:
+        raise SystemExit(f"report failed: {e}") from None
+    print(res.markdown)
+    print(f"report → {res.out}")
     t2, c2 = time.perf_counter(), time.process_time()
     rep = json.loads((work / "report" / "report.json").read_text())
     print(f"\nfit {t1 - t0:.0f} s ({c1 - c0:.0f} s CPU), report {t2 - t1:.0f} s ({c2 - c1:.0f} s CPU) on a shared "

@@ -30,7 +30,6 @@ from pathlib import Path
 
 import numpy as np
 
-from isocompute.cli.fit import read_table
 from isocompute.engines.probe import probe_flops
 from isocompute.engines.probe_cache import compute_probe
 from isocompute.evaluation.evaluate import LEARNERS, METHODS, cross_validate
@@ -38,6 +37,7 @@ from isocompute.flops import decode_flops, load_model_flops
 from isocompute.policy.policy import PolicyConfig, ProbeSpec
 from isocompute.solver.costs import cost_table
 from isocompute.solver.estimators import utilities
+from isocompute.stages.inputs import read_table
 
 ROOT = Path(__file__).resolve().parents[1]
 

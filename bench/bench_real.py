@@ -38,7 +38,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from isocompute.cli import main as cli
+from isocompute.errors import IsoComputeError
+from isocompute.stages.fit import FitConfig, fit
+from isocompute.stages.import_ import ImportConfig, import_samples
+from isocompute.stages.options import parse_config
+from isocompute.stages.report import ReportConfig, report
+
+STAGES = {"import": (ImportConfig, import_samples), "fit": (FitConfig, fit), "report": (ReportConfig, report)}
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
@@ -58,12 +64,19 @@ TABLES = {  # name → (format, dump relative to DATA/real, import flags; {data}
 
 
 def _run(argv: list[str], log: Path) -> None:
-    """One CLI command in-process, its output appended to ``log``; a failure stops the bench."""
+    """One stage in-process (the library, configured from the command's arguments), its progress appended to
+    ``log``; a failure stops the bench."""
+    cls, stage = STAGES[argv[0]]
     with log.open("a") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
         print(f"$ isocompute {' '.join(argv)}", flush=True)
-        rc = cli(argv)
-    if rc != 0:
-        raise SystemExit(f"isocompute {' '.join(argv)} failed (exit {rc}); see {log}")
+        try:
+            stage(parse_config(cls, argv[1:], prog=f"isocompute {argv[0]}"))
+            error = None
+        except IsoComputeError as e:
+            print(f"isocompute {argv[0]}: error: {e}", flush=True)
+            error = e
+    if error is not None:
+        raise SystemExit(f"isocompute {' '.join(argv)} failed ({error}); see {log}")
 
 
 def import_table(name: str, work: Path, data: Path, *, fresh: bool) -> Path:

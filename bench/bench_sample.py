@@ -26,8 +26,8 @@ from pathlib import Path
 
 from bench_engine import bench_transformers, process_tree_cpu, raw_httpx, tiny_model
 
-from isocompute.cli.sample import SampleConfig, derive_seed, make_formatter, run_sample_async
 from isocompute.engines.vllm_server import start_vllm_server
+from isocompute.stages.sample import SampleConfig, derive_seed, make_formatter, sample_async
 from isocompute.tasks.registry import load_task
 
 
@@ -63,7 +63,7 @@ async def bench(url: str, model_dir: Path, args: argparse.Namespace, workdir: Pa
             raw_tok, raw_dt = await raw_httpx(url, bodies, args.concurrency)
             raw_cpu, raw_srv = time.process_time() - c0, process_tree_cpu(server_pid) - v0
         t0, c0, v0 = time.perf_counter(), time.process_time(), process_tree_cpu(server_pid)
-        res = await run_sample_async(cfg(r + 1))
+        res = await sample_async(cfg(r + 1))
         s_dt, s_cpu = time.perf_counter() - t0, time.process_time() - c0
         s_srv = process_tree_cpu(server_pid) - v0
         if r % 2 == 1:

@@ -26,14 +26,14 @@ def tiny_world(tmp_path_factory):
     """The two tiny arith models of :mod:`isocompute.training.tiny_world` (trained once per session, ~15 s
     CPU) and their outcome tables on the same 16 arith prompts × 8 samples (transformers engine):
     ``{name: (model_dir, table_path)}``; read-only."""
-    from isocompute.cli.sample import SampleConfig, run_sample
+    from isocompute.stages.sample import SampleConfig, sample
     from isocompute.training.tiny_world import train_tiny_world
 
     root = tmp_path_factory.mktemp("tiny_world")
     out = {}
     for name in train_tiny_world(root):
         table = root / f"{name}.jsonl"
-        run_sample(SampleConfig(task="arith", out=table, model=str(root / name), limit=16, n=8, max_tokens=64,
+        sample(SampleConfig(task="arith", out=table, model=str(root / name), limit=16, n=8, max_tokens=64,
                                 threads=1, grade_workers=1, progress=False))
         out[name] = (root / name, table)
     return out

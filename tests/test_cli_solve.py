@@ -14,7 +14,7 @@ from scipy.optimize import linprog
 
 from isocompute.artifacts import load_manifest, sha256_file
 from isocompute.cli import main
-from isocompute.cli.solve import parse_actions, parse_budgets
+from isocompute.stages.parsing import parse_actions, parse_budgets
 
 N_PROMPTS, N_SAMPLES = 40, 16
 QWEN_TINY = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64,

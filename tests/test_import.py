@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from isocompute.cli import main
-from isocompute.cli.import_ import ImportConfig, run_import
 from isocompute.errors import InputError
 from isocompute.solver.outcomes import OutcomeWriter, read_outcomes
-from isocompute.tasks.extract import normalize_answer
+from isocompute.stages.import_ import ImportConfig, import_samples
+from isocompute.tasks.answers.extract import normalize_answer
 from isocompute.tasks.grading import math_equal
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -39,7 +39,7 @@ def head(src: Path, dst: Path, n: int) -> Path:
 
 def imp(tmp_path: Path, fmt: str, *sources: Path, name: str = "t.jsonl", **kw) -> tuple:
     cfg = ImportConfig(format=fmt, sources=list(sources), out=tmp_path / name, progress=False, **kw)
-    res = run_import(cfg)
+    res = import_samples(cfg)
     return res, read_outcomes(res.out)
 
 
@@ -295,34 +295,34 @@ def test_interrupted_import_resumes_to_the_same_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(OutcomeWriter, "write", dying_write)
     with pytest.raises(KeyboardInterrupt):
-        run_import(cfg)
+        import_samples(cfg)
     monkeypatch.setattr(OutcomeWriter, "write", real_write)
     partial = tmp_path / "t.jsonl.partial"
     assert not cfg.out.exists() and partial.is_file(), "the table appears only when complete"
     assert json.loads((tmp_path / "t.jsonl.manifest.json").read_text())["complete"] is False
     with partial.open("a") as f:
         f.write('{"id": "q3", "prompt"')  # and a line cut off by the kill
-    res = run_import(cfg)
+    res = import_samples(cfg)
     assert (res.written, res.skipped, res.prompts) == (4, 3, 7)
     assert cfg.out.read_bytes() == fresh.out.read_bytes() and not partial.exists()
     manifest = json.loads((tmp_path / "t.jsonl.manifest.json").read_text())
     assert manifest["complete"] and manifest["prompts"] == 7 and str(src) in manifest["inputs"]
-    again = run_import(cfg)
+    again = import_samples(cfg)
     assert again.written == 0 and again.prompts == 7, "a finished import is not redone"
 
 
 def test_rerun_with_other_sources_refuses_to_mix(tmp_path, monkeypatch):
     src = _dump(tmp_path)
     cfg = ImportConfig(format="jsonl", sources=[src], out=tmp_path / "t.jsonl", task="gsm8k", progress=False)
-    run_import(cfg)
+    import_samples(cfg)
     src.write_text(src.read_text().replace('"q0"', '"q00"'))
     with pytest.raises(InputError, match="already exists and was not imported from these sources"):
-        run_import(cfg)
+        import_samples(cfg)
     other = ImportConfig(format="jsonl", sources=[src], out=tmp_path / "u.jsonl", task="gsm8k", progress=False)
     (tmp_path / "u.jsonl.partial").write_text("")
     (tmp_path / "u.jsonl.manifest.json").write_text(json.dumps({"kind": "outcome-import", "inputs": {}}))
     with pytest.raises(InputError, match=r"u\.jsonl\.partial is left from an import of other sources"):
-        run_import(other)
+        import_samples(other)
 
 
 def test_cli_prints_figures_and_shows_progress(tmp_path, capsys):

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from isocompute.cli import main
-from isocompute.cli.sample import SampleConfig, _grade_and_classify, derive_seed, make_formatter, run_sample
 from isocompute.engines.base import Completion
 from isocompute.errors import InputError
+from isocompute.stages.sample import SampleConfig, _grade_and_classify, derive_seed, make_formatter, sample
 from isocompute.tasks.base import Problem
-from isocompute.tasks.equivalence import classify
+from isocompute.tasks.answers.equivalence import classify
 from isocompute.tasks.grading import Grader
 
 REPO = Path(__file__).resolve().parents[1]
@@ -198,10 +198,10 @@ def test_errors_reach_the_user_as_exit_2(tiny_dir, tmp_path, capsys):
         make_formatter("chat", None)
 
 
-def test_run_sample_returns_result(tiny_dir, tmp_path):
+def test_sample_returns_result(tiny_dir, tmp_path):
     cfg = SampleConfig(task="arith", out=tmp_path / "r.jsonl", model=str(tiny_dir), limit=3, n=2, max_tokens=4,
                        threads=1, progress=False)
-    res = run_sample(cfg)
+    res = sample(cfg)
     assert (res.total, res.skipped, res.written, res.samples) == (3, 0, 3, 6)
     assert res.completion_tokens == sum(s["completion_tokens"] for r in read_lines(cfg.out) for s in r["samples"])
     assert res.completion_tokens_per_s > 0 and 0.0 <= res.accuracy <= 1.0

@@ -9,14 +9,17 @@ run is instant)::
     fit         → DIR/policy/            the budget-conditioned LightGBM policy
     report      → DIR/report/            held-out regret against oracle, uniform, heuristic, random
 
-Each stage is the ordinary subcommand (the same code path a user runs by hand); this module only chains
-them and decides what is already done. ``--force`` redoes every stage.
+Each stage is the ordinary subcommand (the same parser and code path a user runs by hand, taken from the
+``isocompute`` command's subparsers); this module only chains them and decides what is already done.
+``--force`` redoes every stage.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,18 +42,34 @@ def register(subparsers: Any) -> None:
     p.add_argument("--sft-steps", type=int, default=None, help="SFT optimiser steps (default: the SFT default)")
     p.add_argument("--seed", type=int, default=0, help="seed for every stage")
     p.add_argument("--force", action="store_true", help="redo every stage even when its artifact exists")
-    p.set_defaults(func=run)
+    # The stages run through the other subcommands' parsers (subparsers.choices: name → parser), filled in
+    # by the time the demo runs.
+    p.set_defaults(func=lambda args: run(args, subparsers.choices))
 
 
-def _stage(name: str, done: Path, argv: list[str], *, force: bool) -> None:
-    from isocompute.cli import main
+def _invoke(commands: Mapping[str, argparse.ArgumentParser], argv: list[str]) -> int:
+    """``isocompute ARGV`` in this process, as the command runs it: its exit code, errors printed."""
+    from isocompute.errors import IsoComputeError
 
+    args = commands[argv[0]].parse_args(argv[1:])
+    try:
+        return int(args.func(args) or 0)
+    except IsoComputeError as e:
+        print(f"isocompute {argv[0]}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"isocompute {argv[0]}: interrupted; finished work is kept.", file=sys.stderr)
+        return 130
+
+
+def _stage(commands: Mapping[str, argparse.ArgumentParser], name: str, done: Path, argv: list[str], *,
+           force: bool) -> None:
     if done.exists() and not force:
         print(f"[demo] {name}: {done} exists, skipped (--force redoes it)")
         return
     print(f"[demo] {name}: isocompute {' '.join(argv)}", flush=True)
     t0 = time.perf_counter()
-    rc = main(argv)
+    rc = _invoke(commands, argv)
     if rc != 0:
         from isocompute.errors import IsoComputeError
 
@@ -59,7 +78,7 @@ def _stage(name: str, done: Path, argv: list[str], *, force: bool) -> None:
     print(f"[demo] {name}: done in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, commands: Mapping[str, argparse.ArgumentParser]) -> int:
     from isocompute.errors import InputError
 
     if args.prompts < 20 or args.n < 1:
@@ -77,26 +96,26 @@ def run(args: argparse.Namespace) -> int:
     sft = ["train", "sft", "--task", "arith", "--out", str(model), "--seed", seed]
     if args.sft_steps is not None:
         sft += ["--steps", str(args.sft_steps)]
-    _stage("train sft", model / "manifest.json", sft, force=args.force)
+    _stage(commands, "train sft", model / "manifest.json", sft, force=args.force)
 
     # `sample` resumes by itself: a table that stopped half-way is continued, not redone.
     if _table_complete(outcomes, args.prompts) and not args.force:
         print(f"[demo] sample: {outcomes} has {args.prompts} prompts, skipped")
     else:
-        _stage("sample", out / ".never", [
+        _stage(commands, "sample", out / ".never", [
             "sample", "--task", "arith", "--limit", str(args.prompts), "--data-seed", str(HELD_OUT_DATA_SEED),
             "--engine", "transformers", "--model", str(model), "--n", str(args.n), "--temperature", "1.0",
             "--seed", seed, "--threads", "1", "--out", str(outcomes)], force=True)
 
     common = ["--actions", args.actions, "--strategy", "majority"]
     lo, hi = min(int(a) for a in args.actions.split(",")), max(int(a) for a in args.actions.split(","))
-    _stage("solve", solution / "manifest.json", [
+    _stage(commands, "solve", solution / "manifest.json", [
         "solve", str(outcomes), *common, "--budget", str(args.budget), "--budgets", f"{lo}:{hi}:0.5",
         "--out", str(solution)], force=args.force)
-    _stage("fit", policy / "manifest.json", [
+    _stage(commands, "fit", policy / "manifest.json", [
         "fit", str(outcomes), *common, "--budgets", f"{lo}:{hi}", "--seed", seed, "--out", str(policy)],
         force=args.force)
-    _stage("report", report / "manifest.json", [
+    _stage(commands, "report", report / "manifest.json", [
         "report", str(outcomes), "--policy", str(policy), "--seed", seed, "--out", str(report)],
         force=args.force)
 

@@ -1,313 +1,54 @@
 """``isocompute solve``: per-prompt oracle actions under a mean compute budget, from an outcome table.
 
-Reads the outcome table, builds utilities U[i, a] (:func:`isocompute.solver.estimators.utilities`, the
-chosen strategy with k = actions[a] samples) and costs C[i, a] (:func:`isocompute.solver.costs.cost_table`,
-in samples or analytic FLOPs), solves the budget exactly (:func:`isocompute.solver.allocate.allocate`)
-and writes a ``solution`` artifact (schema version 1) with :func:`isocompute.artifacts.artifact_writer`:
-
-``manifest.json``   inputs' sha256 (the outcome table, the model config) and every parameter
-``solution.jsonl``  one line per prompt, in table order::
-
-                        {"id": "gsm8k-17", "action": 1, "k": 2, "p": 1.0,
-                         "utilities": [0.41, 0.55, …], "costs": [1.0, 2.0, …]}
-
-                    ``action``/``k`` is the oracle action (the cheap side a(λ*)); a prompt that mixes
-                    also has ``action_hi``/``k_hi``, played with probability ``p_hi`` (then ``p`` =
-                    1 − ``p_hi``). ``utilities``/``costs`` are the prompt's rows of U and C.
-``summary.json``    budget, lambda, mean_cost, mean_utility (expected), lp_utility, n_prompts, n_mixed,
-                    mix_prob, status, message, the expected share of each k, the uniform-k baselines,
-                    feasible_range, actions, strategy, cost_unit, rounding
-``frontier.json``   with ``--budgets``: the optimal mean utility and λ at each requested budget, every
-``frontier.png``    breakpoint of the frontier, and the uniform-k points (plotted for comparison)
-
-Actions are **plans** by default (``--plans default``, :mod:`isocompute.policy.plans.menu`; ``--plans none``
-for k samples at once, the default for strategies other than majority): U[i, p] and C[i, p] are each
-plan's expected accuracy and cost over random orders of the prompt's samples
-(:mod:`isocompute.policy.plans.arrays`), C differs per prompt for adaptive plans, and the solver takes
-each prompt's columns in its own cost order. Then ``solution.jsonl`` names the plan (``plan``,
-``plan_hi``; ``k`` is its maximum samples) and ``summary.json`` has ``plans``, ``plan_share`` and the
-allocation's ``expected_samples`` / ``expected_waves``.
-
-A ragged table (prompts with fewer samples than the largest action) is refused unless ``--min-samples N``
-drops the shorter prompts or ``--ragged infeasible`` marks the actions above a prompt's sample count
-infeasible for that prompt (:mod:`isocompute.solver.ragged`); ``summary.json`` says how many of each.
-
-Budgets are mean costs per prompt in the cost unit: mean samples per request for ``samples``, mean
-FLOPs per request for ``flops``. Ignores: anything about features or policies (``isocompute fit``).
+The options are :class:`isocompute.stages.solve.SolveConfig`'s fields (argparse generated from them);
+the work is :func:`isocompute.stages.solve.solve`. This module prints the summary: a table, or with
+``--json`` one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-from isocompute.errors import InputError
-
-SCHEMA_VERSION = 1
-KIND = "solution"
-STRATEGIES = ("majority", "pass", "best_of")
-COST_UNITS = ("samples", "flops")
+from isocompute.stages.inputs import ModelInputs
+from isocompute.stages.options import add_arguments, from_namespace
+from isocompute.stages.solve import SolveConfig
 
 
-def parse_actions(text: str) -> list[int]:
-    """"1,2,4,8" → [1, 2, 4, 8] (sorted, deduplicated); raise InputError on anything but integers ≥ 1."""
-    try:
-        ks = sorted({int(part) for part in text.split(",") if part.strip()})
-    except ValueError:
-        raise InputError(f"--actions must be a comma list of sample counts like 1,2,4,8; got {text!r}.") from None
-    if not ks or ks[0] < 1:
-        raise InputError(f"--actions must list sample counts k ≥ 1, like 1,2,4,8; got {text!r}.")
-    return ks
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "solve",
+        help="per-prompt oracle actions under a mean compute budget (exact Lagrangian solver)",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_arguments(p, SolveConfig, groups=False)
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object instead of a table")
+    add_arguments(p, ModelInputs)  # the several-models options after --json, where --help has always shown them
+    p.set_defaults(func=run)
 
 
-def parse_budgets(text: str) -> list[float]:
-    """"1:16:0.5" (start:stop:step, stop included) or "1,2,4" → a list of budgets."""
-    try:
-        if ":" in text:
-            start, stop, step = (float(x) for x in text.split(":"))
-            if not (step > 0 and stop >= start and math.isfinite(start) and math.isfinite(stop)):
-                raise ValueError
-            n = int(math.floor((stop - start) / step + 1e-9)) + 1
-            if n > 100_000:
-                raise InputError(f"--budgets {text} asks for {n} budgets; use a larger step (at most 100,000).")
-            return [start + i * step for i in range(n)]
-        out = [float(x) for x in text.split(",") if x.strip()]
-        if not out:
-            raise ValueError
-        return out
-    except ValueError:
-        raise InputError(f"--budgets must be start:stop:step with step > 0 and stop ≥ start (e.g. 1:16:0.5) "
-                         f"or a comma list (e.g. 1,2,4); got {text!r}.") from None
+def run(args: argparse.Namespace) -> int:
+    from isocompute.stages.solve import solve
+
+    cfg = from_namespace(SolveConfig, args)
+    summary = solve(cfg)
+    if args.json:
+        print(json.dumps(summary))
+    elif cfg.models.model_outcomes:
+        _print_models(summary, cfg)
+    else:
+        _print_table(summary)
+    return 0
 
 
-@dataclass
-class SolveConfig:
-    """One ``isocompute solve`` run; the CLI flags mirror the fields (see ``isocompute solve --help``)."""
-
-    outcomes: Path
-    out: Path
-    budget: float
-    actions: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
-    strategy: str = "majority"
-    budgets: list[float] | None = None
-    cost_unit: str = "samples"
-    model_config: Path | None = None
-    prefix_sharing: bool = True
-    rounding: str = "mix"
-    min_samples: int = 0
-    ragged: str = "error"
-    plans: str | None = None
-
-    def __post_init__(self) -> None:
-        self.outcomes, self.out = Path(self.outcomes), Path(self.out)
-        if self.strategy not in STRATEGIES:
-            raise InputError(f"--strategy must be one of {', '.join(STRATEGIES)}; you passed {self.strategy!r}.")
-        if self.cost_unit not in COST_UNITS:
-            raise InputError(f"--cost-unit must be one of {', '.join(COST_UNITS)}; you passed {self.cost_unit!r}.")
-        if self.rounding not in ("mix", "deterministic"):
-            raise InputError(f"--rounding must be mix or deterministic; you passed {self.rounding!r}.")
-        if self.model_config is not None and self.cost_unit != "flops":
-            raise InputError("--model-config only matters with --cost-unit flops; add that or drop --model-config.")
-
-
-def solve(cfg: SolveConfig) -> dict[str, Any]:
-    """Run the whole stage and write the artifact; return the summary (what summary.json holds)."""
-    from isocompute.cli.fit import parse_plans
-
-    names = parse_plans(cfg.plans, tuple(cfg.actions), cfg.strategy)
-    if names:
-        return _solve_plans(cfg, names)
-    import numpy as np
-
-    from isocompute.solver.allocate import allocate, check_budget, feasible_range
-    from isocompute.solver.costs import cost_table
-    from isocompute.solver.frontier import frontier
-    from isocompute.solver.ragged import drop_short, ragged_utilities
-
-    table, inputs, model = _load(cfg)
-    full = len(table)
-    table, _, dropped, floor = drop_short(table, cfg.actions, min_samples=cfg.min_samples, ragged=cfg.ragged)
-    C = cost_table(table.prompt_tokens, table.mean_completion_tokens, cfg.actions, unit=cfg.cost_unit,
-                   model=model, prefix_sharing=cfg.prefix_sharing)
-    # Check budgets before the (slower) utilities, so a typo fails fast with the feasible range.
-    check_budget(cfg.budget, C)
-    for b in cfg.budgets or []:
-        check_budget(b, C)
-    U, feasible = ragged_utilities(table, cfg.actions, cfg.strategy)
-
-    res = allocate(U, C, cfg.budget, rounding=cfg.rounding)
-    ks = np.asarray(cfg.actions)
-    uniform = [{"k": int(k), "mean_cost": float(C[:, a].mean()), "mean_utility": float(U[:, a].mean())}
-               for a, k in enumerate(ks)]
-    probs = res.action_probs()
-    summary: dict[str, Any] = {
-        "budget": res.budget, "lambda": res.lam, "mean_cost": res.mean_cost, "mean_utility": res.mean_utility,
-        "lp_utility": res.lp_utility, "n_prompts": res.n_prompts, "n_mixed": int(res.mixed.size),
-        "mix_prob": res.mix_prob, "status": res.status, "message": res.message,
-        "k_share": {str(int(k)): float(s) for k, s in zip(ks, probs.mean(axis=0), strict=True)},
-        "uniform": uniform, "feasible_range": list(feasible_range(C)),
-        "actions": [int(k) for k in ks], "strategy": cfg.strategy, "cost_unit": cfg.cost_unit,
-        "rounding": cfg.rounding,
-        "prompts_in_table": full, "dropped": len(dropped), "min_samples": floor,
-        "ragged_prompts": int((~feasible).any(axis=1).sum()),
-    }
-    front = _frontier_json(frontier(U, C), cfg, uniform) if cfg.budgets else None
-    return _write_artifact(cfg, inputs, summary, front,
-                           lambda path: _write_solution(path, table.ids, res, ks, U, C))
-
-
-def _load(cfg: SolveConfig) -> tuple[Any, dict[str, str], Any]:
-    """(the table, its inputs' checksums, the FLOP model or None) for ``cfg``."""
-    from isocompute.artifacts import sha256_file
-    from isocompute.flops import load_model_flops
-    from isocompute.solver.outcomes import read_outcomes
-
-    table = read_outcomes(cfg.outcomes)
-    inputs = {"outcomes": table.sha256 or sha256_file(cfg.outcomes)}
-    model = None
-    if cfg.cost_unit == "flops":
-        if cfg.model_config is not None:
-            model = load_model_flops(cfg.model_config)
-            inputs["model_config"] = sha256_file(cfg.model_config if cfg.model_config.is_file()
-                                                 else cfg.model_config / "config.json")
-        elif isinstance(table.meta.get("model_config"), dict):
-            model = load_model_flops(table.meta["model_config"])
-        else:
-            raise InputError("--cost-unit flops needs the policy model's config: pass --model-config "
-                             "PATH (a config.json or model directory); this table's meta has none.")
-    return table, inputs, model
-
-
-def _solve_plans(cfg: SolveConfig, names: tuple[str, ...]) -> dict[str, Any]:
-    """:func:`solve` over a plan menu (module docstring)."""
-    import numpy as np
-
-    from isocompute.policy.plans.arrays import allocate_plans, plan_arrays
-    from isocompute.solver.allocate import check_budget, feasible_range
-    from isocompute.solver.frontier import frontier
-    from isocompute.solver.plans.estimates import by_cost
-    from isocompute.solver.plans.plan import parse_plan
-
-    table, inputs, model = _load(cfg)
-    menu = [parse_plan(n) for n in names]
-    arr = plan_arrays(table, menu, cost_unit=cfg.cost_unit, model=model, min_samples=cfg.min_samples,
-                      ragged=cfg.ragged, prefix_caching=cfg.prefix_sharing)
-    U, C = arr.utility, arr.cost
-    for b in [cfg.budget, *(cfg.budgets or [])]:
-        check_budget(b, C)  # feasible_range is per-prompt min/max, so plan columns need no sorting here
-    res = allocate_plans(U, C, cfg.budget, rounding=cfg.rounding)
-    a = res.allocation
-    probs = res.action_probs()
-    ks = np.array([p.max_samples for p in menu])
-    lad = [names.index(f"none@{k}") for k in cfg.actions]
-    summary: dict[str, Any] = {
-        "budget": a.budget, "lambda": a.lam, "mean_cost": a.mean_cost, "mean_utility": a.mean_utility,
-        "lp_utility": a.lp_utility, "n_prompts": a.n_prompts, "n_mixed": int(a.mixed.size), "mix_prob": a.mix_prob,
-        "status": a.status, "message": a.message, "plans": list(names),
-        "plan_share": {n: float(x) for n, x in zip(names, probs.mean(axis=0), strict=True) if x > 0},
-        "k_share": {str(int(k)): float(probs[:, ks == k].sum(axis=1).mean()) for k in np.unique(ks)},
-        "expected_samples": float((probs * arr.samples).sum(axis=1).mean()),
-        "expected_waves": float((probs * arr.waves).sum(axis=1).mean()),
-        "uniform": [{"k": int(k), "plan": names[j], "mean_cost": float(C[:, j].mean()),
-                     "mean_utility": float(U[:, j].mean())} for k, j in zip(cfg.actions, lad, strict=True)],
-        "feasible_range": list(feasible_range(C)), "actions": [int(k) for k in cfg.actions],
-        "strategy": cfg.strategy, "cost_unit": cfg.cost_unit, "rounding": cfg.rounding,
-        "prompts_in_table": len(table), "dropped": len(arr.dropped), "min_samples": arr.min_samples,
-        "ragged_prompts": arr.n_ragged,
-    }
-    front = None
-    if cfg.budgets:
-        order = by_cost(U, C)
-        front = _frontier_json(frontier(order.utility, order.cost), cfg, summary["uniform"])
-    return _write_artifact(cfg, inputs, summary, front,
-                           lambda path: _write_solution(path, arr.table.ids, a, ks, U, C, res.order, names),
-                           plans=list(names))
-
-
-def _frontier_json(f: Any, cfg: SolveConfig, uniform: list[dict[str, Any]]) -> dict[str, Any]:
-    """frontier.json: the frontier ``f`` at ``cfg.budgets``, its breakpoints and the uniform baselines."""
-    import numpy as np
-
-    return {
-        "budgets": list(cfg.budgets or []), "utility": np.atleast_1d(f.utility_at(cfg.budgets)).tolist(),
-        "lambda": np.atleast_1d(f.lam_at(cfg.budgets)).tolist(),
-        "breakpoints": {"cost": f.cost.tolist(), "utility": f.utility.tolist(), "lambda": f.lam.tolist()},
-        "max_cost": f.max_cost, "uniform": uniform, "strategy": cfg.strategy, "cost_unit": cfg.cost_unit,
-    }
-
-
-def _write_artifact(cfg: SolveConfig, inputs: dict[str, str], summary: dict[str, Any], front: dict[str, Any] | None,
-                    write_solution: Callable[[Path], None], **extra_params: Any) -> dict[str, Any]:
-    """Write the solve artifact (solution.jsonl by ``write_solution``, summary.json, and frontier.json/png
-    with ``front``) atomically; return ``summary`` with where it went and the frontier's figures."""
-    from isocompute.artifacts import artifact_writer
-
-    params = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items() if k not in ("out",)}
-    params.update(extra_params)
-    with artifact_writer(cfg.out, kind=KIND, schema_version=SCHEMA_VERSION, inputs=inputs, params=params) as d:
-        write_solution(d / "solution.jsonl")
-        (d / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        if front is not None:
-            (d / "frontier.json").write_text(json.dumps(front) + "\n")
-            _plot(d / "frontier.png", front, cfg)
-    summary["out"] = str(cfg.out)
-    if front is not None:
-        summary["frontier"] = {"budgets": front["budgets"], "utility": front["utility"]}
-    return summary
-
-
-def _write_solution(path: Path, ids: list[str], res: Any, ks: Any, U: Any, C: Any, order: Any = None,
-                    names: Any = None) -> None:
-    """One line per prompt; with plans (``order``: each prompt's cost-sorted columns → plan indices,
-    ``names``) the actions are plan indices and each line names its plan."""
-    mixed = set(res.mixed.tolist())
-    p = res.mix_prob
-    with open(path, "w", encoding="utf-8") as f:
-        for i, (rid, a, a_hi) in enumerate(zip(ids, res.actions.tolist(), res.actions_hi.tolist(), strict=True)):
-            if order is not None:
-                a, a_hi = int(order[i, a]), int(order[i, a_hi])
-            row: dict[str, Any] = {"id": rid, "action": a, "k": int(ks[a]), "p": 1.0 - p if i in mixed else 1.0}
-            if names is not None:
-                row["plan"] = names[a]
-            if i in mixed:
-                row.update(action_hi=a_hi, k_hi=int(ks[a_hi]), p_hi=p)
-                if names is not None:
-                    row["plan_hi"] = names[a_hi]
-            row.update(utilities=U[i].tolist(), costs=C[i].tolist())
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-
-
-def _plot(path: Path, front: dict[str, Any], cfg: SolveConfig) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    bp = front["breakpoints"]
-    ax.plot(bp["cost"] + [front["max_cost"]], bp["utility"] + [bp["utility"][-1]], color="C0", lw=1.5,
-            label="oracle (Lagrangian, exact)")
-    ax.plot(front["budgets"], front["utility"], "o", color="C0", ms=3.5, label="requested budgets")
-    uni = front["uniform"]
-    ax.plot([u["mean_cost"] for u in uni], [u["mean_utility"] for u in uni], "s--", color="C1", ms=5,
-            lw=1, label="uniform k")
-    for u in uni:
-        ax.annotate(f"k={u['k']}", (u["mean_cost"], u["mean_utility"]), textcoords="offset points",
-                    xytext=(4, -10), fontsize=8, color="C1")
-    unit = "samples per prompt" if cfg.cost_unit == "samples" else "FLOPs per prompt"
-    ax.set_xlabel(f"mean cost ({unit})")
-    ax.set_ylabel(f"mean accuracy ({cfg.strategy})")
-    ax.set_title(f"accuracy vs budget — {cfg.outcomes.name}")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+def _print_models(summary: dict[str, Any], cfg: SolveConfig) -> None:
+    print(f"oracle over {sum(summary['menu'].values())} actions on {', '.join(summary['models'])} at "
+          f"{cfg.budget:.4g} FLOPs: accuracy {summary['mean_utility']:.4f}, mean {summary['mean_cost']:.4g} FLOPs "
+          f"per prompt → {cfg.out}")
+    for m, h in summary["uniform"].items():
+        print(f"  uniform {m}: " + ("outside its range" if h is None else f"{h['accuracy']:.4f} ({h['plays']})"))
 
 
 def _print_table(summary: dict[str, Any]) -> None:
@@ -348,68 +89,3 @@ def _print_table(summary: dict[str, Any]) -> None:
         console.print(summary["message"])
     if "frontier" in summary:
         console.print(f"frontier at {len(summary['frontier']['budgets'])} budgets → frontier.json, frontier.png")
-
-
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "solve",
-        help="per-prompt oracle actions under a mean compute budget (exact Lagrangian solver)",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    p.add_argument("outcomes", type=Path, nargs="?",
-                   help="outcome table (.jsonl, see isocompute.solver.outcomes); or --outcomes NAME=TABLE per model")
-    p.add_argument("--actions", default="1,2,4,8,16",
-                   help="sample counts k to choose from, comma-separated")
-    p.add_argument("--strategy", default="majority", choices=STRATEGIES,
-                   help="how k samples become one answer (utility = its expected accuracy)")
-    p.add_argument("--plans",
-                   help="the plan menu: default, a rule family (lead, window, beta, dirichlet, bayes), a comma list "
-                        "of plan names, or none for k samples at once (default: default for --strategy majority, "
-                        "none otherwise)")
-    p.add_argument("--budget", type=float, required=True,
-                   help="mean cost per prompt, in the cost unit (e.g. 4 = four samples on average)")
-    p.add_argument("--budgets",
-                   help="also write the frontier at these budgets: start:stop:step (stop included) or 1,2,4")
-    p.add_argument("--cost-unit", default="samples", choices=COST_UNITS,
-                   help="samples (C = k) or analytic FLOPs from token counts and --model-config")
-    p.add_argument("--model-config", type=Path,
-                   help="config.json or model directory of the policy model (cost unit flops; default: "
-                   "the model_config in the table's meta)")
-    p.add_argument("--no-prefix-sharing", dest="prefix_sharing", action="store_false",
-                   help="FLOPs: charge the prompt's prefill once per sample instead of once per request")
-    p.add_argument("--rounding", default="mix", choices=("mix", "deterministic"),
-                   help="mix: randomise boundary prompts so the expected cost equals the budget; "
-                   "deterministic: greedy rounding that never exceeds it")
-    p.add_argument("--min-samples", type=int, default=0,
-                   help="drop prompts with fewer samples than this (and say how many), e.g. the largest action")
-    p.add_argument("--ragged", default="error", choices=("error", "infeasible"),
-                   help="prompts with fewer samples than the largest action: refuse the table, or keep them "
-                        "and mark the actions above their sample count infeasible for them only")
-    p.add_argument("--out", type=Path, required=True, help="artifact directory to write (replaced atomically)")
-    p.add_argument("--json", action="store_true", help="print the summary as one JSON object instead of a table")
-    from isocompute.cli.models_input import add_model_args
-
-    add_model_args(p)
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    from isocompute.cli.models_input import is_multi
-
-    if is_multi(args):  # several models: isocompute.cli.solve_models
-        from isocompute.cli.solve_models import run_models
-
-        return run_models(args)
-    fields = SolveConfig.__dataclass_fields__
-    opts = {k: v for k, v in vars(args).items() if k in fields}
-    # Parsed here rather than as argparse types so a bad list gets our message (and exit code 2).
-    opts["actions"] = parse_actions(args.actions)
-    opts["budgets"] = parse_budgets(args.budgets) if args.budgets is not None else None
-    cfg = SolveConfig(**opts)
-    summary = solve(cfg)
-    if args.json:
-        print(json.dumps(summary))
-    else:
-        _print_table(summary)
-    return 0

@@ -1,0 +1,147 @@
+"""What the stages read: an outcome table, a model's FLOP shape, and several models' tables.
+
+:func:`read_table` reads our outcome table or a Qwen CoT evaluation dump; :func:`model_flops_for` finds the
+FLOP shape for cost unit ``flops``. Several models (``fit``, ``solve`` and ``report`` with ``--outcomes
+NAME=TABLE`` repeated) are the option group :class:`ModelInputs`: ``--outcomes``, ``--model-params
+NAME=ACTIVE_PARAMS``, ``--model NAME=CONFIG``, ``--align-cache PATH``, ``--orders``. :func:`several` says
+whether a stage got them (a positional table, one model, keeps the single-model behaviour; both is an
+error); :func:`load_estimates` reads the tables and runs :func:`isocompute.policy.multi.fit.model_estimates`
+(join by id → align classes → FLOPs → the menu's estimates). The menu's single-model plans are ``--plans``
+(default: the 30 default plans), every plan capped at the largest ``--actions``, plus the uniform ladder
+``none@k``; cascades, weighted cascades and ensembles are built from them as
+:class:`~isocompute.solver.models.actions.MenuConfig` says, their plans capped likewise.
+
+Ignores: what the stages do with what they read.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from isocompute.errors import InputError
+from isocompute.stages.options import option
+
+__all__ = ["ModelInputs", "load_estimates", "menu_config", "model_flops_for", "read_table", "several"]
+
+
+def read_table(path: Path) -> Any:
+    """Our outcome table, or a Qwen CoT evaluation dump (lines with idx/question/pred/score)."""
+    from isocompute.solver.outcomes import from_qwen_cot_table, read_outcomes
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"outcome table {path} does not exist; create it with `isocompute sample` or pass "
+                         "the path of an existing .jsonl table.")
+    with path.open(encoding="utf-8", errors="replace") as f:
+        first = next((line for line in f if line.strip()), "")
+    try:
+        keys = set(json.loads(first)) if first else set()
+    except json.JSONDecodeError:
+        keys = set()
+    if "id" not in keys and {"idx", "question", "pred", "score"} <= keys:
+        return from_qwen_cot_table(path)
+    return read_outcomes(path)
+
+
+def model_flops_for(table: Any, model_config: Path | None) -> tuple[Any, dict[str, str]]:
+    """The FLOP shape for cost unit flops: --model-config, else the table's meta (as `solve` does)."""
+    from isocompute.artifacts import sha256_file
+    from isocompute.flops import load_model_flops
+
+    if model_config is not None:
+        path = model_config if Path(model_config).is_file() else Path(model_config) / "config.json"
+        return load_model_flops(model_config), {"model_config": sha256_file(path)}
+    if isinstance(table.meta.get("model_config"), dict):
+        return load_model_flops(table.meta["model_config"]), {}
+    raise InputError("--cost-unit flops needs the policy model's config: pass --model-config PATH (a "
+                     "config.json or model directory); this table's meta has none.")
+
+
+@dataclass(kw_only=True)
+class ModelInputs:
+    """Several models' outcome tables of the same prompts and how each model's FLOPs are known."""
+
+    model_outcomes: list[str] = option(
+        [], flag="--outcomes", action="append", metavar="NAME=TABLE",
+        help="one model's outcome table of the same prompts; repeat for each model (several models: actions are "
+             "(model, plan), cascades and ensembles, priced in FLOPs); instead of the positional table")
+    model_params: list[str] = option(
+        [], action="append", metavar="NAME=ACTIVE_PARAMS",
+        help="a model's cost as its parameter count, 2 FLOPs per parameter per generated token; for a "
+             "mixture-of-experts model the ACTIVE parameters per token (e.g. gpt-oss-20b=3.6e9); repeatable")
+    model_configs: list[str] = option(
+        [], flag="--model", action="append", metavar="NAME=CONFIG",
+        help="a model's config.json or model directory for its FLOPs (else --model-params, else the table's "
+             "meta.model_config); repeatable")
+    align_cache: Path | None = option(None, type=Path, help="cache file of the answer classes aligned across models")
+    orders: int = option(200, type=int, help="Monte Carlo sample orders per prompt for votes that mix models")
+
+
+def several(outcomes: Path | None, models: ModelInputs) -> bool:
+    """Whether a stage got several models; InputError for both forms, or neither."""
+    multi = bool(models.model_outcomes)
+    if multi and outcomes is not None:
+        raise InputError("pass either one outcome table (positional) or several with --outcomes NAME=TABLE, not both.")
+    if not multi and outcomes is None:
+        raise InputError("pass an outcome table (positional), or one per model with --outcomes NAME=TABLE (repeated).")
+    if not multi and (models.model_params or models.model_configs or models.align_cache):
+        raise InputError("--model-params, --model and --align-cache apply to several models; add --outcomes "
+                         "NAME=TABLE for each model.")
+    return multi
+
+
+def menu_config(plans: str | None, actions: tuple[int, ...], n_orders: int) -> Any:
+    """The menu settings for ``--plans`` and ``--actions`` (module docstring)."""
+    from isocompute.policy.plans.menu import ladder, resolve_plans
+    from isocompute.solver.models.actions import MenuConfig
+    from isocompute.solver.plans.plan import default_plans, parse_plan
+
+    k_max = max(actions)
+
+    def cap(names: Any) -> tuple[Any, ...]:
+        out: dict[str, Any] = {}
+        for n in names:
+            p = parse_plan(n) if isinstance(n, str) else n
+            p = p.capped(max_samples=k_max) if p.max_samples > k_max else p
+            out.setdefault(p.name, p)
+        return tuple(out.values())
+
+    if plans is None or plans.strip() == "default":
+        menu = cap([*ladder(actions), *default_plans()])
+    elif plans.strip() == "none":
+        menu = tuple(ladder(actions))
+    else:
+        menu = resolve_plans(plans, actions)
+    base = MenuConfig()
+    return MenuConfig(plans=menu, weighted_first=cap(base.weighted_first), weighted_last=cap(base.weighted_last),
+                      ensemble_k=tuple(sorted({min(k, k_max) for k in base.ensemble_k})), n_orders=n_orders)
+
+
+def load_estimates(models: ModelInputs, actions: tuple[int, ...], plans: str | None,
+                   orders: int | None = None) -> tuple[Any, dict[str, str]]:
+    """(:class:`~isocompute.policy.multi.fit.ModelEstimates`, inputs for the artifact's manifest) of the
+    menu of ``plans`` over ``actions``, votes that mix models over ``orders`` (default ``models.orders``)."""
+    from isocompute.policy.multi.fit import model_estimates, parse_named_tables
+    from isocompute.solver.models.costs import parse_model_params
+
+    paths = parse_named_tables(models.model_outcomes)
+    params = parse_model_params(models.model_params)
+    configs: dict[str, Path] = {}
+    for item in models.model_configs:
+        name, eq, path = str(item).partition("=")
+        if not eq:
+            raise InputError(f"bad --model {item!r}: write NAME=CONFIG (a config.json or model directory).")
+        configs[name.strip()] = Path(path.strip())
+    unknown = sorted((set(params) | set(configs)) - set(paths))
+    if unknown:
+        raise InputError(f"--model-params/--model name {unknown}, which no --outcomes names; the models are "
+                         f"{', '.join(paths)}.")
+    tables = {name: read_table(p) for name, p in paths.items()}
+    me = model_estimates(tables, params=params, configs=configs, align_cache=models.align_cache,
+                         menu=menu_config(plans, actions, models.orders if orders is None else orders))
+    inputs = {f"outcomes:{name}": t.sha256 for name, t in tables.items()}
+    inputs.update({f"model_params:{k}": f"{v:g}" for k, v in params.items()})
+    return me, inputs
