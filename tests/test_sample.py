@@ -17,8 +17,8 @@ from isocompute.cli import main
 from isocompute.engines.base import Completion
 from isocompute.errors import InputError
 from isocompute.stages.sample import SampleConfig, _grade_and_classify, derive_seed, make_formatter, sample
-from isocompute.tasks.base import Problem
 from isocompute.tasks.answers.equivalence import classify
+from isocompute.tasks.base import Problem
 from isocompute.tasks.grading import Grader
 
 REPO = Path(__file__).resolve().parents[1]
