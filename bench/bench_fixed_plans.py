@@ -11,7 +11,7 @@ and expected waves, and the table's maj@16. A second table gives the best fixed 
 family (ESC window, Adaptive-Consistency Beta / Dirichlet, Best-of-∞ Bayes factor, lead).
 
     .venv/bin/python bench/bench_fixed_plans.py TABLE.jsonl ... [--budgets 2,4,8] [--seeds 3]
-    # the five real tables: see README "Adaptive plans" for the `isocompute import` commands
+    # the five real tables: see docs/import-and-formats.md for the `isocompute import` commands
 
 Cost unit: samples.
 """

@@ -16,7 +16,7 @@ with four inputs:
   problem is, known exactly — more than any prompt feature can know;
 * ``both``.
 
-Next to them, the label-noise ceiling of :mod:`isocompute.evaluation.label_noise` (bootstrap redraws of
+Next to them, the label-noise ceiling of :mod:`isocompute.policy.learn.label_noise` (bootstrap redraws of
 each prompt's samples): if even the generator metadata stays near the majority class while the
 ceiling is far above, the oracle's labels vary *within* problems of the same kind — set by which
 samples the model happened to draw — and no prompt feature can recover them.
@@ -36,8 +36,8 @@ import time
 import numpy as np
 
 from isocompute.errors import InputError
-from isocompute.evaluation.label_noise import oracle_label_agreement
 from isocompute.policy.features.prompt import PromptFeatures
+from isocompute.policy.learn.label_noise import oracle_label_agreement
 from isocompute.solver.allocate import allocate
 from isocompute.solver.estimators import utilities
 from isocompute.solver.outcomes import read_outcomes

@@ -1,7 +1,7 @@
 """Benchmark: several models under one FLOP budget — oracle, best fixed cascade, best single model, uniform.
 
 On outcome tables of the same prompts, one per model (the three MATH-500 dumps: gpt-oss-20b, Phi-4-reasoning,
-Qwen3-14B; import commands in README "Adaptive plans (solver side)"), joined by id with answer classes
+Qwen3-14B; import commands in docs/import-and-formats.md), joined by id with answer classes
 aligned across models (math-verify over the union of each prompt's answers, cached), the menu of
 multi-model actions (:func:`isocompute.solver.models.estimates.estimate_menu`: every model × the 30 default
 plans, cascades cheap → dear with last-stage vote, weighted cascades and ensembles over all samples) is

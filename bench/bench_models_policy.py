@@ -2,7 +2,7 @@
 
 Runs what a user runs — ``isocompute fit`` and ``isocompute report`` with ``--outcomes NAME=TABLE`` per
 model and ``--model-params`` (MoE: active parameters) — on the three MATH-500 dumps (gpt-oss-20b,
-Phi-4-reasoning, Qwen3-14B; import commands in README "Adaptive plans (solver side)"), then prints from
+Phi-4-reasoning, Qwen3-14B; import commands in docs/import-and-formats.md), then prints from
 the report, per budget (log grid from the cheapest model's 1-sample cost to the dearest model's
 16-sample cost; 5-fold CV × ``--seeds``):
 

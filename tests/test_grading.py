@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from isocompute.errors import DependencyError, InputError
-from isocompute.tasks.base import Problem
 from isocompute.tasks.answers.extract import extract_boxed
+from isocompute.tasks.base import Problem
 from isocompute.tasks.grading import Grader, answer_correct, grade, math_equal, numbers_equal
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -194,9 +194,8 @@ def test_action_view_counts_stages():
 
 
 def test_prune_keeps_the_hull_and_each_models_plans(two_models):
-    from isocompute.policy.multi.fit import model_estimates
     from isocompute.solver.outcomes import read_outcomes
-    from isocompute.stages.inputs import menu_config
+    from isocompute.stages.inputs import menu_config, model_estimates
 
     root, _ = two_models
     me = model_estimates({n: read_outcomes(root / f"{n}.jsonl") for n in ("small", "large")},

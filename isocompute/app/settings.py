@@ -6,7 +6,7 @@ file named by ``ISOCOMPUTE_CONFIG`` (top-level keys are field names), then the d
 :func:`get_settings` builds them once per process (cached); tests build :class:`Settings` directly.
 
 Every field, its ``ISOCOMPUTE_*`` variable, default and meaning are documented once, in the table of
-the README's "Configuration" section (``tests/test_settings_doc.py`` keeps it in step with this class).
+the "Configuration" section of docs/gateway.md (``tests/test_settings_doc.py`` keeps it in step with this class).
 
 Authentication is on exactly when at least one API key is configured (file or inline).
 """
@@ -33,7 +33,7 @@ CONFIG_ENV = "ISOCOMPUTE_CONFIG"
 
 
 class Settings(BaseSettings):
-    """See the README's "Configuration" table for every field."""
+    """See the "Configuration" table of docs/gateway.md for every field."""
 
     model_config = SettingsConfigDict(env_prefix="ISOCOMPUTE_", extra="forbid", validate_default=True)
 

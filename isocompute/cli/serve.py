@@ -5,7 +5,7 @@
     isocompute serve (--policy DIR | --action ACTION) --upstream NAME=URL … [--model NAME=DIR …]
 
 Flags override the environment (``ISOCOMPUTE_*``) and the TOML config (``--config`` or
-``ISOCOMPUTE_CONFIG``); every option and its default is documented once, in the README's
+``ISOCOMPUTE_CONFIG``); every option and its default is documented once, in docs/gateway.md's
 "Configuration" table. ``--upstream`` (repeatable) implies ``--engine vllm-http``; pass ``--model DIR``
 with it too so the gateway has the chat template and the FLOP accounting of the served checkpoint (the
 name sent upstream is ``--upstream-model``, or whatever the upstream's ``/v1/models`` lists first).
@@ -70,7 +70,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         import logging
 
         logging.getLogger("isocompute.serve").warning(
-            "ignoring unknown environment variable(s) %s: no such setting (see the README's Configuration table)",
+            "ignoring unknown environment variable(s) %s: no such setting (see the Configuration table in docs/gateway.md)",
             ", ".join(unknown))
     upstreams, model_upstreams = split_named(args.upstream or [], "--upstream")
     dirs, model_dirs = split_named(args.model or [], "--model")

@@ -5,7 +5,7 @@ FLOP shape for cost unit ``flops``. Several models (``fit``, ``solve`` and ``rep
 NAME=TABLE`` repeated) are the option group :class:`ModelInputs`: ``--outcomes``, ``--model-params
 NAME=ACTIVE_PARAMS``, ``--model NAME=CONFIG``, ``--align-cache PATH``, ``--orders``. :func:`several` says
 whether a stage got them (a positional table, one model, keeps the single-model behaviour; both is an
-error); :func:`load_estimates` reads the tables and runs :func:`isocompute.policy.multi.fit.model_estimates`
+error); :func:`load_estimates` reads the tables and runs :func:`model_estimates`
 (join by id → align classes → FLOPs → the menu's estimates). The menu's single-model plans are ``--plans``
 (default: the 30 default plans), every plan capped at the largest ``--actions``, plus the uniform ladder
 ``none@k``; cascades, weighted cascades and ensembles are built from them as
@@ -17,6 +17,7 @@ Ignores: what the stages do with what they read.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,8 @@ from typing import Any
 from isocompute.errors import InputError
 from isocompute.stages.options import option
 
-__all__ = ["ModelInputs", "load_estimates", "menu_config", "model_flops_for", "read_table", "several"]
+__all__ = ["ModelInputs", "load_estimates", "menu_config", "model_estimates", "model_flops_for", "parse_named_tables",
+           "read_table", "several"]
 
 
 def read_table(path: Path) -> Any:
@@ -124,7 +126,6 @@ def load_estimates(models: ModelInputs, actions: tuple[int, ...], plans: str | N
                    orders: int | None = None) -> tuple[Any, dict[str, str]]:
     """(:class:`~isocompute.policy.multi.fit.ModelEstimates`, inputs for the artifact's manifest) of the
     menu of ``plans`` over ``actions``, votes that mix models over ``orders`` (default ``models.orders``)."""
-    from isocompute.policy.multi.fit import model_estimates, parse_named_tables
     from isocompute.solver.models.costs import parse_model_params
 
     paths = parse_named_tables(models.model_outcomes)
@@ -145,3 +146,45 @@ def load_estimates(models: ModelInputs, actions: tuple[int, ...], plans: str | N
     inputs = {f"outcomes:{name}": t.sha256 for name, t in tables.items()}
     inputs.update({f"model_params:{k}": f"{v:g}" for k, v in params.items()})
     return me, inputs
+
+
+def parse_named_tables(items: Sequence[str]) -> dict[str, Path]:
+    """``["gpt-oss-20b=runs/a.jsonl", …]`` (the ``--outcomes`` values) → name → path."""
+    out: dict[str, Path] = {}
+    for item in items:
+        name, eq, path = str(item).partition("=")
+        if not eq or not name.strip() or not path.strip():
+            raise InputError(f"bad --outcomes {item!r}: write NAME=TABLE, e.g. gpt-oss-20b=runs/real/math500_gpt-oss-20b.jsonl.")
+        if name.strip() in out:
+            raise InputError(f"--outcomes names {name.strip()} twice; give each model one table.")
+        out[name.strip()] = Path(path.strip())
+    if len(out) < 2:
+        raise InputError("--outcomes joins the tables of several models: pass it at least twice (NAME=TABLE each); "
+                         "for one model pass its table as the positional argument.")
+    return out
+
+
+def model_estimates(tables: Mapping[str, Any], *, params: Mapping[str, float] | None = None,
+                    configs: Mapping[str, Any] | None = None, align_cache: str | Path | None = None,
+                    menu: Any = None, grader: Any = None) -> Any:
+    """Join by id → align answer classes (math-verify) → each model's FLOPs → the menu's estimates, on name →
+    :class:`~isocompute.solver.outcomes.OutcomeTable`: a :class:`~isocompute.policy.multi.fit.ModelEstimates`."""
+    from isocompute.policy.multi.fit import ModelEstimates
+    from isocompute.solver.models.costs import resolve_model_flops
+    from isocompute.solver.models.estimates import estimate_menu, models_by_cost
+    from isocompute.solver.models.tables import join_tables
+    from isocompute.tasks.answers.class_alignment import align_answers
+    from isocompute.tasks.grading import Grader
+
+    mt = join_tables(dict(tables))
+    flops = resolve_model_flops(mt, params=params, configs=configs)  # before alignment: fail fast on costs
+    own = grader is None
+    g = Grader(workers=2) if own else grader  # its pool starts on the first grading call: not on a cache hit
+    try:
+        al = align_answers(mt.answers(), mt.kind, golds=mt.golds, grader=g, cache=align_cache)
+    finally:
+        if own:
+            g.close()
+    mt = mt.with_classes(al.classes)
+    est = estimate_menu(mt, flops, menu)
+    return ModelEstimates(mt, flops, tuple(models_by_cost(mt, flops)), est)

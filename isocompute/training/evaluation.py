@@ -26,8 +26,8 @@ import numpy as np
 
 from isocompute.errors import InputError
 from isocompute.solver.estimators import majority_at_k, pass_at_k
+from isocompute.tasks.answers.extract import extract_answer, normalize_answer
 from isocompute.tasks.base import Problem
-from isocompute.tasks.extract import extract_answer, normalize_answer
 from isocompute.tasks.grading import grade
 from isocompute.training.rewards import answer_codes
 

@@ -22,7 +22,7 @@ from trl import GRPOTrainer
 
 from isocompute.errors import IsoComputeError
 from isocompute.flops import FlopLedger, ModelFlops, RaceConvention
-from isocompute.tasks.extract import extract_answer, normalize_answer
+from isocompute.tasks.answers.extract import extract_answer, normalize_answer
 from isocompute.training.allocation import AllocationStep, Allocator, Group, RolloutLedger
 from isocompute.training.grpo_rewards import (
     TRL_VERSION,

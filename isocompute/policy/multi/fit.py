@@ -1,6 +1,7 @@
 """Several models' outcome tables → the action estimates → a fitted multi-model policy.
 
-:func:`model_estimates` is the pipeline ``fit``, ``solve`` and ``report --outcomes NAME=TABLE …`` run:
+:func:`isocompute.stages.inputs.model_estimates` is the pipeline ``fit``, ``solve`` and ``report --outcomes
+NAME=TABLE …`` run (in the stages: it grades, which a policy does not):
 
     join_tables (same prompt ids, else an InputError naming the missing ones)
     → align_answers (one answer-class set over every model's samples, math-verify, cached at --align-cache)
@@ -27,9 +28,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,14 +39,11 @@ from isocompute.policy.config import PolicyConfig
 from isocompute.policy.multi.menu import MAX_ACTIONS, hull_columns, prune_menu
 from isocompute.policy.multi.policy import MultiPolicy
 from isocompute.solver.allocate import feasible_range
-from isocompute.solver.models.actions import MenuConfig
 from isocompute.solver.models.estimates import (
     ActionEstimates,
-    estimate_menu,
     fit_vote_weights,
-    models_by_cost,
 )
-from isocompute.solver.models.tables import ModelTables, join_tables
+from isocompute.solver.models.tables import ModelTables
 
 LEARN_ON = ("hull", "menu")
 
@@ -64,44 +61,6 @@ class ModelEstimates:
     @property
     def prompts(self) -> list[str]:
         return self.tables.prompts
-
-
-def parse_named_tables(items: Sequence[str]) -> dict[str, Path]:
-    """``["gpt-oss-20b=runs/a.jsonl", …]`` (the ``--outcomes`` values) → name → path."""
-    out: dict[str, Path] = {}
-    for item in items:
-        name, eq, path = str(item).partition("=")
-        if not eq or not name.strip() or not path.strip():
-            raise InputError(f"bad --outcomes {item!r}: write NAME=TABLE, e.g. gpt-oss-20b=runs/real/math500_gpt-oss-20b.jsonl.")
-        if name.strip() in out:
-            raise InputError(f"--outcomes names {name.strip()} twice; give each model one table.")
-        out[name.strip()] = Path(path.strip())
-    if len(out) < 2:
-        raise InputError("--outcomes joins the tables of several models: pass it at least twice (NAME=TABLE each); "
-                         "for one model pass its table as the positional argument.")
-    return out
-
-
-def model_estimates(tables: Mapping[str, Any], *, params: Mapping[str, float] | None = None,
-                    configs: Mapping[str, Any] | None = None, align_cache: str | Path | None = None,
-                    menu: MenuConfig | None = None, grader: Any = None) -> ModelEstimates:
-    """The pipeline of the module docstring on name → :class:`~isocompute.solver.outcomes.OutcomeTable`."""
-    from isocompute.solver.models.costs import resolve_model_flops
-    from isocompute.tasks.answers.class_alignment import align_answers
-    from isocompute.tasks.grading import Grader
-
-    mt = join_tables(dict(tables))
-    flops = resolve_model_flops(mt, params=params, configs=configs)  # before alignment: fail fast on costs
-    own = grader is None
-    g = Grader(workers=2) if own else grader  # its pool starts on the first grading call: not on a cache hit
-    try:
-        al = align_answers(mt.answers(), mt.kind, golds=mt.golds, grader=g, cache=align_cache)
-    finally:
-        if own:
-            g.close()
-    mt = mt.with_classes(al.classes)
-    est = estimate_menu(mt, flops, menu)
-    return ModelEstimates(mt, flops, tuple(models_by_cost(mt, flops)), est)
 
 
 def budget_range_of(C: np.ndarray) -> tuple[float, float]:

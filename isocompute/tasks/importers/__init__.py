@@ -8,7 +8,7 @@
 
 Each format module reads its files into :class:`~isocompute.tasks.importers.records.RawRecord` (errors
 name file and line); :func:`~isocompute.tasks.importers.grade.grade_records` extracts, merges into
-classes and grades them. ``isocompute import`` (:mod:`isocompute.cli.import_`) writes the table.
+classes and grades them. ``isocompute import`` (:mod:`isocompute.stages.import_`) writes the table.
 """
 
 from __future__ import annotations
