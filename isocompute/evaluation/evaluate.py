@@ -63,6 +63,7 @@ import numpy as np
 
 from isocompute.errors import InputError
 from isocompute.evaluation.baselines import FixedBaselines, score_baselines
+from isocompute.evaluation.folds import run_jobs
 from isocompute.evaluation.summary import (  # noqa: F401  (re-exported: evaluation's public names)
     BASE_METHODS,
     METHODS,
@@ -217,7 +218,7 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
                    C_alt: np.ndarray | None = None, paid_alt: float = 0.0, alt_unit: str = "flops",
                    label_var: np.ndarray | None = None, groups: Sequence[str] | None = None,
                    samples: np.ndarray | None = None, waves: np.ndarray | None = None,
-                   baselines: FixedBaselines | None = None, progress: bool = False) -> Evaluation:
+                   baselines: FixedBaselines | None = None, progress: bool = False, workers: int = 1) -> Evaluation:
     """k-fold CV over prompts for each seed, refitting ``config`` (both learners) on each training part;
     ``probe``: the probe's value per prompt when ``config`` has a probe (split with the prompts);
     ``sample_flops``: one sample's FLOPs per prompt, to price extra features in samples (split likewise);
@@ -227,7 +228,8 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
     held-out part leaks into the labels); ``samples`` / ``waves``: each plan's expected samples and waves
     per prompt (adaptive plans; :func:`~isocompute.policy.plans.arrays.plan_arrays`); ``baselines``: the
     rule families' plan arrays, whose best fixed plans are chosen on each training part and scored on
-    its held-out part (:mod:`isocompute.evaluation.baselines`)."""
+    its held-out part (:mod:`isocompute.evaluation.baselines`). ``workers``: processes the folds run in
+    (:mod:`isocompute.evaluation.folds`; 0: one per core) — the same results, sooner."""
     from tqdm.auto import tqdm
 
     prompts = list(prompts)
@@ -245,40 +247,30 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
     fold_of = np.empty((S, N), dtype=np.intp)
     cost_alt = np.full_like(util, np.nan)
     wav = np.full_like(util, np.nan)
-    defaults: list[list[str]] = []
-    selections: list[list[dict[str, Any]]] = []
-    rules: list[list[list[str]]] = []
     bar = tqdm(total=S * folds, desc="report: fitting folds", unit="fold", disable=not progress)
+    jobs = []
     for si, seed in enumerate(seeds):
         perm = np.random.default_rng(seed).permutation(N)
         parts = np.array_split(perm, folds)
-        defaults.append([])
-        selections.append([])
-        rules.append([])
         for f, test in enumerate(parts):
-            test = np.sort(test)
-            train = np.sort(np.concatenate(parts[:f] + parts[f + 1:]))
-            labels = _fold_labels(config, U, label_var, groups, train)
-            pol = Policy(dataclasses.replace(refit, seed=config.seed + 1000 * seed + f)).fit_arrays(
-                [prompts[i] for i in train], U[train], C[train], probe=None if pv is None else pv[train],
-                sample_flops=None if sf is None else sf[train], labels=labels,
-                samples=None if samples is None else samples[train], waves=None if waves is None else waves[train])
-            default = config.learner if config.learner in LEARNERS else pol.default_learner_
-            sc = _score(pol, [prompts[i] for i in test], U[test], C[test], budgets_arr,
-                        pol.train_lengths_, default, None if pv is None else pv[test],
-                        None if C_alt is None else C_alt[test], paid_alt, None if waves is None else waves[test])
-            if baselines is not None:
-                score_baselines(baselines, train, test, budgets_arr, sc, METHODS)
-            util[si][:, :, test], cost[si][:, :, test] = sc["utility"], sc["cost"]
-            cost_alt[si][:, :, test], wav[si][:, :, test] = sc["cost_alt"], sc["waves"]
-            rules[si].append(sc["rules"])
-            o_act[si][:, test], l_act[si][:, test], gap[si][:, test] = (
-                sc["oracle_actions"], sc["learned_actions"], sc["gap"])
-            per_learner[si][:, :, test] = sc["learner_actions"]
-            fold_of[si, test] = f
-            defaults[si].append(default)
-            selections[si].append(pol.selection_)
-            bar.update(1)
+            jobs.append((si, seed, f, np.sort(np.concatenate(parts[:f] + parts[f + 1:])), np.sort(test)))
+    ctx = {"prompts": prompts, "U": U, "C": C, "config": config, "refit": refit, "pv": pv, "sf": sf,
+           "label_var": label_var, "groups": groups, "samples": samples, "waves": waves, "C_alt": C_alt,
+           "paid_alt": paid_alt, "baselines": baselines, "budgets": budgets_arr}
+    results = run_jobs(_fold, ctx, jobs, workers=workers, done=lambda: bar.update(1))
+    defaults: list[list[str]] = [[] for _ in seeds]
+    selections: list[list[dict[str, Any]]] = [[] for _ in seeds]
+    rules: list[list[list[str]]] = [[] for _ in seeds]
+    for (si, _, f, _, test), (sc, default, selection) in zip(jobs, results, strict=True):
+        util[si][:, :, test], cost[si][:, :, test] = sc["utility"], sc["cost"]
+        cost_alt[si][:, :, test], wav[si][:, :, test] = sc["cost_alt"], sc["waves"]
+        rules[si].append(sc["rules"])
+        o_act[si][:, test], l_act[si][:, test], gap[si][:, test] = (
+            sc["oracle_actions"], sc["learned_actions"], sc["gap"])
+        per_learner[si][:, :, test] = sc["learner_actions"]
+        fold_of[si, test] = f
+        defaults[si].append(default)
+        selections[si].append(selection)
     bar.close()
     menu = Policy(config)
     return Evaluation("cv", budgets_arr, menu.actions, tuple(seeds), folds, util, cost, o_act, l_act,
@@ -286,6 +278,25 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
                       None if C_alt is None else cost_alt, None if C_alt is None else alt_unit,
                       _reference(U, C, C_alt, config.actions, menu.ladder), wav, tuple(p.name for p in menu.plans))
 
+
+def _fold(c: dict[str, Any], job: tuple[int, int, int, np.ndarray, np.ndarray]) -> tuple[dict[str, Any], str, Any]:
+    """One CV fold (:func:`cross_validate`; run by :func:`~isocompute.evaluation.folds.run_jobs`): refit on
+    ``train``, score on ``test`` → (scores, the default learner, the fit's learner selection)."""
+    _, seed, f, train, test = job
+    config, prompts, U, C, pv, sf, waves, samples = (c["config"], c["prompts"], c["U"], c["C"], c["pv"], c["sf"],
+                                                     c["waves"], c["samples"])
+    labels = _fold_labels(config, U, c["label_var"], c["groups"], train)
+    pol = Policy(dataclasses.replace(c["refit"], seed=config.seed + 1000 * seed + f)).fit_arrays(
+        [prompts[i] for i in train], U[train], C[train], probe=None if pv is None else pv[train],
+        sample_flops=None if sf is None else sf[train], labels=labels,
+        samples=None if samples is None else samples[train], waves=None if waves is None else waves[train])
+    default = config.learner if config.learner in LEARNERS else pol.default_learner_
+    sc = _score(pol, [prompts[i] for i in test], U[test], C[test], c["budgets"], pol.train_lengths_, default,
+                None if pv is None else pv[test], None if c["C_alt"] is None else c["C_alt"][test], c["paid_alt"],
+                None if waves is None else waves[test])
+    if c["baselines"] is not None:
+        score_baselines(c["baselines"], train, test, c["budgets"], sc, METHODS)
+    return sc, default, pol.selection_
 
 def _cv_inputs(config: PolicyConfig, n: int, probe: np.ndarray | None, sample_flops: np.ndarray | None,
                folds: int) -> tuple[np.ndarray | None, np.ndarray | None]:

@@ -58,6 +58,8 @@ class ReportConfig:
     out: Path = option(type=Path, help="report artifact directory to write")
     folds: int = option(5, type=int, help="cross-validation folds over prompts")
     seeds: str = option("3", help="number of CV seeds (e.g. 3) or a comma list of seeds")
+    workers: int = option(1, type=int, help="processes the cross-validation folds run in (0: one per CPU core); "
+                                            "the same report, sooner")
     budgets: str | None = option(None, help="budgets to evaluate: a list (1,2,4,8), start:stop:step, or lo:hi for "
                                             "the default grid in that range; when omitted, the default grid over "
                                             "the policy's trained range")
@@ -188,7 +190,7 @@ def _evaluate(cfg: ReportConfig, policy: Any, data: _Data, budgets: Any) -> tupl
         shrink = {"label_var": sampling_variance(data.table, pc.actions, pc.strategy, seed=pc.seed),
                   "groups": task_groups(data.table)}
     ev = cross_validate(data.table.prompts, U, C, cv_cfg, budgets, folds=cfg.folds, seeds=seeds, probe=data.probe,
-                        progress=True, **data.alt, **shrink, **data.plan_kw)
+                        progress=True, workers=cfg.workers, **data.alt, **shrink, **data.plan_kw)
     return ev, seeds
 
 
