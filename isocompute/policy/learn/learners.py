@@ -29,6 +29,7 @@ same, which is what the imitation-accuracy target measures).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -224,11 +225,32 @@ def price(U_hat: np.ndarray, lam: float, action_costs: np.ndarray, u: np.ndarray
 MIX_SEED, ROUTE_SEED = 7, 11
 
 
+GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0  # the additive recurrence (Weyl sequence) that spreads repeats of a text
+
+
 def prompt_uniforms(prompts: Sequence[str], seed: int = MIX_SEED) -> np.ndarray:
     """A uniform in [0, 1) per prompt from a hash of its text (murmurhash3): the policy's only
-    randomness, so decisions stay pure and a repeated prompt gets the same decision. ``MIX_SEED`` drives
-    the budget mixing / price jitter, ``ROUTE_SEED`` (independent of it) which member serves the prompt."""
+    randomness, so decisions stay pure and a repeated request gets the same decision. ``MIX_SEED`` drives
+    the budget mixing / price jitter, ``ROUTE_SEED`` (independent of it) which member serves the prompt.
+
+    A text that repeats *within one call* takes, at its j-th repeat, ``frac(h + j·φ)`` with ``h`` its own
+    uniform and φ = (√5 − 1)/2 (a Weyl sequence: the repeats of one text cover [0, 1) evenly, so the
+    share of them below any q is within about 1/n of q). Without it every copy drew the same u, and a mix
+    of two plans — "the dearer one for a share q of the prompts" — gave all copies the same plan: a table
+    whose prompts carry no text (dumps that ship only answers), or a batch of one repeated prompt, spent
+    the dearer plan's cost instead of the budget. Distinct texts, and a text's first occurrence, hash as
+    they always did.
+
+    >>> u = prompt_uniforms(["", "", "x"]); bool(u[0] != u[1]), bool(u[2] == prompt_uniforms(["x"])[0])
+    (True, True)
+    """
     from sklearn.utils import murmurhash3_32
 
-    h = [murmurhash3_32(p.encode("utf-8"), seed=seed, positive=True) for p in prompts]
-    return np.asarray(h, dtype=np.float64) / 2.0**32
+    seen: dict[str, int] = {}
+    out = np.empty(len(prompts), dtype=np.float64)
+    for i, p in enumerate(prompts):
+        j = seen.get(p, 0)
+        seen[p] = j + 1
+        u = murmurhash3_32(p.encode("utf-8"), seed=seed, positive=True) / 2.0**32
+        out[i] = u if j == 0 else (u + j * GOLDEN) % 1.0
+    return out
