@@ -91,7 +91,8 @@ def test_equals_all_orders_fixed_cases(codes, correct):
 
 rules = st.sampled_from(["none", "lead:m=1", "lead:m=2", "lead:m=3", "window:w=1", "window:w=2", "window:w=3",
                          "beta:p=0.7", "beta:p=0.9", "dirichlet:p=0.55,top=3", "dirichlet:p=0.7,top=2",
-                         "bayes:B=1,alpha=0.3,top=3", "bayes:B=4,alpha=1,top=2"])
+                         "bayes:B=1,alpha=0.3,top=3", "bayes:B=4,alpha=1,top=2", "boinf:B=3,alpha=0.3",
+                         "boinf:B=10,alpha=1"])
 tables = st.integers(1, 6).flatmap(lambda n: st.tuples(
     st.lists(st.integers(-1, 3), min_size=n, max_size=n),
     st.lists(st.booleans(), min_size=n, max_size=n),

@@ -25,7 +25,8 @@ from isocompute.solver.plans.rules import (
     vote_state,
 )
 
-ALL = ["none", "lead:m=2", "window:w=2", "beta:p=0.9", "dirichlet:p=0.9,top=4", "bayes:B=5,alpha=0.5,top=4"]
+ALL = ["none", "lead:m=2", "window:w=2", "beta:p=0.9", "dirichlet:p=0.9,top=4", "bayes:B=5,alpha=0.5,top=4",
+       "boinf:B=5,alpha=0.5"]
 
 
 def test_hand_worked_votes():

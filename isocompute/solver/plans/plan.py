@@ -12,6 +12,7 @@ lists the waves, ``AxB`` standing for B waves of A:
     lead:m=2@1x16               one sample at a time until the leader leads by 2, at most 16
     window:w=3@3x5,1            ESC: windows of 3 until one is unanimous, at most 16
     bayes:B=10,alpha=0.3,top=5@1x2,2,4,8   doubling waves 1, 1, 2, 4, 8 (≤ 16 samples, ≤ 5 requests)
+    boinf:B=10,alpha=0.3@1x16   Best-of-∞ as published, one sample at a time, at most 16
 
 Worked example: ``lead:m=2@1x2,2,4,8`` on answers a, a, … stops after the second wave (2 samples,
 2 requests, lead 2); on a, b, a, a it stops after the third (4 samples, 3 requests, lead 2).
@@ -154,7 +155,9 @@ FAMILY_GRIDS: dict[str, dict[str, tuple]] = {
     "beta": {"p": (0.75, 0.9, 0.95, 0.99)},
     "dirichlet": {"p": (0.8, 0.9, 0.95)},
     "bayes": {"B": (3.0, 10.0, 30.0, 100.0)},
+    "boinf": {"B": (3.0, 10.0, 30.0, 100.0)},  # Best-of-∞ as published; not in default_plans()
 }
+_EXTRA_PARAMS = {"bayes": {"alpha", "top"}, "dirichlet": {"alpha", "top"}, "boinf": {"alpha"}}  # off-grid
 Schedule = Literal["single", "doubling", "window"] | int
 
 
@@ -196,7 +199,7 @@ def plan_family(family: str, *, k_max: int | Sequence[int] = 16, schedule: Sched
     if family not in FAMILY_GRIDS:
         raise InputError(f"unknown plan family {family!r}; families: {', '.join(FAMILY_GRIDS)}.")
     allowed = FAMILY_GRIDS[family]
-    bad = sorted(set(grid) - set(allowed) - ({"alpha", "top"} if family in ("bayes", "dirichlet") else set()))
+    bad = sorted(set(grid) - set(allowed) - _EXTRA_PARAMS.get(family, set()))
     if bad:
         raise InputError(f"plan family {family!r} has no parameter {bad[0]!r}; its grid takes "
                          f"{', '.join(allowed)}.")
@@ -219,7 +222,8 @@ def default_plans() -> list[Plan]:
     """The default menu of 30 plans, all within 16 samples: uniform k ∈ {1, 2, 4, 8, 16}; "first
     answer" (lead 1, ≤ 4); lead 2/3/4 to 4, 8, 16 one at a time and lead 2/3 with doubling waves; ESC
     windows of 2/3/4; Adaptive-Consistency Beta 0.75/0.9/0.95 and Dirichlet 0.9/0.95; Best-of-∞ Bayes
-    factor 3/10/30/100 one at a time and 10 with doubling waves."""
+    factor 3/10/30/100 one at a time and 10 with doubling waves — the reconstruction ``bayes``; the
+    published ``boinf`` family is not in this menu (``plan_family("boinf")`` or ``--plans boinf``)."""
     return [
         *plan_family("uniform"),
         *plan_family("lead", m=1, k_max=4),

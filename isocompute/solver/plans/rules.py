@@ -25,14 +25,23 @@ Rules (``stop`` ⟺ statistic ≥ threshold; ``prob`` in :class:`StopDecision` i
 ``dirichlet:p=P,top=T``  Adaptive-Consistency's Dirichlet rule: over the T largest classes with a
                          uniform prior, P(the leader's probability is the largest) ≥ P under
                          Dirichlet(c + 1); fewer than 3 classes fall back to the Beta rule, as there.
-``bayes:B=B,alpha=A,top=T``  the Bayes-factor rule after Best-of-∞ (Komiyama et al.): a Dirichlet-
-                         process prior of concentration A gives the posterior Dirichlet(c₁ … c_T, A)
-                         over the T largest classes and the mass of answers not seen yet; H₁ = "the
-                         leader is the mode" (its probability beats every seen class and the whole
-                         unseen mass), H₀ its complement; stop when P(H₁)/P(H₀) ≥ B (equal prior
-                         odds, so the Bayes factor is the posterior odds). Our reading of the paper:
-                         its exact prior odds and Monte Carlo evaluation are replaced by this closed
-                         form (:mod:`isocompute.solver.plans.dirichlet`).
+``bayes:B=B,alpha=A,top=T``  our reconstruction of Best-of-∞'s Bayes factor (Komiyama et al.), kept as a
+                         named variant: a Dirichlet-process prior of concentration A gives the posterior
+                         Dirichlet(c₁ … c_T, A) over the T largest classes and the unseen mass; stop
+                         when P₁/(1 − P₁) ≥ B, P₁ = P(the leader beats every seen class and the unseen
+                         mass), in closed form (:mod:`isocompute.solver.plans.dirichlet`).
+``boinf:B=B,alpha=A``    Best-of-∞ as the authors' code computes it: shapes c + 1 for *every* seen class
+                         and A + 1 for the unseen mass, statistic K · P₁/(1 − P₁) with K = the seen
+                         classes + 1, stop when ≥ B; P₁ exact by quadrature where they draw 1,000
+                         Dirichlet samples (:mod:`isocompute.solver.plans.best_of_infinity`). It reads
+                         every count (``width`` = :data:`ALL_COUNTS`). Counts (4, 2), A = 0.3 → 9.04.
+
+Which one the report's "Best-of-∞" row uses: ``bayes`` (the ``bayes`` family of
+:data:`isocompute.policy.plans.menu.FAMILY_BASELINES` and of the default menu), so existing figures keep
+their values; ``--plans boinf`` (or plan names such as ``boinf:B=10,alpha=0.3@1x16``) asks for the
+published rule. They differ by the shapes (c vs c + 1, the top T vs every class) and the factor K: at
+α = 0.3 ``bayes`` gives 4.19 on counts (4, 2), 3.44 on (3, 1, 1) and 4.33 on one vote; ``boinf``
+9.04, 7.86 and 4.06.
 
 Worked example: answers [a, a, b, a]: counts (3, 1), run 1. ``lead:m=2`` stops (3 − 1 = 2);
 ``window:w=2`` does not (the last two differ); ``beta:p=0.9``: beta.sf(0.5, 4, 2) = 0.8125, no stop.
@@ -52,7 +61,10 @@ import numpy as np
 from scipy.stats import beta as beta_dist
 
 from isocompute.errors import InputError
+from isocompute.solver.plans import best_of_infinity
 from isocompute.solver.plans.dirichlet import leader_max_prob
+
+ALL_COUNTS = 1 << 62  # a rule's ``width`` when its statistic reads every count
 
 
 @dataclass(frozen=True, eq=False)
@@ -78,7 +90,7 @@ class VoteStates:
 @dataclass(frozen=True)
 class StopDecision:
     """One rule's verdict on one vote: the leading answer (None without votes), the rule's statistic
-    (a probability for beta/dirichlet, the Bayes factor for bayes, the lead or run for lead/window)
+    (a probability for beta/dirichlet, the Bayes factor for bayes/boinf, the lead or run for lead/window)
     and whether to stop."""
 
     most_common: Hashable | None
@@ -105,7 +117,7 @@ class StoppingRule:
     """Base class: subclasses are frozen dataclasses whose fields are the rule's parameters."""
 
     kind: ClassVar[str]
-    width: ClassVar[int] = 0  # how many of the largest counts ``statistic`` reads
+    width: ClassVar[int] = 0  # how many of the largest counts ``statistic`` reads (ALL_COUNTS: all)
     uses_run: ClassVar[bool] = False  # reads ``run`` (then ``run_cap``: runs longer than it look the same)
     run_cap: ClassVar[int] = 0
 
@@ -249,6 +261,14 @@ class DirichletRule(StoppingRule):
         return out
 
 
+def _positive(rule: str, obj: StoppingRule, names: tuple[str, ...]) -> None:
+    for name in names:
+        v = getattr(obj, name)
+        if not isinstance(v, float | int) or isinstance(v, bool) or not 0 < float(v) < math.inf:
+            raise InputError(f"{rule} rule: {name} must be a positive number, got {v!r}.")
+        object.__setattr__(obj, name, float(v))
+
+
 @dataclass(frozen=True)
 class BayesFactorRule(StoppingRule):
     B: float = 10.0
@@ -257,11 +277,7 @@ class BayesFactorRule(StoppingRule):
     kind: ClassVar[str] = "bayes"
 
     def __post_init__(self) -> None:
-        for name in ("B", "alpha"):
-            v = getattr(self, name)
-            if not isinstance(v, float | int) or isinstance(v, bool) or not 0 < float(v) < math.inf:
-                raise InputError(f"bayes rule: {name} must be a positive number, got {v!r}.")
-            object.__setattr__(self, name, float(v))
+        _positive("bayes", self, ("B", "alpha"))
         _int_at_least("bayes", "top", self.top, 1)
 
     @property
@@ -283,11 +299,31 @@ class BayesFactorRule(StoppingRule):
         return out
 
 
+@dataclass(frozen=True)
+class BestOfInfinityRule(StoppingRule):
+    B: float = 10.0
+    alpha: float = 0.3
+    kind: ClassVar[str] = "boinf"
+    width: ClassVar[int] = ALL_COUNTS
+
+    def __post_init__(self) -> None:
+        _positive("boinf", self, ("B", "alpha"))
+
+    @property
+    def threshold(self) -> float:
+        return self.B
+
+    def statistic(self, states: VoteStates) -> np.ndarray:
+        return best_of_infinity.bayes_factor(states.counts, self.alpha)
+
+
 def stops_unique(rule: StoppingRule, states: VoteStates) -> np.ndarray:
     """``rule.stops(states)``, evaluating the statistic once per distinct state the rule can tell apart:
-    its ``width`` largest counts (at least the largest, which says whether there are votes) and the run
-    (capped) if it reads it. The Dirichlet rules cost milliseconds per distinct state."""
-    w = max(rule.width, 1)
+    its ``width`` largest counts (at least the largest, which says whether there are votes; at most the
+    states' classes with votes, so ``ALL_COUNTS`` keys on every count) and the run (capped) if it reads it.
+    The Dirichlet rules cost milliseconds per distinct state."""
+    seen = int((states.counts > 0).sum(axis=1).max(initial=0))  # counts sorted descending: zeros trail
+    w = max(min(rule.width, seen), 1)
     key = states.top(w)
     if rule.uses_run:
         key = np.hstack([key, np.minimum(states.run, rule.run_cap)[:, None]])
@@ -298,10 +334,11 @@ def stops_unique(rule: StoppingRule, states: VoteStates) -> np.ndarray:
 
 
 RULES: dict[str, type[StoppingRule]] = {
-    r.kind: r for r in (NoRule, LeadRule, WindowRule, BetaRule, DirichletRule, BayesFactorRule)
+    r.kind: r for r in (NoRule, LeadRule, WindowRule, BetaRule, DirichletRule, BayesFactorRule,
+                        BestOfInfinityRule)
 }
 _GRAMMAR = ("a rule is KIND or KIND:NAME=VALUE,…, e.g. none, lead:m=2, window:w=3, beta:p=0.95, "
-            "dirichlet:p=0.95,top=5, bayes:B=10,alpha=0.3,top=5")
+            "dirichlet:p=0.95,top=5, bayes:B=10,alpha=0.3,top=5, boinf:B=10,alpha=0.3")
 
 
 def parse_rule(text: str) -> StoppingRule:
