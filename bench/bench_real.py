@@ -24,7 +24,11 @@ the accuracy of uniform at k = 16 (from the report's ``same_accuracy``). Results
 them).
 
     .venv/bin/python bench/bench_real.py [--work /tmp/isocompute-bench-real] [--demo runs/demo/outcomes.jsonl]
-        [--folds 5] [--seeds 3] [--only gsm8k,date]
+        [--folds 5] [--seeds 3] [--only gsm8k,date] [--no-prompt] [--workers 0]
+
+``--no-prompt`` also runs every table with its prompt text removed (each record's ``prompt`` empty, as in
+dumps that ship only answers: rows ``NAME/no-prompt``): the policy must keep its budget there too.
+``--workers`` runs the report's folds in that many processes (0: one per core; the same report).
 """
 
 from __future__ import annotations
@@ -107,9 +111,20 @@ def fit_and_report(table: Path, d: Path, args: argparse.Namespace, *, fresh: boo
     t_fit = time.perf_counter() - t0
     if not (rep / "manifest.json").is_file():
         _run(["report", str(table), "--policy", str(pol), "--out", str(rep), "--folds", str(args.folds),
-              "--seeds", str(args.seeds), "--seed", "0"], log)
+              "--seeds", str(args.seeds), "--seed", "0", "--workers", str(args.workers)], log)
     report = json.loads((rep / "report.json").read_text())
     return report, t_fit, time.perf_counter() - t0 - t_fit
+
+
+def without_prompts(table: Path) -> Path:
+    """A copy of ``table`` beside it whose every ``prompt`` is empty (written once)."""
+    out = table.with_name("outcomes-no-prompt.jsonl")
+    if not out.is_file():
+        with table.open() as f, out.open("w") as g:
+            for line in f:
+                if line.strip():
+                    g.write(json.dumps({**json.loads(line), "prompt": ""}) + "\n")
+    return out
 
 
 def run_table(name: str, table: Path, work: Path, args: argparse.Namespace, *, fresh: bool) -> dict:
@@ -186,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--only", help="comma list of table names to run (default: all)")
     ap.add_argument("--fresh", action="store_true", help="redo import, fit and report even when their outputs exist")
+    ap.add_argument("--no-prompt", action="store_true", help="also run every table with its prompt text removed")
+    ap.add_argument("--workers", type=int, default=1, help="processes for the report's folds (0: one per core)")
     args = ap.parse_args(argv)
     real = args.data / "real"
     if not real.is_dir():
@@ -205,6 +222,12 @@ def main(argv: list[str] | None = None) -> int:
               + ", ".join(f"{r} [{lo:.3g}, {hi:.3g}]" for r, lo, hi in res["fallback"]), flush=True)
         results.append(res)
         rows += check(res, demo=False)
+        if args.no_prompt:
+            res = run_table(f"{name}/no-prompt", without_prompts(table), args.work, args, fresh=args.fresh)
+            print(f"{name}/no-prompt: fit {res['fit_s']:.0f} s, report {res['report_s']:.0f} s; chain: "
+                  + ", ".join(f"{r} [{lo:.3g}, {hi:.3g}]" for r, lo, hi in res["fallback"]), flush=True)
+            results.append(res)
+            rows += check(res, demo=False)
     if args.demo is not None:
         res = run_table("demo-arith", args.demo, args.work, args, fresh=args.fresh)
         print(f"demo-arith: {res['n_prompts']} prompts; fit {res['fit_s']:.0f} s, report {res['report_s']:.0f} s",
