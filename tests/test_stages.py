@@ -18,6 +18,7 @@ from isocompute.stages.fit import FitConfig
 from isocompute.stages.import_ import ImportConfig
 from isocompute.stages.inputs import ModelInputs
 from isocompute.stages.options import add_arguments, option, parse_config
+from isocompute.stages.parsing import Multiple
 from isocompute.stages.report import ReportConfig
 from isocompute.stages.sample import SampleConfig
 from isocompute.stages.solve import SolveConfig, solve
@@ -52,11 +53,12 @@ def test_every_field_is_an_option_with_its_help(command, capsys):
 def test_generated_parser_keeps_the_cli_spelling_and_defaults():
     ns = build_parser().parse_args(["solve", "t.jsonl", "--budget", "4", "--out", "o", "--no-prefix-sharing",
                                     "--outcomes", "a=x", "--outcomes", "b=y"])
-    assert ns.outcomes == Path("t.jsonl") and ns.budget == 4.0 and ns.actions == "1,2,4,8,16"
+    assert ns.outcomes == Path("t.jsonl") and ns.budget == "4" and ns.actions == "1,2,4,8,16"  # parsed by the config
     assert ns.prefix_sharing is False and ns.model_outcomes == ["a=x", "b=y"] and ns.orders == 200
     cfg = parse_config(SolveConfig, ["t.jsonl", "--budget", "4", "--out", "o", "--actions", "8,2,2,1",
                                      "--budgets", "1:2:0.5"])
     assert cfg.actions == [1, 2, 8] and cfg.budgets == [1.0, 1.5, 2.0] and cfg.prefix_sharing is True
+    assert cfg.budget == 4.0 and not isinstance(cfg.budget, Multiple)
     assert cfg.models == ModelInputs() and cfg.out == Path("o")
     fit = parse_config(FitConfig, ["t.jsonl", "--out", "p", "--features", "minilm", "--fallback-rules", "escalate"])
     assert fit.actions == (1, 2, 4, 8, 16) and fit.features == ("minilm",) and fit.fallback_rules == ("escalate",)

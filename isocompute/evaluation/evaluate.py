@@ -195,8 +195,9 @@ def _score(policy: Policy, prompts: Sequence[str], U: np.ndarray, C: np.ndarray,
     gap = np.empty((budgets.size, n))
     rules = []
     M = {m: j for j, m in enumerate(METHODS)}
+    lo, hi = policy.budget_range
     for bi, b in enumerate(budgets):
-        b = policy.check_budget(b)
+        b = policy.check_budget(min(max(float(b), lo), hi))  # a fold may reach a little less than the table
         probs, o, served, rule = _method_probs(policy, X, u, route, U, C, b, train_lengths, lengths, default)
         for m, (P, pays) in probs.items():
             util[M[m], bi] = (P * U).sum(axis=1)
@@ -286,7 +287,9 @@ def _fold(c: dict[str, Any], job: tuple[int, int, int, np.ndarray, np.ndarray]) 
     config, prompts, U, C, pv, sf, waves, samples = (c["config"], c["prompts"], c["U"], c["C"], c["pv"], c["sf"],
                                                      c["waves"], c["samples"])
     labels = _fold_labels(config, U, c["label_var"], c["groups"], train)
-    pol = Policy(dataclasses.replace(c["refit"], seed=config.seed + 1000 * seed + f)).fit_arrays(
+    refit = dataclasses.replace(c["refit"], seed=config.seed + 1000 * seed + f,
+                                budget_range=_reachable(c["refit"], C[train]))
+    pol = Policy(refit).fit_arrays(
         [prompts[i] for i in train], U[train], C[train], probe=None if pv is None else pv[train],
         sample_flops=None if sf is None else sf[train], labels=labels,
         samples=None if samples is None else samples[train], waves=None if waves is None else waves[train])
@@ -297,6 +300,20 @@ def _fold(c: dict[str, Any], job: tuple[int, int, int, np.ndarray, np.ndarray]) 
     if c["baselines"] is not None:
         score_baselines(c["baselines"], train, test, c["budgets"], sc, METHODS)
     return sc, default, pol.selection_
+
+def _reachable(config: PolicyConfig, C: np.ndarray) -> tuple[float, float]:
+    """The part of ``budget_range`` a training part's plans can spend. With costs that vary per prompt
+    (tokens, FLOPs) a fold's cheapest and dearest plans spend a little more or less than the whole table's,
+    so a range fitted on the table (e.g. ``1x:16x``) can overhang a fold by a percent or two; the refit then
+    serves the overhang at its nearest reachable budget, and the report shows the cost it realises there.
+    In samples every fold spends exactly the table's range: unchanged. What the policy pays per request
+    (probe, extra features) is part of every plan's cost, as in the fit."""
+    paid = (config.probe.cost if config.probe is not None else 0.0) + (config.feature_cost or 0.0)
+    lo, hi = feasible_range(C + paid)
+    b_lo, b_hi = config.budget_range
+    new_lo, new_hi = max(b_lo, lo), min(b_hi, hi)
+    return (new_lo, new_hi) if new_lo < new_hi else (b_lo, b_hi)
+
 
 def _cv_inputs(config: PolicyConfig, n: int, probe: np.ndarray | None, sample_flops: np.ndarray | None,
                folds: int) -> tuple[np.ndarray | None, np.ndarray | None]:

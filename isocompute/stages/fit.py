@@ -59,6 +59,7 @@ from isocompute.stages.parsing import (
     parse_features,
     parse_names,
     parse_plans,
+    resolve_budgets,
 )
 
 STRATEGIES = ("majority", "pass", "best_of")
@@ -93,8 +94,10 @@ class FitConfig:
     learner: str = option("auto", choices=("classifier", "utility", "auto"),
                           help="auto fits both and keeps the one with the higher out-of-fold accuracy")
     seed: int = option(0, type=int, help="seed of splits, LightGBM and the SVD")
-    cost_unit: str = option("samples", choices=("samples", "flops"),
-                            help="samples (C = k) or analytic FLOPs from token counts and --model-config")
+    cost_unit: str = option("samples", choices=("samples", "tokens", "flops"),
+                            help="samples (started), tokens (completion tokens generated; budgets may be written as "
+                                 "multiples of one sample's mean tokens, e.g. --budgets 1x:16x) or analytic FLOPs "
+                                 "from token counts and --model-config")
     model_config: Path | None = option(None, type=Path, help="config.json or model directory (cost unit flops)")
     calibration_folds: int = option(3, type=int, help="cross-fitting folds for budget calibration")
     calibrate_to: str = option(
@@ -186,7 +189,12 @@ def fit(cfg: FitConfig) -> FitResult:
     from isocompute.policy.fitting import fit_policy, training_table
     from isocompute.policy.policy import PolicyConfig
 
+    full = read_table(cfg.outcomes)
     budgets = cfg.budgets if cfg.budgets is not None else [1.0, 16.0]
+    if cfg.budgets is not None:
+        budgets = resolve_budgets(budgets, cfg.cost_unit, _tokens_per_sample(full))
+    elif cfg.cost_unit == "tokens":  # placeholder range; the fit sets what the actions can spend
+        budgets = [float(x) * (_tokens_per_sample(full) or 1.0) for x in budgets]
     config = PolicyConfig(
         actions=cfg.actions, strategy=cfg.strategy, budget_range=(min(budgets), max(budgets)),
         learner=cfg.learner, cost_unit=cfg.cost_unit, calibration_folds=cfg.calibration_folds,
@@ -200,7 +208,6 @@ def fit(cfg: FitConfig) -> FitResult:
     )
     if cfg.probe_cost is not None and cfg.probe_model is None:
         raise InputError("--probe-cost declares the cost of the probe feature; add --probe-model DIR to use one.")
-    full = read_table(cfg.outcomes)
     inputs = {"outcomes": full.sha256}
     table, _, _ = training_table(full, config)  # the prompts the probe, the budget range and the fit see
     model = sample_model = None
@@ -274,3 +281,14 @@ def _fit_models(cfg: FitConfig) -> FitResult:
                                      "learn_on": cfg.learn_on, "fallback": list(policy.config.fallback)}
     policy.save(cfg.out, inputs=inputs)
     return FitResult(cfg.out, policy, len(me.prompts))
+
+
+def _tokens_per_sample(table: Any) -> float | None:
+    """One sample's mean completion tokens on ``table`` (what ``1x`` is), None without token counts."""
+    from isocompute.solver.costs import token_multiple_of
+
+    try:
+        return token_multiple_of(table.mean_completion_tokens)
+    except InputError:
+        return None
+

@@ -16,8 +16,48 @@ import math
 
 from isocompute.errors import InputError
 
-__all__ = ["parse_action_set", "parse_actions", "parse_budget_range", "parse_budgets", "parse_features",
-           "parse_names", "parse_plans", "parse_seeds"]
+__all__ = ["Multiple", "parse_action_set", "parse_actions", "parse_budget", "parse_budget_range", "parse_budgets",
+           "parse_features", "parse_names", "parse_plans", "parse_seeds", "resolve_budgets"]
+
+
+class Multiple(float):
+    """A budget written as a multiple of one sample's mean completion tokens on the table (``4x``), for the
+    tokens cost unit; the stage that has read the table turns it into tokens (:func:`resolve_budgets`)."""
+
+    def __repr__(self) -> str:
+        return f"{float(self):g}x"
+
+
+def _number(text: str) -> float:
+    """``"4"`` → 4.0, ``"4x"`` → Multiple(4.0); ValueError otherwise."""
+    t = text.strip()
+    return Multiple(float(t[:-1])) if t.lower().endswith("x") else float(t)
+
+
+def parse_budget(text: str) -> float:
+    """``solve --budget``: a number (``4``), or a multiple of one sample's mean tokens (``4x``, tokens unit)."""
+    try:
+        value = _number(text)
+    except ValueError:
+        raise InputError(f"--budget must be a number (e.g. 4) or, in the tokens unit, a multiple of one "
+                         f"sample's mean completion tokens (e.g. 4x); got {text!r}.") from None
+    return value
+
+
+def resolve_budgets(values: list[float], cost_unit: str, tokens_per_sample: float | None) -> list[float]:
+    """Budgets with multiples (``4x``) turned into tokens: ``tokens_per_sample`` × the multiple. Plain numbers
+    pass unchanged. InputError when multiples are mixed with plain numbers or used outside the tokens unit."""
+    multiples = [isinstance(v, Multiple) for v in values]
+    if not any(multiples):
+        return [float(v) for v in values]
+    if not all(multiples):
+        raise InputError("write every budget as a multiple (e.g. 1x:16x) or none of them (e.g. 300:4800).")
+    if cost_unit != "tokens":
+        raise InputError(f"budgets written as multiples (e.g. 4x) are multiples of one sample's mean completion "
+                         f"tokens: add --cost-unit tokens (this run's unit is {cost_unit}).")
+    if tokens_per_sample is None:
+        raise InputError("budgets written as multiples (e.g. 4x) need the table's completion_tokens.")
+    return [float(v) * tokens_per_sample for v in values]
 
 
 def parse_actions(text: str) -> list[int]:
@@ -36,14 +76,15 @@ def parse_budgets(text: str) -> list[float]:
     """``solve --budgets``: "1:16:0.5" (start:stop:step, stop included) or "1,2,4" → a list of budgets."""
     try:
         if ":" in text:
-            start, stop, step = (float(x) for x in text.split(":"))
+            start, stop, step = (_number(x) for x in text.split(":"))
             if not (step > 0 and stop >= start and math.isfinite(start) and math.isfinite(stop)):
                 raise ValueError
             n = int(math.floor((stop - start) / step + 1e-9)) + 1
             if n > 100_000:
                 raise InputError(f"--budgets {text} asks for {n} budgets; use a larger step (at most 100,000).")
-            return [start + i * step for i in range(n)]
-        out = [float(x) for x in text.split(",") if x.strip()]
+            kind = Multiple if isinstance(start, Multiple) else float
+            return [kind(start + i * step) for i in range(n)]
+        out = [_number(x) for x in text.split(",") if x.strip()]
         if not out:
             raise ValueError
         return out
@@ -68,7 +109,7 @@ def parse_budget_range(text: str) -> list[float]:
     """``fit``/``report --budgets``: "1,2,4" → [1, 2, 4]; "lo:hi" → [lo, hi]; "start:stop:step" → the list
     (stop included)."""
     try:
-        parts = [float(x) for x in text.split(":")] if ":" in text else None
+        parts = [_number(x) for x in text.split(":")] if ":" in text else None
         if parts is not None:
             if len(parts) == 2:
                 lo, hi = parts
@@ -81,14 +122,16 @@ def parse_budget_range(text: str) -> list[float]:
             n = int(math.floor((stop - start) / step + 1e-9)) + 1
             if n > 10_000:
                 raise InputError(f"--budgets {text} asks for {n} budgets; use a larger step.")
-            return [start + i * step for i in range(n)]
-        out = sorted({float(x) for x in text.split(",") if x.strip()})
+            kind = Multiple if isinstance(start, Multiple) else float
+            return [kind(start + i * step) for i in range(n)]
+        out = sorted({_number(x) for x in text.split(",") if x.strip()})
         if not out or not all(math.isfinite(b) for b in out):
             raise ValueError
         return out
     except ValueError:
         raise InputError(f"--budgets must be a range lo:hi (e.g. 1:16), start:stop:step (e.g. 1:16:1) or a "
-                         f"comma list (e.g. 1,2,4,8); got {text!r}.") from None
+                         f"comma list (e.g. 1,2,4,8), in the tokens unit also as multiples of one sample's mean "
+                         f"tokens (e.g. 1x:16x); got {text!r}.") from None
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:

@@ -53,12 +53,20 @@ from typing import Any
 from isocompute.errors import InputError
 from isocompute.stages.inputs import ModelInputs, load_estimates, several
 from isocompute.stages.options import group, option
-from isocompute.stages.parsing import parse_action_set, parse_actions, parse_budgets, parse_plans
+from isocompute.stages.parsing import (
+    Multiple,
+    parse_action_set,
+    parse_actions,
+    parse_budget,
+    parse_budgets,
+    parse_plans,
+    resolve_budgets,
+)
 
 SCHEMA_VERSION = 1
 KIND = "solution"
 STRATEGIES = ("majority", "pass", "best_of")
-COST_UNITS = ("samples", "flops")
+COST_UNITS = ("samples", "tokens", "flops")
 # The parameters a single-model solution's manifest records (every option but the output directory).
 _PARAMS = ("outcomes", "budget", "actions", "strategy", "budgets", "cost_unit", "model_config", "prefix_sharing",
            "rounding", "min_samples", "ragged", "plans")
@@ -79,12 +87,15 @@ class SolveConfig:
         None, help="the plan menu: default, a rule family (lead, window, beta, dirichlet, bayes; boinf: Best-of-∞ "
                    "as published, bayes: as the report's row plays it), a comma list of plan names, or none "
                    "for k samples at once (default: default for --strategy majority, none otherwise)")
-    budget: float = option(type=float, help="mean cost per prompt, in the cost unit (e.g. 4 = four samples on average)")
+    budget: float = option(parse=parse_budget,
+                           help="mean cost per prompt, in the cost unit (e.g. 4 = four samples on average; in the "
+                                "tokens unit also 4x = four times one sample's mean completion tokens)")
     budgets: list[float] | None = option(
         None, parse=parse_budgets,
         help="also write the frontier at these budgets: start:stop:step (stop included) or 1,2,4")
     cost_unit: str = option("samples", choices=COST_UNITS,
-                            help="samples (C = k) or analytic FLOPs from token counts and --model-config")
+                            help="samples (C = k), tokens (completion tokens generated) or analytic FLOPs from "
+                                 "token counts and --model-config")
     model_config: Path | None = option(
         None, type=Path, help="config.json or model directory of the policy model (cost unit flops; default: the "
                               "model_config in the table's meta)")
@@ -174,6 +185,7 @@ def _load(cfg: SolveConfig) -> tuple[Any, dict[str, str], Any]:
     from isocompute.solver.outcomes import read_outcomes
 
     table = read_outcomes(cfg.outcomes)
+    _resolve_multiples(cfg, table)
     inputs = {"outcomes": table.sha256 or sha256_file(cfg.outcomes)}
     model = None
     if cfg.cost_unit == "flops":
@@ -187,6 +199,19 @@ def _load(cfg: SolveConfig) -> tuple[Any, dict[str, str], Any]:
             raise InputError("--cost-unit flops needs the policy model's config: pass --model-config "
                              "PATH (a config.json or model directory); this table's meta has none.")
     return table, inputs, model
+
+
+def _resolve_multiples(cfg: SolveConfig, table: Any) -> None:
+    """Budgets written as multiples (``4x``, tokens unit) become tokens on ``table``, in ``cfg`` itself."""
+    from isocompute.solver.costs import token_multiple_of
+
+    values = [cfg.budget, *(cfg.budgets or [])]
+    if not any(isinstance(v, Multiple) for v in values):
+        return
+    per_sample = token_multiple_of(table.mean_completion_tokens) if cfg.cost_unit == "tokens" else None
+    cfg.budget = resolve_budgets([cfg.budget], cfg.cost_unit, per_sample)[0]
+    if cfg.budgets:
+        cfg.budgets = resolve_budgets(list(cfg.budgets), cfg.cost_unit, per_sample)
 
 
 def _solve_plans(cfg: SolveConfig, names: tuple[str, ...]) -> dict[str, Any]:
@@ -305,7 +330,7 @@ def _plot(path: Path, front: dict[str, Any], cfg: SolveConfig) -> None:
     for u in uni:
         ax.annotate(f"k={u['k']}", (u["mean_cost"], u["mean_utility"]), textcoords="offset points",
                     xytext=(4, -10), fontsize=8, color="C1")
-    unit = "samples per prompt" if cfg.cost_unit == "samples" else "FLOPs per prompt"
+    unit = {"samples": "samples per prompt", "tokens": "tokens per prompt"}.get(cfg.cost_unit, "FLOPs per prompt")
     ax.set_xlabel(f"mean cost ({unit})")
     ax.set_ylabel(f"mean accuracy ({cfg.strategy})")
     ax.set_title(f"accuracy vs budget — {cfg.outcomes.name}")

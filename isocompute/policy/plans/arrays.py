@@ -80,8 +80,8 @@ def plan_arrays(table: OutcomeTable, plans: Sequence[Plan], *, cost_unit: str = 
                 min_samples: int = 0, ragged: str = "error", prefix_caching: bool = True) -> PlanArrays:
     """Estimate ``plans`` on ``table`` (module docstring); ``model``: the FLOP shape (cost unit flops)."""
     plans = tuple(plans)
-    if cost_unit not in ("samples", "flops"):
-        raise InputError(f"unknown cost unit {cost_unit!r}; use samples or flops.")
+    if cost_unit not in ("samples", "tokens", "flops"):
+        raise InputError(f"unknown cost unit {cost_unit!r}; use samples, tokens or flops.")
     if cost_unit == "flops" and model is None:
         raise InputError("plan costs in FLOPs need the model's config: pass --model-config PATH.")
     maxs = np.array([p.max_samples for p in plans], dtype=np.int64)
