@@ -48,6 +48,7 @@ from isocompute.errors import InputError
 from isocompute.flops import ModelFlops, decode_flops, prefill_flops
 from isocompute.solver.outcomes import PAD_CODE, OutcomeTable
 from isocompute.solver.plans.exact import classes, exact_estimates
+from isocompute.solver.plans.latency import Columns, TokensLatency, price_estimates
 from isocompute.solver.plans.montecarlo import simulate_plans
 from isocompute.solver.plans.plan import Plan, parse_plan
 
@@ -60,7 +61,8 @@ TOKENS, DECODE = "completion_tokens", "decode_flops"
 class FiredPart:
     """The part of each expectation where the plan's rule fired (module docstring), each (N, P):
     ``prob`` = P(fired); ``utility``, ``samples``, ``waves`` and ``channels[name]`` are E[X·1{fired}];
-    ``*_se`` their standard errors (0 for exact plans)."""
+    ``*_se`` their standard errors (0 for exact plans); ``generated_tokens`` and ``latency`` likewise when
+    the estimates have them (:class:`PlanEstimates`)."""
 
     prob: np.ndarray
     utility: np.ndarray
@@ -72,10 +74,14 @@ class FiredPart:
     samples_se: np.ndarray
     waves_se: np.ndarray
     channels_se: dict[str, np.ndarray]
+    generated_tokens: np.ndarray | None = None
+    generated_tokens_se: np.ndarray | None = None
+    latency: np.ndarray | None = None
+    latency_se: np.ndarray | None = None
 
     def subset(self, idx: np.ndarray) -> FiredPart:
-        return FiredPart(**{k: ({c: v[idx] for c, v in x.items()} if isinstance(x, dict) else x[idx])
-                            for k, x in vars(self).items()})
+        return FiredPart(**{k: ({c: v[idx] for c, v in x.items()} if isinstance(x, dict) else
+                                None if x is None else x[idx]) for k, x in vars(self).items()})
 
 
 @dataclass(frozen=True, eq=False)
@@ -87,6 +93,13 @@ class PlanEstimates:
     (``"exact"`` or ``"monte-carlo"``, then with ``n_orders`` orders per prompt from ``seed``).
     ``prompt_tokens`` (N,) is kept for FLOP costs (NaN when unknown). ``fired`` holds the split by stop
     reason when estimated with ``split=True`` (else None).
+
+    With the ``completion_tokens`` channel (the samples' lengths) come ``generated_tokens`` (tokens
+    actually generated, aborted samples' partial tokens included) and ``latency`` (in tokens of decode
+    time, no per-wave overhead: :meth:`total_latency`), with standard errors; ``latency_method[j]`` says
+    whether plan j's latency is exact (:mod:`~isocompute.solver.plans.latency`). Without it they are None.
+    For plans that stop mid-wave, ``samples`` counts the samples started and ``channels`` sum over the
+    samples that finished (aborted samples' partial values are only in ``generated_tokens``).
     """
 
     plans: tuple[Plan, ...]
@@ -103,14 +116,29 @@ class PlanEstimates:
     seed: int
     prompt_tokens: np.ndarray | None = None
     fired: FiredPart | None = None
+    generated_tokens: np.ndarray | None = None
+    generated_tokens_se: np.ndarray | None = None
+    latency: np.ndarray | None = None
+    latency_se: np.ndarray | None = None
+    latency_method: tuple[str, ...] = ()
 
     @property
     def names(self) -> list[str]:
         return [p.name for p in self.plans]
 
+    def total_latency(self, overhead: float = 0.0) -> np.ndarray:
+        """(N, P) expected latency with ``overhead`` tokens' worth of time per wave: decode + overhead · waves."""
+        if self.latency is None:
+            raise InputError("these estimates have no latency; estimate them with completion_tokens "
+                             "(a table with completion_tokens on every sample).")
+        return self.latency + overhead * self.waves
+
     @property
     def tokens(self) -> np.ndarray:
-        """(N, P) expected completion tokens drawn (needs the ``completion_tokens`` channel)."""
+        """(N, P) expected completion tokens generated (needs the ``completion_tokens`` channel); for
+        waiting plans the same as the channel: every drawn sample's tokens."""
+        if self.generated_tokens is not None:
+            return self.generated_tokens
         if TOKENS not in self.channels:
             raise InputError("these estimates have no completion-token channel; estimate them with "
                              "completion_tokens (a table with completion_tokens on every sample).")
@@ -138,10 +166,12 @@ class PlanEstimates:
         idx = np.asarray(indices)
         idx = np.flatnonzero(idx) if idx.dtype == bool else idx.astype(np.int64)
         rows = {k: getattr(self, k)[idx] for k in ("utility", "samples", "waves", "utility_se", "samples_se", "waves_se")}
+        rows.update({k: None if getattr(self, k) is None else getattr(self, k)[idx]
+                     for k in ("generated_tokens", "generated_tokens_se", "latency", "latency_se")})
         return PlanEstimates(
             plans=self.plans, channels={k: v[idx] for k, v in self.channels.items()},
             channels_se={k: v[idx] for k, v in self.channels_se.items()}, method=self.method,
-            n_orders=self.n_orders, seed=self.seed,
+            n_orders=self.n_orders, seed=self.seed, latency_method=self.latency_method,
             prompt_tokens=None if self.prompt_tokens is None else self.prompt_tokens[idx],
             fired=None if self.fired is None else self.fired.subset(idx), **rows,
         )
@@ -175,7 +205,56 @@ def estimate_plans(answer_codes: np.ndarray, correct: np.ndarray, plans: Sequenc
     """Estimates for N prompts: ``answer_codes`` (N, n_max) as in an :class:`OutcomeTable` (classes ≥ 0,
     −1 null, −2 padding; a row's codes need not be dense), ``correct`` (N, n_max); ``channels`` name →
     (N, n_max) per-sample values (e.g. completion tokens; NaN makes that prompt's channel NaN). Plans may
-    be given by name. ``split``: also the part where each plan's rule fired (:class:`FiredPart`)."""
+    be given by name. ``split``: also the part where each plan's rule fired (:class:`FiredPart`). The
+    ``completion_tokens`` channel doubles as the samples' lengths: with it come tokens generated and
+    latency, and plans that stop mid-wave (which need it; a prompt with a NaN length gets NaN there)."""
+    plan_list, codes, corr, chans = _checked(answer_codes, correct, plans, channels, method, exact_max_samples)
+    kinds = [_kind(p, method, exact_max_samples) for p in plan_list]
+    if "waves" in kinds and TOKENS not in chans:
+        j = kinds.index("waves")
+        raise InputError(f"plan {plan_list[j].name} stops mid-wave, and its samples finish in length order: it "
+                         f"needs the {TOKENS!r} channel (a table with completion_tokens on every sample).")
+    names = list(chans)
+    per_sample = np.stack([np.where(codes != PAD_CODE, chans[k], 0.0) for k in names], axis=2) if names \
+        else np.zeros(codes.shape + (0,))
+    cls = classes(codes, corr, per_sample)
+    N, P, C = codes.shape[0], len(plan_list), len(names)
+    out = {k: np.zeros((N, P)) for k in ("u", "s", "w", "u_se", "s_se", "w_se")}
+    ch, ch_se = np.zeros((N, P, C)), np.zeros((N, P, C))
+    fo = {k: np.zeros((N, P)) for k in ("p", "u", "s", "w", "p_se", "u_se", "s_se", "w_se")}
+    fch, fch_se = np.zeros((N, P, C)), np.zeros((N, P, C))
+    ex = [j for j in range(P) if kinds[j] == "exact"]
+    if ex:
+        u, s, w, c, _ = exact_estimates(cls, [plan_list[j] for j in ex], chunk)
+        out["u"][:, ex], out["s"][:, ex], out["w"][:, ex], ch[:, ex] = u, s, w, c
+        if split:
+            u, s, w, c, p = exact_estimates(cls, [plan_list[j] for j in ex], chunk, part="fired")
+            fo["u"][:, ex], fo["s"][:, ex], fo["w"][:, ex], fch[:, ex], fo["p"][:, ex] = u, s, w, c, p
+    mc = [j for j in range(P) if kinds[j] == "monte-carlo"]
+    labels = np.where(codes >= 0, cls.rank_of_code(codes), codes)
+    if mc:
+        res = simulate_plans(labels, cls.values, per_sample, [plan_list[j] for j in mc], n_orders=n_orders,
+                             seed=seed, split=split)
+        out["u"][:, mc], out["s"][:, mc], out["w"][:, mc], ch[:, mc] = res.utility, res.samples, res.waves, res.channels
+        out["u_se"][:, mc], out["s_se"][:, mc], out["w_se"][:, mc] = res.utility_se, res.samples_se, res.waves_se
+        ch_se[:, mc] = res.channels_se
+        if split and res.fired is not None and res.fired_prob is not None and res.fired_prob_se is not None:
+            f = res.fired
+            fo["u"][:, mc], fo["s"][:, mc], fo["w"][:, mc], fch[:, mc] = f.utility, f.samples, f.waves, f.channels
+            fo["u_se"][:, mc], fo["s_se"][:, mc], fo["w_se"][:, mc] = f.utility_se, f.samples_se, f.waves_se
+            fo["p"][:, mc], fo["p_se"][:, mc], fch_se[:, mc] = res.fired_prob, res.fired_prob_se, f.channels_se
+    priced = None
+    if TOKENS in chans:
+        cols = Columns(out, ch, ch_se, fo if split else None, fch, fch_se, names.index(TOKENS))
+        priced = price_estimates(plan_list, kinds, codes, labels, cls.values, chans[TOKENS], per_sample, cols,
+                        n_orders=n_orders, seed=seed, split=split)
+    return _result(plan_list, kinds, names, out, ch, ch_se, fo, fch, fch_se, priced, split, n_orders, seed,
+                   prompt_tokens)
+
+
+def _checked(answer_codes: np.ndarray, correct: np.ndarray, plans: Sequence[Plan | str],
+             channels: Mapping[str, np.ndarray] | None, method: str,
+             exact_max_samples: int) -> tuple[tuple[Plan, ...], np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     plan_list = tuple(p if isinstance(p, Plan) else parse_plan(p) for p in plans)
     if not plan_list:
         raise InputError("estimate_plans needs at least one plan (e.g. default_plans()).")
@@ -198,48 +277,43 @@ def estimate_plans(answer_codes: np.ndarray, correct: np.ndarray, plans: Sequenc
     if method == "exact" and worst.max_samples > exact_max_samples:
         raise InputError(f"plan {worst.name} draws up to {worst.max_samples} samples, beyond the exact "
                          f"method's {exact_max_samples}; use method='auto' or 'monte-carlo', or raise exact_max_samples.")
-    exact = [method != "monte-carlo" and p.max_samples <= exact_max_samples for p in plan_list]
+    if method == "exact" and (mid := next((p for p in plan_list if p.stops_in_wave), None)) is not None:
+        raise InputError(f"plan {mid.name} stops mid-wave: its finish order follows the samples' lengths, which "
+                         "only Monte Carlo estimates; use method='auto'.")
+    return plan_list, codes, corr, chans
 
-    names = list(chans)
-    per_sample = np.stack([np.where(codes != PAD_CODE, chans[k], 0.0) for k in names], axis=2) if names \
-        else np.zeros(codes.shape + (0,))
-    cls = classes(codes, corr, per_sample)
-    N, P, C = codes.shape[0], len(plan_list), len(names)
-    out = {k: np.zeros((N, P)) for k in ("u", "s", "w", "u_se", "s_se", "w_se")}
-    ch, ch_se = np.zeros((N, P, C)), np.zeros((N, P, C))
-    fo = {k: np.zeros((N, P)) for k in ("p", "u", "s", "w", "p_se", "u_se", "s_se", "w_se")}
-    fch, fch_se = np.zeros((N, P, C)), np.zeros((N, P, C))
-    ex = [j for j in range(P) if exact[j]]
-    if ex:
-        u, s, w, c, _ = exact_estimates(cls, [plan_list[j] for j in ex], chunk)
-        out["u"][:, ex], out["s"][:, ex], out["w"][:, ex], ch[:, ex] = u, s, w, c
-        if split:
-            u, s, w, c, p = exact_estimates(cls, [plan_list[j] for j in ex], chunk, part="fired")
-            fo["u"][:, ex], fo["s"][:, ex], fo["w"][:, ex], fch[:, ex], fo["p"][:, ex] = u, s, w, c, p
-    mc = [j for j in range(P) if not exact[j]]
-    if mc:
-        labels = np.where(codes >= 0, cls.rank_of_code(codes), codes)
-        res = simulate_plans(labels, cls.values, per_sample, [plan_list[j] for j in mc], n_orders=n_orders,
-                             seed=seed, split=split)
-        out["u"][:, mc], out["s"][:, mc], out["w"][:, mc], ch[:, mc] = res.utility, res.samples, res.waves, res.channels
-        out["u_se"][:, mc], out["s_se"][:, mc], out["w_se"][:, mc] = res.utility_se, res.samples_se, res.waves_se
-        ch_se[:, mc] = res.channels_se
-        if split and res.fired is not None and res.fired_prob is not None and res.fired_prob_se is not None:
-            f = res.fired
-            fo["u"][:, mc], fo["s"][:, mc], fo["w"][:, mc], fch[:, mc] = f.utility, f.samples, f.waves, f.channels
-            fo["u_se"][:, mc], fo["s_se"][:, mc], fo["w_se"][:, mc] = f.utility_se, f.samples_se, f.waves_se
-            fo["p"][:, mc], fo["p_se"][:, mc], fch_se[:, mc] = res.fired_prob, res.fired_prob_se, f.channels_se
+
+def _kind(plan: Plan, method: str, exact_max_samples: int) -> str:
+    """How a plan's utility is estimated: ``"exact"`` (the lattice), ``"monte-carlo"`` (random orders,
+    :mod:`.montecarlo`) or ``"waves"`` (it stops mid-wave: random orders and finish orders, :mod:`.waves`)."""
+    if plan.stops_in_wave:
+        return "waves"
+    return "exact" if method != "monte-carlo" and plan.max_samples <= exact_max_samples else "monte-carlo"
+
+
+def _result(plans: tuple[Plan, ...], kinds: Sequence[str], names: list[str], out: dict[str, np.ndarray],
+            ch: np.ndarray, ch_se: np.ndarray, fo: dict[str, np.ndarray], fch: np.ndarray, fch_se: np.ndarray,
+            priced: TokensLatency | None, split: bool, n_orders: int, seed: int,
+            prompt_tokens: np.ndarray | None) -> PlanEstimates:
     fired = FiredPart(
         prob=fo["p"], utility=fo["u"], samples=fo["s"], waves=fo["w"],
         channels={k: fch[:, :, i] for i, k in enumerate(names)}, prob_se=fo["p_se"], utility_se=fo["u_se"],
         samples_se=fo["s_se"], waves_se=fo["w_se"], channels_se={k: fch_se[:, :, i] for i, k in enumerate(names)},
+        generated_tokens=None if priced is None else priced.fired_tokens,
+        generated_tokens_se=None if priced is None else priced.fired_tokens_se,
+        latency=None if priced is None else priced.fired_latency,
+        latency_se=None if priced is None else priced.fired_latency_se,
     ) if split else None
     return PlanEstimates(
-        plans=plan_list, utility=out["u"], samples=out["s"], waves=out["w"],
+        plans=plans, utility=out["u"], samples=out["s"], waves=out["w"],
         channels={k: ch[:, :, i] for i, k in enumerate(names)}, utility_se=out["u_se"], samples_se=out["s_se"],
         waves_se=out["w_se"], channels_se={k: ch_se[:, :, i] for i, k in enumerate(names)},
-        method=tuple("exact" if e else "monte-carlo" for e in exact), n_orders=n_orders, seed=seed,
+        method=tuple("exact" if k == "exact" else "monte-carlo" for k in kinds), n_orders=n_orders, seed=seed,
         prompt_tokens=None if prompt_tokens is None else np.asarray(prompt_tokens, dtype=np.float64), fired=fired,
+        generated_tokens=None if priced is None else priced.tokens,
+        generated_tokens_se=None if priced is None else priced.tokens_se,
+        latency=None if priced is None else priced.latency, latency_se=None if priced is None else priced.latency_se,
+        latency_method=() if priced is None else priced.method,
     )
 
 

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from isocompute.solver.plans.montecarlo import Prefix, prefix_states
-from isocompute.solver.plans.plan import PARALLEL, Plan
+from isocompute.solver.plans.plan import Plan
 from isocompute.solver.plans.rules import StoppingRule, VoteStates, stops_unique
 from isocompute.solver.plans.vote_lattice import partitions
 
