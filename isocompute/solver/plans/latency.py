@@ -92,14 +92,18 @@ def is_short_mk(plan: Plan) -> bool:
     return isinstance(plan.rule, FirstRule) and plan.parallel == (True,) and plan.rule.m <= plan.waves[0]
 
 
-def needs_engine(plan: Plan, kind: str, split: bool) -> bool:
-    """Whether :func:`price` needs the wave engine's run of ``plan`` (``kind``: how its utility is
-    estimated, ``"exact"``, ``"monte-carlo"`` or ``"waves"``)."""
-    if kind == "waves" or (kind == "monte-carlo" and not isinstance(plan.rule, NoRule)):
-        return True
-    if kind == "monte-carlo" or isinstance(plan.rule, NoRule):
-        return False
-    return any(w > 1 for w in plan.waves[1:]) or (split and plan.waves[0] > 1)
+def engine_keys(plan: Plan, kind: str, split: bool) -> tuple[str, ...]:
+    """What :func:`price` and the caller need from the wave engine's run of ``plan`` (``kind``: how its
+    utility is estimated, ``"exact"``, ``"monte-carlo"`` or ``"waves"``); () for none."""
+    if kind == "waves":
+        keys = ("u", "s", "w", "ch", "fin") + (() if is_short_mk(plan) else ("gen", "lat"))
+        return keys + tuple("f" + k for k in keys) + ("f",) if split else keys
+    if isinstance(plan.rule, NoRule):
+        return ()
+    if kind == "monte-carlo":
+        return ("lat", "flat") if split else ("lat",)
+    later = any(w > 1 for w in plan.waves[1:])
+    return (("gap",) if later else ()) + (("fdef",) if split and (later or plan.waves[0] > 1) else ())
 
 
 def price(plans: Sequence[Plan], kinds: Sequence[str], lengths: np.ndarray, tokens: np.ndarray,
@@ -120,7 +124,7 @@ def price(plans: Sequence[Plan], kinds: Sequence[str], lengths: np.ndarray, toke
         e = engine_col.get(j)
 
         def eng(key: str, e: int | None = e) -> tuple[np.ndarray, np.ndarray]:
-            assert engine is not None and e is not None  # needs_engine said so
+            assert engine is not None and e is not None  # engine_keys asked for it
             return engine.mean[key][:, e], engine.se[key][:, e]
 
         exact = True
@@ -174,31 +178,37 @@ class Columns:
     tokens: int
 
 
-def price_estimates(plans: Sequence[Plan], kinds: Sequence[str], codes: np.ndarray, labels: np.ndarray, values: np.ndarray,
-           lengths: np.ndarray, per_sample: np.ndarray, cols: Columns, *, n_orders: int, seed: int,
-           split: bool) -> TokensLatency:
+def price_estimates(plans: Sequence[Plan], kinds: Sequence[str], codes: np.ndarray, labels: np.ndarray,
+                    values: np.ndarray, lengths: np.ndarray, per_sample: np.ndarray, cols: Columns, *,
+                    n_orders: int, seed: int, split: bool) -> TokensLatency:
     """Runs the wave engine where needed, fills in the plans that stop mid-wave, prices tokens and latency;
     prompts with an unknown length get NaN wherever lengths matter."""
     real = codes != PAD_CODE
     unknown = (real & np.isnan(lengths)).any(axis=1)
     known = np.where(real, np.nan_to_num(lengths), np.nan)  # NaN marks padding from here on
-    need = [j for j, (p, k) in enumerate(zip(plans, kinds, strict=True)) if needs_engine(p, k, split)]
-    engine = simulate_waves(labels, values, np.nan_to_num(known), per_sample, [plans[j] for j in need],
-                            n_orders=n_orders, seed=seed, split=split) if need else None
+    wants = [engine_keys(p, k, split) for p, k in zip(plans, kinds, strict=True)]
+    need = [j for j, w in enumerate(wants) if w]
+    t = cols.tokens
+    others = [c for c in range(per_sample.shape[2]) if c != t]  # the token channel is the engine's "fin"
+    engine = simulate_waves(labels, values, np.nan_to_num(known), per_sample[:, :, others], [plans[j] for j in need],
+                            n_orders=n_orders, seed=seed, split=split, wants=[wants[j] for j in need]) if need else None
     col = {j: c for c, j in enumerate(need)}
     waves = [j for j in range(len(plans)) if kinds[j] == "waves"]
     if engine is not None and waves:
         e = [col[j] for j in waves]
-        for key in ("u", "s", "w"):
-            cols.out[key][:, waves], cols.out[key + "_se"][:, waves] = engine.mean[key][:, e], engine.se[key][:, e]
-        cols.ch[:, waves], cols.ch_se[:, waves] = engine.mean["ch"][:, e], engine.se["ch"][:, e]
+        pairs = [(cols.out, k, k) for k in ("u", "s", "w")]
         if cols.fired is not None:
-            for key, src in (("p", "f"), ("u", "fu"), ("s", "fs"), ("w", "fw")):
-                cols.fired[key][:, waves], cols.fired[key + "_se"][:, waves] = engine.mean[src][:, e], engine.se[src][:, e]
-            cols.fch[:, waves], cols.fch_se[:, waves] = engine.mean["fch"][:, e], engine.se["fch"][:, e]
+            pairs += [(cols.fired, k, src) for k, src in (("p", "f"), ("u", "fu"), ("s", "fs"), ("w", "fw"))]
+        for target, key, src in pairs:
+            target[key][:, waves], target[key + "_se"][:, waves] = engine.mean[src][:, e], engine.se[src][:, e]
+        for ch, ch_se, prefix in ((cols.ch, cols.ch_se, ""), (cols.fch, cols.fch_se, "f")):
+            if prefix and cols.fired is None:
+                continue
+            ch[np.ix_(np.arange(ch.shape[0]), waves, others)] = engine.mean[prefix + "ch"][:, e]
+            ch_se[np.ix_(np.arange(ch.shape[0]), waves, others)] = engine.se[prefix + "ch"][:, e]
+            ch[:, waves, t], ch_se[:, waves, t] = engine.mean[prefix + "fin"][:, e], engine.se[prefix + "fin"][:, e]
         for a in (*cols.out.values(), cols.ch, cols.ch_se, *(cols.fired or {}).values(), cols.fch, cols.fch_se):
             a[np.ix_(unknown, waves)] = np.nan
-    t = cols.tokens
     tl = price(plans, kinds, known, cols.ch[:, :, t], cols.ch_se[:, :, t], cols.fch[:, :, t] if split else None,
                cols.fch_se[:, :, t] if split else None, engine, col)
     for a in (tl.tokens, tl.tokens_se, tl.latency, tl.latency_se, tl.fired_tokens, tl.fired_tokens_se,

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,8 +50,8 @@ from isocompute.solver.plans.rules import StoppingRule, VoteStates, stops_unique
 from isocompute.solver.plans.vote_lattice import partitions
 
 LATTICE_MAX = 24
-KEYS = ("u", "s", "w", "ch", "gen", "lat", "gap")
-FIRED_KEYS = ("f", "fu", "fs", "fw", "fch", "fgen", "flat", "fdef")  # E[X·1{fired}]; fdef: (tokens − latency)·1{fired}
+KEYS = ("u", "s", "w", "ch", "fin", "gen", "lat", "gap")  # fin: the finished samples' tokens
+FIRED_KEYS = ("f", "fu", "fs", "fw", "fch", "ffin", "fgen", "flat", "fdef")  # E[X·1{fired}]; fdef: (gen − lat)·1{fired}
 
 
 @dataclass(frozen=True, eq=False)
@@ -72,71 +72,99 @@ def random_orders(labels: np.ndarray, k: int, n_orders: int, rng: np.random.Gene
 
 
 def simulate_waves(labels: np.ndarray, values: np.ndarray, lengths: np.ndarray, channels: np.ndarray,
-                   plans: Sequence[Plan], *, n_orders: int = 100, seed: int = 0, chunk: int = 512,
-                   split: bool = False, orders: np.ndarray | None = None) -> WaveEstimates:
+                   plans: Sequence[Plan], *, n_orders: int = 100, seed: int = 0, chunk: int = 128,
+                   split: bool = False, orders: np.ndarray | None = None,
+                   wants: Sequence[Collection[str]] | None = None) -> WaveEstimates:
     """``labels`` (N, n_max) class index ≥ 0, −1 null, −2 padding; ``values`` (N, G) per-class value;
     ``lengths`` (N, n_max) completion tokens; ``channels`` (N, n_max, C). ``orders`` (N, R, ≥ k): given
-    sample orders instead of random ones (e.g. all permutations, for an exact average)."""
+    sample orders instead of random ones (e.g. all permutations, for an exact average). ``wants[j]``: the
+    keys plan j needs (default: all); the others stay 0, and a schedule none of whose plans wants the
+    utility skips the majority credit."""
     N, P, C = labels.shape[0], len(plans), channels.shape[2]
     k = max(p.max_samples for p in plans)
     rng = np.random.default_rng(seed)
     keys = KEYS + (FIRED_KEYS if split else ())
+    want = [set(keys) if wants is None else set(wants[j]) & set(keys) for j in range(P)]
     mean = {key: np.zeros((N, P, C) if key.endswith("ch") else (N, P)) for key in keys}
     se = {key: np.zeros_like(v) for key, v in mean.items()}
+    small = max((p.max_samples for p in plans if p.max_samples <= LATTICE_MAX), default=None)
+    schedules = itertools.groupby(sorted(range(P), key=lambda j: (plans[j].waves, plans[j].modes)),
+                                  key=lambda j: (plans[j].waves, plans[j].modes))
+    groups = [(Plan(w, modes=m), list(js)) for (w, m), js in schedules]
+    integral = bool(np.all(lengths == np.round(lengths))) and float(np.max(lengths, initial=0)) < 2.0**40
     for lo in range(0, N, chunk):
         hi = min(lo + chunk, N)
         o = orders[lo:hi] if orders is not None else random_orders(labels[lo:hi], k, n_orders, rng)
-        R = o.shape[1]
-        per_order = play_orders(labels[lo:hi], values[lo:hi], lengths[lo:hi], channels[lo:hi], plans, o, split)
-        for key, x in per_order.items():  # (rows, P[, C]) → per-prompt means and standard errors
-            x = x.reshape((hi - lo, R) + x.shape[1:])
-            mean[key][lo:hi] = x.mean(axis=1)
-            se[key][lo:hi] = x.std(axis=1, ddof=1) / np.sqrt(R) if R > 1 else np.nan
+        for schedule, js in groups:
+            lattice_k = small if schedule.max_samples <= LATTICE_MAX else None
+            rules = [plans[j].rule for j in js]
+            needs = set().union(*(want[j] for j in js))
+            walk = _walk(labels[lo:hi], values[lo:hi], lengths[lo:hi], channels[lo:hi], o, schedule, lattice_k,
+                         any(r.uses_run for r in rules), integral, bool(needs & {"u", "fu"}))
+            for j, rule in zip(js, rules, strict=True):
+                for key, x in _outcomes(walk, rule, lattice_k, want[j]).items():
+                    mean[key][lo:hi, j], se[key][lo:hi, j] = _mean_se(x, hi - lo, o.shape[1])
     return WaveEstimates(mean=mean, se=se)
 
 
-def play_orders(labels: np.ndarray, values: np.ndarray, lengths: np.ndarray, channels: np.ndarray,
-                plans: Sequence[Plan], orders: np.ndarray, split: bool) -> dict[str, np.ndarray]:
-    """Per order (N·R rows, prompt-major) and plan: the values of :data:`KEYS` (and
-    :data:`FIRED_KEYS`) where the plan stops on that order."""
-    N, R = orders.shape[:2]
-    rows, P, C = N * R, len(plans), channels.shape[2]
-    k = max(p.max_samples for p in plans)
-    keys = KEYS + (FIRED_KEYS if split else ())
-    out = {key: np.zeros((rows, P, C) if key.endswith("ch") else (rows, P)) for key in keys}
-    lattice_k = k if k <= LATTICE_MAX else None
-    schedules = itertools.groupby(sorted(range(P), key=lambda j: (plans[j].waves, plans[j].modes)),
-                                  key=lambda j: (plans[j].waves, plans[j].modes))
-    for (waves, modes), group in schedules:
-        walk = _walk(labels, values, lengths, channels, orders, Plan(waves, modes=modes), lattice_k)
-        r = np.arange(rows)
-        for j in group:
-            at, fired = _stops(plans[j].rule, walk, lattice_k)
-            u, ch = walk.credit[r, at], walk.cumch[r, at]
-            gen, lat = walk.tokens[r, at], walk.latency[r, at]
-            vals = {"u": u, "s": walk.bound_of[at], "w": walk.wave_of[at], "ch": ch, "gen": gen, "lat": lat,
-                    "gap": gen - lat - walk.first_gap}
-            if split:
-                f = fired.astype(np.float64)
-                vals.update(f=f, fu=u * f, fs=vals["s"] * f, fw=vals["w"] * f, fch=ch * f[:, None],
-                            fgen=gen * f, flat=lat * f, fdef=(gen - lat) * f)
-            for key, x in vals.items():
-                out[key][:, j] = x
+def _mean_se(x: np.ndarray, n: int, R: int) -> tuple[np.ndarray, np.ndarray]:
+    """Means over each prompt's R orders (rows prompt-major) and their standard errors s/√R."""
+    x = x.reshape((n, R) + x.shape[1:])
+    d = x - x[:, :1]  # shifted: a constant has exactly zero spread
+    s1, s2 = d.sum(axis=1), (d * d).sum(axis=1)
+    if R < 2:
+        return x[:, 0], np.full(s1.shape, np.nan)
+    var = np.maximum(s2 - s1 * s1 / R, 0.0) / (R - 1)
+    return x[:, 0] + s1 / R, np.sqrt(var / R)
+
+
+def _outcomes(walk: _Walk, rule: StoppingRule, lattice_k: int | None, keys: set[str]) -> dict[str, np.ndarray]:
+    """Per order, the values of ``keys`` (of :data:`KEYS`, :data:`FIRED_KEYS`) where the plan stops."""
+    at, fired = _stops(rule, walk, lattice_k)
+    rows, K1 = walk.cumlen.shape
+    flat = np.arange(rows) * K1 + at
+    f = fired.astype(np.float64)
+    base = {"u": lambda: walk.credit.take(flat), "s": lambda: walk.bound_of[at], "w": lambda: walk.wave_of[at],
+            "ch": lambda: walk.cumch.reshape(rows * K1, -1)[flat], "fin": lambda: walk.cumlen.take(flat),
+            "gen": lambda: walk.tokens.take(flat), "lat": lambda: walk.latency.take(flat)}
+    got: dict[str, np.ndarray] = {}
+
+    def get(key: str) -> np.ndarray:
+        if key not in got:
+            got[key] = base[key]()
+        return got[key]
+
+    out = {}
+    for key in keys:
+        if key == "gap":
+            out[key] = get("gen") - get("lat") - walk.first_gap
+        elif key == "fdef":
+            out[key] = (get("gen") - get("lat")) * f
+        elif key == "f":
+            out[key] = f
+        elif key == "fch":
+            out[key] = get("ch") * f[:, None]
+        elif key in FIRED_KEYS:
+            out[key] = get(key[1:]) * f
+        else:
+            out[key] = get(key)
     return out
 
 
 @dataclass(frozen=True, eq=False)
 class _Walk:
     """One schedule played on every order: per row and finish t = 0…K, the vote type ``lam`` (lattice
-    index; None beyond :data:`LATTICE_MAX`, then ``prefix`` holds the sorted counts), the ``run``, the
-    majority ``credit``, channel totals ``cumch``, and ``tokens``/``latency`` if the plan stopped at t;
-    per t: ``check`` (the rule is looked at), ``wave_of``, ``bound_of`` (samples started)."""
+    index; None beyond :data:`LATTICE_MAX`, then ``prefix`` holds the sorted counts), the ``run`` (None
+    when no rule reads it), the majority ``credit``, the finished samples' channel totals ``cumch`` and
+    tokens ``cumlen``, and ``tokens``/``latency`` if the plan stopped at t; per t: ``check`` (the rule is
+    looked at), ``wave_of``, ``bound_of``."""
 
     lam: np.ndarray | None
     prefix: Prefix | None
-    run: np.ndarray
+    run: np.ndarray | None
     credit: np.ndarray
     cumch: np.ndarray
+    cumlen: np.ndarray
     tokens: np.ndarray
     latency: np.ndarray
     first_gap: np.ndarray
@@ -146,95 +174,131 @@ class _Walk:
 
 
 def _walk(labels: np.ndarray, values: np.ndarray, lengths: np.ndarray, channels: np.ndarray,
-          orders: np.ndarray, schedule: Plan, lattice_k: int | None) -> _Walk:
+          orders: np.ndarray, schedule: Plan, lattice_k: int | None, with_run: bool, integral: bool,
+          with_credit: bool) -> _Walk:
     N, R = orders.shape[:2]
-    K = schedule.max_samples
-    idx = orders[:, :, :K].copy()
-    prompt = np.arange(N)[:, None, None]
-    L = lengths[prompt, idx]
+    K, n_max = schedule.max_samples, labels.shape[1]
+    idx = orders[:, :, :K] + (np.arange(N) * n_max)[:, None, None]  # flat sample indices
+    L = lengths.take(idx)
     lo = 0
     for w, par in zip(schedule.waves, schedule.parallel, strict=True):
-        if par and w > 1:  # finish in length order; the stable sort keeps the random order among ties
-            perm = np.argsort(L[:, :, lo:lo + w], axis=2, kind="stable")
-            idx[:, :, lo:lo + w] = np.take_along_axis(idx[:, :, lo:lo + w], perm, 2)
-            L[:, :, lo:lo + w] = np.take_along_axis(L[:, :, lo:lo + w], perm, 2)
+        if par and w > 1:
+            _finish_order(idx[:, :, lo:lo + w], L[:, :, lo:lo + w], integral)
         lo += w
     rows = N * R
-    seq = labels[prompt, idx].reshape(rows, K)
+    idx = idx.reshape(rows, K)
     L = L.reshape(rows, K)
-    cumch = np.zeros((rows, K + 1, channels.shape[2]))
-    cumch[:, 1:] = np.cumsum(channels[prompt, idx].reshape(rows, K, -1), axis=1)
-    cumlen = np.zeros((rows, K + 1))
+    C = channels.shape[2]
+    cumch = np.zeros((rows, K + 1, C))
+    if C:
+        cumch[:, 1:] = np.cumsum(channels.reshape(-1, C)[idx], axis=1)
+    cumlen, latency = np.zeros((rows, K + 1)), np.zeros((rows, K + 1))
     cumlen[:, 1:] = np.cumsum(L, axis=1)
-    tokens, latency = np.zeros((rows, K + 1)), np.zeros((rows, K + 1))
+    tokens = cumlen.copy() if any(schedule.parallel) else cumlen  # aborted samples' tokens go on top
     check = np.zeros(K + 1, dtype=bool)
     wave_of, bound_of = np.zeros(K + 1), np.zeros(K + 1)
     before, lo = np.zeros(rows), 0
+    first_gap = np.zeros(rows)
     for wave, (w, par) in enumerate(zip(schedule.waves, schedule.parallel, strict=True), start=1):
         hi = lo + w
-        top = L[:, lo:hi].max(axis=1)
-        t = np.arange(lo + 1, hi + 1)
-        tokens[:, lo + 1:hi + 1] = cumlen[:, lo + 1:hi + 1] + (hi - t)[None, :] * L[:, lo:hi]
-        latency[:, lo + 1:hi + 1] = before[:, None] + (L[:, lo:hi] if par else top[:, None])
+        top = L[:, hi - 1]  # sorted: the last finisher is the longest
+        for c in range(lo, hi - 1) if not par else ():
+            top = np.maximum(top, L[:, c])
+        if wave == 1:
+            first_gap = tokens[:, hi] - top
+        if par:
+            tokens[:, lo + 1:hi] += (hi - np.arange(lo + 1, hi))[None, :] * L[:, lo:hi - 1]
+            latency[:, lo + 1:hi + 1] = before[:, None] + L[:, lo:hi]
+        else:
+            latency[:, hi] = before + top
         check[lo + 1:hi + 1] = par
         check[hi] = True
         wave_of[lo + 1:hi + 1], bound_of[lo + 1:hi + 1] = wave, hi
         before = before + top
         lo = hi
-    b1 = schedule.waves[0]
-    first_gap = cumlen[:, b1] - L[:, :b1].max(axis=1)
+    seq = labels.ravel()[idx]
     if lattice_k is None:
         prefix = prefix_states(seq, np.repeat(values, R, axis=0), K)
-        return _Walk(None, prefix, prefix.run, prefix.credit, cumch, tokens, latency, first_gap, check, wave_of,
-                     bound_of)
-    lam, run, credit = _votes(seq, values, R, K, lattice_k)
-    return _Walk(lam, None, run, credit, cumch, tokens, latency, first_gap, check, wave_of, bound_of)
+        return _Walk(None, prefix, prefix.run, prefix.credit, cumch, cumlen, tokens, latency, first_gap, check,
+                     wave_of, bound_of)
+    lam, run, credit = _votes(seq, values, R, lattice_k, with_run, with_credit)
+    return _Walk(lam, None, run, credit, cumch, cumlen, tokens, latency, first_gap, check, wave_of, bound_of)
 
 
-def _votes(seq: np.ndarray, values: np.ndarray, R: int, K: int, lattice_k: int) -> tuple[np.ndarray, ...]:
-    """Per row and t = 0…K: the vote type's lattice index, the run, the majority credit (module doc)."""
-    rows, G = seq.shape[0], values.shape[1]
-    raise_part = _raise_table(lattice_k)
-    counts = np.zeros(rows * G, dtype=np.int32)
-    row_base = np.arange(rows) * G
-    val_base = np.repeat(np.arange(values.shape[0]) * G, R)
-    flat_vals = values.ravel()
+def _finish_order(idx: np.ndarray, L: np.ndarray, integral: bool) -> None:
+    """Sort one parallel-stop wave's samples (``idx``, lengths ``L``; (…, w), in place) into finish order:
+    by length, ties kept in the random order (a stable sort). Integer lengths (< 2⁴⁰) sort as one integer
+    key, length · 2^b + position (several times faster than a stable argsort)."""
+    w = L.shape[-1]
+    if integral:
+        shift = int(w - 1).bit_length()
+        key = np.sort((L.astype(np.int64) << shift) | np.arange(w), axis=-1)
+        idx[...] = np.take_along_axis(idx, key & ((1 << shift) - 1), -1)
+        L[...] = key >> shift
+        return
+    perm = np.argsort(L, axis=-1, kind="stable")
+    idx[...] = np.take_along_axis(idx, perm, -1)
+    L[...] = np.take_along_axis(L, perm, -1)
+
+
+def _votes(seq: np.ndarray, values: np.ndarray, R: int, lattice_k: int, with_run: bool,
+           with_credit: bool) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """Per row and t = 0…K: the vote type's lattice index, the run and the majority credit (if asked)."""
+    rows, K = seq.shape
+    G = values.shape[1] + 1  # one more slot per row, for nulls: its count stays −2, which no count equals
+    raise_part = _raise_table(lattice_k).ravel()
+    counts = np.zeros((rows, G), dtype=np.int8)  # small: the row's counts stay in cache (≤ LATTICE_MAX)
+    counts[:, -1] = -2
+    counts = counts.ravel()
+    slot = np.where(seq >= 0, seq, G - 1) + (np.arange(rows) * G)[:, None]
+    vals = np.hstack([values, np.zeros((values.shape[0], 1))]).ravel()
+    v_all = vals.take(np.where(seq >= 0, seq, G - 1) + np.repeat(np.arange(values.shape[0]) * G, R)[:, None])
     lam = np.zeros((rows, K + 1), dtype=np.int32)
-    run = np.zeros((rows, K + 1), dtype=np.int32)
     credit = np.zeros((rows, K + 1))
     lead = np.zeros(rows, dtype=np.int32)  # the leading count, how many classes hold it, their values' sum
-    n_top = np.zeros(rows, dtype=np.int32)
+    n_top = np.zeros(rows)
     top_sum = np.zeros(rows)
-    cur_lam = np.zeros(rows, dtype=np.int32)
-    cur_run = np.zeros(rows, dtype=np.int32)
-    prev = np.full(rows, -1)
+    cur = np.zeros(rows, dtype=np.int32)
+    width = lattice_k + 3  # raise-table columns: c + 2 for c = −2 (null: unchanged), 0, 1, …
     for t in range(1, K + 1):
-        lab = seq[:, t - 1]
-        vote = lab >= 0
-        g = np.where(vote, lab, 0)
-        c = counts[row_base + g]
-        cur_lam = np.where(vote, raise_part[cur_lam, c], cur_lam)
-        counts[row_base + g] = c + vote
-        v = flat_vals[val_base + g]
-        alone = vote & (c + 1 > lead)
-        joins = vote & (c + 1 == lead)
-        lead = np.where(alone, c + 1, lead)
-        n_top = np.where(alone, 1, n_top + joins)
+        at = slot[:, t - 1]
+        c = counts.take(at).astype(np.int32)
+        cur = raise_part.take(cur * width + (c + 2))
+        counts[at] = c + (c >= 0)  # nulls stay −2
+        lam[:, t] = cur
+        if not with_credit:
+            continue
+        alone = c + 1 > lead
+        joins = c + 1 == lead
+        v = v_all[:, t - 1]
+        lead = np.maximum(lead, c + 1)
+        n_top = np.where(alone, 1.0, n_top + joins)
         top_sum = np.where(alone, v, top_sum + joins * v)
-        credit[:, t] = np.where(n_top > 0, top_sum / np.maximum(n_top, 1), 0.0)
-        cur_run = np.where(vote, np.where(lab == prev, cur_run + 1, 1), 0)
-        prev = lab
-        lam[:, t], run[:, t] = cur_lam, cur_run
+        credit[:, t] = top_sum / np.maximum(n_top, 1.0)
+    run = _runs(seq) if with_run else None
     return lam, run, credit
+
+
+def _runs(seq: np.ndarray) -> np.ndarray:
+    """(rows, K+1) the trailing run of one non-null class after each finish."""
+    rows, K = seq.shape
+    run = np.zeros((rows, K + 1), dtype=np.int64)
+    for t in range(1, K + 1):
+        vote = seq[:, t - 1] >= 0
+        same = vote & (seq[:, t - 1] == seq[:, t - 2]) if t > 1 else np.zeros(rows, dtype=bool)
+        run[:, t] = np.where(same, run[:, t - 1] + 1, vote)
+    return run
 
 
 @functools.lru_cache(maxsize=4)
 def _raise_table(k: int) -> np.ndarray:
-    """(P, k+1): the lattice index of λ with one part c raised to c + 1 (c = 0: a new part 1); −1 past k."""
+    """(P, k+3): column c + 2 holds the lattice index of λ with one part c raised to c + 1 (c = 0: a new
+    part 1; −1 past k); column 0 (c = −2, a null) λ itself."""
     lattice = partitions(k)
-    out = np.full((len(lattice), k + 1), -1, dtype=np.int32)
+    out = np.full((len(lattice), k + 3), -1, dtype=np.int32)
+    out[:, 0] = np.arange(len(lattice))
     for p in range(1, k + 1):
-        out[lattice.dec_src[p], p - 1] = lattice.dec_dst[p]
+        out[lattice.dec_src[p], p + 1] = lattice.dec_dst[p]
     return out
 
 
@@ -255,22 +319,22 @@ def _rule_table(rule: StoppingRule, k: int) -> np.ndarray:
 
 def _stops(rule: StoppingRule, walk: _Walk, lattice_k: int | None) -> tuple[np.ndarray, np.ndarray]:
     """(rows,) the finish at which the plan stops and whether its rule fired there."""
-    rows, K1 = walk.run.shape
-    t = np.arange(K1)
+    rows, K1 = walk.cumlen.shape
+    cols = np.flatnonzero(walk.check)  # the finishes the rule looks at (never t = 0)
     if walk.lam is not None and lattice_k is not None:
-        index = walk.lam
+        index = walk.lam[:, cols] if cols.size < K1 - 1 else walk.lam[:, 1:]
         if rule.uses_run:
-            index = index * (rule.run_cap + 1) + np.minimum(walk.run, rule.run_cap)
+            assert walk.run is not None  # walked with runs: a rule reads them
+            index = index * (rule.run_cap + 1) + np.minimum(walk.run[:, cols], rule.run_cap)
         if rule.uses_samples:
-            index = index * (lattice_k + 1) + t[None, :]
-        fire = _rule_table(rule, lattice_k)[index]
+            index = index * (lattice_k + 1) + cols[None, :]
+        fire = _rule_table(rule, lattice_k).take(index)
     else:
-        fire = np.zeros((rows, K1), dtype=bool)
-        assert walk.prefix is not None  # the walk kept the sorted counts
-        for K in np.flatnonzero(walk.check):
+        fire = np.zeros((rows, cols.size), dtype=bool)
+        assert walk.prefix is not None and walk.run is not None  # the walk kept the sorted counts
+        for i, K in enumerate(cols):
             states = VoteStates(counts=walk.prefix.counts[K], run=walk.run[:, K], samples=np.full(rows, K))
-            fire[:, K] = stops_unique(rule, states)
-    fire &= walk.check[None, :]
-    fired = fire.any(axis=1)
-    at = np.where(fired, fire.argmax(axis=1), K1 - 1)
-    return at, fired
+            fire[:, i] = stops_unique(rule, states)
+    first = fire.argmax(axis=1)
+    fired = fire[np.arange(rows), first]
+    return np.where(fired, cols[first], K1 - 1), fired
