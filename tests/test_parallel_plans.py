@@ -136,6 +136,11 @@ def test_engine_on_all_orders_equals_brute_force(table, lattice_max, monkeypatch
         got = [est.mean[k][0, j] for k in keys] + [est.mean["ch"][0, j, 0]] + \
               [est.mean[k][0, j] for k in ("fu", "fs", "fw", "fgen", "flat", "f", "ffin")]
         np.testing.assert_allclose(got, [*want[:7], want[6], *want[7:]], rtol=1e-12, atol=1e-12, err_msg=plan.name)
+    lean = simulate_waves(labels, values, L, chans[:, :, :0], plans, orders=orders, split=True,
+                          wants=[("s", "gen", "lat", "gap", "fdef")] * len(plans))  # no credit: counts skipped if they can be
+    for key in ("s", "gen", "lat", "gap", "fdef"):
+        np.testing.assert_array_equal(lean.mean[key], est.mean[key], err_msg=key)
+    assert not lean.mean["u"].any()
 
 
 def padded(tables):

@@ -100,7 +100,8 @@ def simulate_waves(labels: np.ndarray, values: np.ndarray, lengths: np.ndarray, 
             rules = [plans[j].rule for j in js]
             needs = set().union(*(want[j] for j in js))
             walk = _walk(labels[lo:hi], values[lo:hi], lengths[lo:hi], channels[lo:hi], o, schedule, lattice_k,
-                         any(r.uses_run for r in rules), integral, bool(needs & {"u", "fu"}))
+                         any(r.uses_run for r in rules), integral, bool(needs & {"u", "fu"}),
+                         any(r.width > 0 for r in rules))
             for j, rule in zip(js, rules, strict=True):
                 for key, x in _outcomes(walk, rule, lattice_k, want[j]).items():
                     mean[key][lo:hi, j], se[key][lo:hi, j] = _mean_se(x, hi - lo, o.shape[1])
@@ -175,7 +176,7 @@ class _Walk:
 
 def _walk(labels: np.ndarray, values: np.ndarray, lengths: np.ndarray, channels: np.ndarray,
           orders: np.ndarray, schedule: Plan, lattice_k: int | None, with_run: bool, integral: bool,
-          with_credit: bool) -> _Walk:
+          with_credit: bool, with_counts: bool) -> _Walk:
     N, R = orders.shape[:2]
     K, n_max = schedule.max_samples, labels.shape[1]
     idx = orders[:, :, :K] + (np.arange(N) * n_max)[:, None, None]  # flat sample indices
@@ -221,7 +222,12 @@ def _walk(labels: np.ndarray, values: np.ndarray, lengths: np.ndarray, channels:
         prefix = prefix_states(seq, np.repeat(values, R, axis=0), K)
         return _Walk(None, prefix, prefix.run, prefix.credit, cumch, cumlen, tokens, latency, first_gap, check,
                      wave_of, bound_of)
-    lam, run, credit = _votes(seq, values, R, lattice_k, with_run, with_credit)
+    if with_credit or with_counts:
+        lam, run, credit = _votes(seq, values, R, lattice_k, with_run, with_credit)
+    else:  # the rules read no counts but whether there is a vote (type (1,) stands for every voted type)
+        lam = np.zeros((rows, K + 1), dtype=np.int32)
+        lam[:, 1:] = np.maximum.accumulate(seq >= 0, axis=1)
+        run, credit = _runs(seq) if with_run else None, np.zeros((rows, K + 1))
     return _Walk(lam, None, run, credit, cumch, cumlen, tokens, latency, first_gap, check, wave_of, bound_of)
 
 
@@ -280,13 +286,16 @@ def _votes(seq: np.ndarray, values: np.ndarray, R: int, lattice_k: int, with_run
 
 
 def _runs(seq: np.ndarray) -> np.ndarray:
-    """(rows, K+1) the trailing run of one non-null class after each finish."""
+    """(rows, K+1) the trailing run of one non-null class after each finish: t − (where it started) + 1,
+    the start being the latest finish that did not repeat the previous answer."""
     rows, K = seq.shape
+    vote = seq >= 0
+    same = np.zeros((rows, K), dtype=bool)
+    same[:, 1:] = vote[:, 1:] & (seq[:, 1:] == seq[:, :-1])
+    t = np.arange(1, K + 1)
+    start = np.maximum.accumulate(np.where(same, 0, t[None, :]), axis=1)
     run = np.zeros((rows, K + 1), dtype=np.int64)
-    for t in range(1, K + 1):
-        vote = seq[:, t - 1] >= 0
-        same = vote & (seq[:, t - 1] == seq[:, t - 2]) if t > 1 else np.zeros(rows, dtype=bool)
-        run[:, t] = np.where(same, run[:, t - 1] + 1, vote)
+    run[:, 1:] = (t[None, :] - start + 1) * vote
     return run
 
 
