@@ -7,8 +7,16 @@ and take expectations of
 * utility: majority vote over answer classes at the point the plan stops; t classes tied at the top
   each get credit 1/t, a class scores the mean correctness of its samples, nulls never vote (a vote of
   nulls only scores 0) — exactly :func:`~isocompute.solver.estimators.majority_at_k`'s convention;
-* samples drawn, waves (requests, i.e. latency), and channel totals: the sum over the drawn samples
-  of per-sample values such as completion tokens or decode FLOPs.
+* samples drawn, waves (requests), and channel totals: the sum over the drawn samples of per-sample
+  values such as completion tokens or decode FLOPs;
+* with completion tokens (the ``completion_tokens`` channel, which doubles as the samples' lengths):
+  tokens generated and latency in tokens of decode time (:mod:`~isocompute.solver.plans.latency`).
+
+Plans with parallel-stop waves (:mod:`~isocompute.solver.plans.plan`) finish in length order inside such a
+wave, ties broken uniformly at random, and stop at the finish where the rule fires; ``samples`` then
+counts the samples started, ``channels`` the finished samples' values, tokens generated add the aborted
+samples' partial tokens. Their finish order depends on lengths, so they are Monte Carlo
+(:mod:`~isocompute.solver.plans.waves`) unless their rule never fires (then they are waiting plans).
 
 Exact method (:mod:`~isocompute.solver.plans.exact`): the lattice of vote types, which says how many label
 sequences of each type stop where, contracted with the prompt's class sums — for waiting plans (and

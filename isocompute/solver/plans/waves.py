@@ -256,31 +256,32 @@ def _votes(seq: np.ndarray, values: np.ndarray, R: int, lattice_k: int, with_run
     counts = np.zeros((rows, G), dtype=np.int8)  # small: the row's counts stay in cache (≤ LATTICE_MAX)
     counts[:, -1] = -2
     counts = counts.ravel()
-    slot = np.where(seq >= 0, seq, G - 1) + (np.arange(rows) * G)[:, None]
+    slot = (np.where(seq >= 0, seq, G - 1) + (np.arange(rows) * G)[:, None]).T.copy()  # time-major: (K, rows)
     vals = np.hstack([values, np.zeros((values.shape[0], 1))]).ravel()
-    v_all = vals.take(np.where(seq >= 0, seq, G - 1) + np.repeat(np.arange(values.shape[0]) * G, R)[:, None])
-    lam = np.zeros((rows, K + 1), dtype=np.int32)
-    credit = np.zeros((rows, K + 1))
+    v_all = vals.take(np.where(seq >= 0, seq, G - 1) + np.repeat(np.arange(values.shape[0]) * G, R)[:, None]).T.copy()
+    lam = np.zeros((K + 1, rows), dtype=np.int32)
+    credit = np.zeros((K + 1, rows))
     lead = np.zeros(rows, dtype=np.int32)  # the leading count, how many classes hold it, their values' sum
     n_top = np.zeros(rows)
     top_sum = np.zeros(rows)
     cur = np.zeros(rows, dtype=np.int32)
     width = lattice_k + 3  # raise-table columns: c + 2 for c = −2 (null: unchanged), 0, 1, …
     for t in range(1, K + 1):
-        at = slot[:, t - 1]
-        c = counts.take(at).astype(np.int32)
+        at = slot[t - 1]
+        c = counts.take(at)
         cur = raise_part.take(cur * width + (c + 2))
         counts[at] = c + (c >= 0)  # nulls stay −2
-        lam[:, t] = cur
+        lam[t] = cur
         if not with_credit:
             continue
         alone = c + 1 > lead
         joins = c + 1 == lead
-        v = v_all[:, t - 1]
+        v = v_all[t - 1]
         lead = np.maximum(lead, c + 1)
         n_top = np.where(alone, 1.0, n_top + joins)
         top_sum = np.where(alone, v, top_sum + joins * v)
-        credit[:, t] = top_sum / np.maximum(n_top, 1.0)
+        np.divide(top_sum, np.maximum(n_top, 1.0), out=credit[t])
+    lam, credit = lam.T.copy(), credit.T.copy()
     run = _runs(seq) if with_run else None
     return lam, run, credit
 
