@@ -88,24 +88,42 @@ def simulate_waves(labels: np.ndarray, values: np.ndarray, lengths: np.ndarray, 
     mean = {key: np.zeros((N, P, C) if key.endswith("ch") else (N, P)) for key in keys}
     se = {key: np.zeros_like(v) for key, v in mean.items()}
     small = max((p.max_samples for p in plans if p.max_samples <= LATTICE_MAX), default=None)
-    schedules = itertools.groupby(sorted(range(P), key=lambda j: (plans[j].waves, plans[j].modes)),
-                                  key=lambda j: (plans[j].waves, plans[j].modes))
-    groups = [(Plan(w, modes=m), list(js)) for (w, m), js in schedules]
+    by_schedule = itertools.groupby(sorted(range(P), key=lambda j: (plans[j].waves, plans[j].modes)),
+                                    key=lambda j: (plans[j].waves, plans[j].modes))
+    groups = [(Plan(w, modes=m), list(js)) for (w, m), js in by_schedule]
+    # schedules that sort the same stretches of the order finish alike: one walk serves them (the longest)
+    alike: dict[tuple, list[tuple[Plan, list[int]]]] = {}
+    for schedule, js in groups:
+        alike.setdefault(_sorted_stretches(schedule), []).append((schedule, js))
     integral = bool(np.all(lengths == np.round(lengths))) and float(np.max(lengths, initial=0)) < 2.0**40
     for lo in range(0, N, chunk):
         hi = min(lo + chunk, N)
         o = orders[lo:hi] if orders is not None else random_orders(labels[lo:hi], k, n_orders, rng)
-        for schedule, js in groups:
-            lattice_k = small if schedule.max_samples <= LATTICE_MAX else None
+        for stretches, members in alike.items():
+            K = max(sched.max_samples for sched, _ in members)
+            lattice_k = small if K <= LATTICE_MAX else None
+            js = [j for _, jj in members for j in jj]
             rules = [plans[j].rule for j in js]
             needs = set().union(*(want[j] for j in js))
-            walk = _walk(labels[lo:hi], values[lo:hi], lengths[lo:hi], channels[lo:hi], o, schedule, lattice_k,
-                         any(r.uses_run for r in rules), integral, bool(needs & {"u", "fu"}),
-                         any(r.width > 0 for r in rules))
-            for j, rule in zip(js, rules, strict=True):
-                for key, x in _outcomes(walk, rule, lattice_k, want[j]).items():
-                    mean[key][lo:hi, j], se[key][lo:hi, j] = _mean_se(x, hi - lo, o.shape[1])
+            seq = _sequence(labels[lo:hi], values[lo:hi], lengths[lo:hi], channels[lo:hi], o[:, :, :K], stretches,
+                            lattice_k, integral, with_run=any(r.uses_run for r in rules),
+                            with_credit=bool(needs & {"u", "fu"}), with_counts=any(r.width > 0 for r in rules))
+            for schedule, jj in members:
+                walk = _schedule_walk(seq, schedule)
+                for j in jj:
+                    for key, x in _outcomes(walk, plans[j].rule, lattice_k, want[j]).items():
+                        mean[key][lo:hi, j], se[key][lo:hi, j] = _mean_se(x, hi - lo, o.shape[1])
     return WaveEstimates(mean=mean, se=se)
+
+
+def _sorted_stretches(schedule: Plan) -> tuple[tuple[int, int], ...]:
+    """The stretches [lo, hi) of the order a schedule re-sorts by length: its parallel-stop waves of ≥ 2."""
+    out, lo = [], 0
+    for w, par in zip(schedule.waves, schedule.parallel, strict=True):
+        if par and w > 1:
+            out.append((lo, lo + w))
+        lo += w
+    return tuple(out)
 
 
 def _mean_se(x: np.ndarray, n: int, R: int) -> tuple[np.ndarray, np.ndarray]:
@@ -153,12 +171,26 @@ def _outcomes(walk: _Walk, rule: StoppingRule, lattice_k: int | None, keys: set[
 
 
 @dataclass(frozen=True, eq=False)
+class _Sequence:
+    """One finish order on every order (rows), t = 0…K: the lengths ``L`` (rows, K) in finish order, the
+    vote type ``lam`` (lattice index; None beyond :data:`LATTICE_MAX`, then ``prefix`` holds the sorted
+    counts), the ``run`` (None when no rule reads it), the majority ``credit``, and the finished
+    samples' channel totals ``cumch`` and tokens ``cumlen``."""
+
+    L: np.ndarray
+    lam: np.ndarray | None
+    prefix: Prefix | None
+    run: np.ndarray | None
+    credit: np.ndarray
+    cumch: np.ndarray
+    cumlen: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
 class _Walk:
-    """One schedule played on every order: per row and finish t = 0…K, the vote type ``lam`` (lattice
-    index; None beyond :data:`LATTICE_MAX`, then ``prefix`` holds the sorted counts), the ``run`` (None
-    when no rule reads it), the majority ``credit``, the finished samples' channel totals ``cumch`` and
-    tokens ``cumlen``, and ``tokens``/``latency`` if the plan stopped at t; per t: ``check`` (the rule is
-    looked at), ``wave_of``, ``bound_of``."""
+    """One schedule on its finish order (:class:`_Sequence`, cut to its K): per row and t, ``tokens`` and
+    ``latency`` if the plan stopped at t, ``first_gap`` per row; per t ``check`` (the rule is looked at),
+    ``wave_of``, ``bound_of`` (the samples started)."""
 
     lam: np.ndarray | None
     prefix: Prefix | None
@@ -174,18 +206,14 @@ class _Walk:
     bound_of: np.ndarray
 
 
-def _walk(labels: np.ndarray, values: np.ndarray, lengths: np.ndarray, channels: np.ndarray,
-          orders: np.ndarray, schedule: Plan, lattice_k: int | None, with_run: bool, integral: bool,
-          with_credit: bool, with_counts: bool) -> _Walk:
-    N, R = orders.shape[:2]
-    K, n_max = schedule.max_samples, labels.shape[1]
-    idx = orders[:, :, :K] + (np.arange(N) * n_max)[:, None, None]  # flat sample indices
+def _sequence(labels: np.ndarray, values: np.ndarray, lengths: np.ndarray, channels: np.ndarray,
+              orders: np.ndarray, stretches: tuple[tuple[int, int], ...], lattice_k: int | None, integral: bool, *,
+              with_run: bool, with_credit: bool, with_counts: bool) -> _Sequence:
+    N, R, K = orders.shape
+    idx = orders + (np.arange(N) * labels.shape[1])[:, None, None]  # flat sample indices
     L = lengths.take(idx)
-    lo = 0
-    for w, par in zip(schedule.waves, schedule.parallel, strict=True):
-        if par and w > 1:
-            _finish_order(idx[:, :, lo:lo + w], L[:, :, lo:lo + w], integral)
-        lo += w
+    for lo, hi in stretches:
+        _finish_order(idx[:, :, lo:hi], L[:, :, lo:hi], integral)
     rows = N * R
     idx = idx.reshape(rows, K)
     L = L.reshape(rows, K)
@@ -193,9 +221,27 @@ def _walk(labels: np.ndarray, values: np.ndarray, lengths: np.ndarray, channels:
     cumch = np.zeros((rows, K + 1, C))
     if C:
         cumch[:, 1:] = np.cumsum(channels.reshape(-1, C)[idx], axis=1)
-    cumlen, latency = np.zeros((rows, K + 1)), np.zeros((rows, K + 1))
+    cumlen = np.zeros((rows, K + 1))
     cumlen[:, 1:] = np.cumsum(L, axis=1)
+    seq = labels.ravel()[idx]
+    if lattice_k is None:
+        prefix = prefix_states(seq, np.repeat(values, R, axis=0), K)
+        return _Sequence(L, None, prefix, prefix.run, prefix.credit, cumch, cumlen)
+    if with_credit or with_counts:
+        lam, run, credit = _votes(seq, values, R, lattice_k, with_run, with_credit)
+    else:  # the rules read no counts but whether there is a vote (type (1,) stands for every voted type)
+        lam = np.zeros((rows, K + 1), dtype=np.int32)
+        lam[:, 1:] = np.maximum.accumulate(seq >= 0, axis=1)
+        run, credit = _runs(seq) if with_run else None, np.zeros((rows, K + 1))
+    return _Sequence(L, lam, None, run, credit, cumch, cumlen)
+
+
+def _schedule_walk(seq: _Sequence, schedule: Plan) -> _Walk:
+    K = schedule.max_samples
+    L, cumlen = seq.L[:, :K], seq.cumlen[:, : K + 1]
+    rows = L.shape[0]
     tokens = cumlen.copy() if any(schedule.parallel) else cumlen  # aborted samples' tokens go on top
+    latency = np.zeros((rows, K + 1))
     check = np.zeros(K + 1, dtype=bool)
     wave_of, bound_of = np.zeros(K + 1), np.zeros(K + 1)
     before, lo = np.zeros(rows), 0
@@ -217,18 +263,9 @@ def _walk(labels: np.ndarray, values: np.ndarray, lengths: np.ndarray, channels:
         wave_of[lo + 1:hi + 1], bound_of[lo + 1:hi + 1] = wave, hi
         before = before + top
         lo = hi
-    seq = labels.ravel()[idx]
-    if lattice_k is None:
-        prefix = prefix_states(seq, np.repeat(values, R, axis=0), K)
-        return _Walk(None, prefix, prefix.run, prefix.credit, cumch, cumlen, tokens, latency, first_gap, check,
-                     wave_of, bound_of)
-    if with_credit or with_counts:
-        lam, run, credit = _votes(seq, values, R, lattice_k, with_run, with_credit)
-    else:  # the rules read no counts but whether there is a vote (type (1,) stands for every voted type)
-        lam = np.zeros((rows, K + 1), dtype=np.int32)
-        lam[:, 1:] = np.maximum.accumulate(seq >= 0, axis=1)
-        run, credit = _runs(seq) if with_run else None, np.zeros((rows, K + 1))
-    return _Walk(lam, None, run, credit, cumch, cumlen, tokens, latency, first_gap, check, wave_of, bound_of)
+    cut = slice(0, K + 1)
+    return _Walk(None if seq.lam is None else seq.lam[:, cut], seq.prefix, None if seq.run is None else seq.run[:, cut],
+                 seq.credit[:, cut], seq.cumch[:, cut], cumlen, tokens, latency, first_gap, check, wave_of, bound_of)
 
 
 def _finish_order(idx: np.ndarray, L: np.ndarray, integral: bool) -> None:
@@ -346,5 +383,5 @@ def _stops(rule: StoppingRule, walk: _Walk, lattice_k: int | None) -> tuple[np.n
             states = VoteStates(counts=walk.prefix.counts[K], run=walk.run[:, K], samples=np.full(rows, K))
             fire[:, i] = stops_unique(rule, states)
     first = fire.argmax(axis=1)
-    fired = fire[np.arange(rows), first]
+    fired = fire.ravel().take(np.arange(rows) * fire.shape[1] + first)
     return np.where(fired, cols[first], K1 - 1), fired
