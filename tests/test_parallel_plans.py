@@ -334,3 +334,19 @@ def test_plan_errors():
         Plan((4, 4), parse_rule("lead"), (PARALLEL,))
     with pytest.raises(InputError, match="mode must be"):
         plan_family("lead", mode="eager")
+
+
+def test_long_plans_and_the_sorted_counts_path_agree_with_the_lattice_path(monkeypatch):
+    rng = np.random.default_rng(8)
+    codes = rng.integers(-1, 5, size=(25, 30))
+    lengths = rng.integers(1, 40, size=(25, 30)).astype(float)
+    names = ["lead:m=2@1x2,2,4,8", "window:w=3@3x5,1", "lead:m=2@1x26", "lead:m=2@8s", "bayes:B=5@26s",
+             "first:m=3@4s,8s", "beta:p=0.9@2s,4s,8s,12"]
+    kw = dict(channels={TOKENS: lengths}, split=True, n_orders=30, seed=4)
+    fast = estimate_plans(codes, codes == 1, names, **kw)
+    monkeypatch.setattr(waves_module, "LATTICE_MAX", 1)  # every walk sorts the counts
+    slow = estimate_plans(codes, codes == 1, names, **kw)
+    for a, b in ((fast.utility, slow.utility), (fast.latency, slow.latency), (fast.tokens, slow.tokens),
+                 (fast.fired.prob, slow.fired.prob), (fast.fired.latency, slow.fired.latency)):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-9)
+    assert np.all(fast.latency <= fast.tokens + 1e-9) and np.all(fast.latency_se[:, 3:] > 0)

@@ -155,7 +155,9 @@ class PlanEstimates:
     def cost(self, unit: CostUnit, *, model: ModelFlops | None = None, prefix_caching: bool = True) -> np.ndarray:
         """C[i, j] in ``unit``: expected samples, completion tokens, or FLOPs. FLOPs = prefill(p_i) ·
         (1 with prefix caching, else E[waves]) + E[Σ decode FLOPs of the drawn samples]; they need the
-        ``decode_flops`` channel (:func:`estimate_table` with ``model``) and prompt tokens."""
+        ``decode_flops`` channel (:func:`estimate_table` with ``model``) and prompt tokens. For plans that
+        stop mid-wave the channel holds the finished samples' FLOPs only: aborted samples' partial decode
+        is not priced in FLOPs yet (it is in ``tokens``)."""
         if unit == "samples":
             return self.samples
         if unit == "tokens":

@@ -28,7 +28,8 @@ along the lattice's edges (:mod:`~isocompute.solver.plans.vote_lattice`: one par
 decision is a table over types (× run, × samples finished) computed once per rule, and the majority
 credit follows the leading count (a class reaching it joins the leaders, one passing it leads alone).
 Plans beyond :data:`LATTICE_MAX` samples sort the counts instead (:func:`montecarlo.prefix_states`).
-Means over ``n_orders`` orders per prompt, standard errors s/√R.
+Schedules that re-sort the same stretches of the order (all waiting ones, say) share one walk. Means
+over ``n_orders`` orders per prompt (the same orders for every plan), standard errors s/√R.
 
 Worked example: samples (answer, length) (a, 300), (b, 120), (a, 200), (a, 900) under ``lead:m=1@4s``:
 every order finishes b first, the lead is 1, the rule fires: utility = [b correct], samples 4, tokens
@@ -94,12 +95,12 @@ def simulate_waves(labels: np.ndarray, values: np.ndarray, lengths: np.ndarray, 
     # schedules that sort the same stretches of the order finish alike: one walk serves them (the longest)
     alike: dict[tuple, list[tuple[Plan, list[int]]]] = {}
     for schedule, js in groups:
-        alike.setdefault(_sorted_stretches(schedule), []).append((schedule, js))
+        alike.setdefault((_sorted_stretches(schedule), schedule.max_samples > LATTICE_MAX), []).append((schedule, js))
     integral = bool(np.all(lengths == np.round(lengths))) and float(np.max(lengths, initial=0)) < 2.0**40
     for lo in range(0, N, chunk):
         hi = min(lo + chunk, N)
         o = orders[lo:hi] if orders is not None else random_orders(labels[lo:hi], k, n_orders, rng)
-        for stretches, members in alike.items():
+        for (stretches, _), members in alike.items():
             K = max(sched.max_samples for sched, _ in members)
             lattice_k = small if K <= LATTICE_MAX else None
             js = [j for _, jj in members for j in jj]
