@@ -71,13 +71,25 @@ class TokensLatency:
 def order_stat_means(lengths: np.ndarray, w: int, i: int) -> np.ndarray:
     """(N,) E[the i-th smallest length of a uniformly random w-subset of each row's samples]; ``lengths``
     (N, n_max) with NaN for padding (rows hold ≥ w samples)."""
-    L = np.sort(np.where(np.isnan(lengths), np.inf, lengths), axis=1)
-    n = np.isfinite(L).sum(axis=1)
-    out = np.zeros(L.shape[0])
-    for size in np.unique(n):
-        rows = n == size
-        out[rows] = L[rows, :size] @ _weights(int(size), w, i)
-    return out
+    return _OrderStats(lengths)(w, i)
+
+
+class _OrderStats:
+    """:func:`order_stat_means` for one table, its lengths sorted once and each (w, i) computed once."""
+
+    def __init__(self, lengths: np.ndarray) -> None:
+        self.L = np.sort(np.where(np.isnan(lengths), np.inf, lengths), axis=1)
+        n = np.isfinite(self.L).sum(axis=1)
+        self.groups = [(n == size, int(size)) for size in np.unique(n)]
+        self.memo: dict[tuple[int, int], np.ndarray] = {}
+
+    def __call__(self, w: int, i: int) -> np.ndarray:
+        if (w, i) not in self.memo:
+            out = np.zeros(self.L.shape[0])
+            for rows, size in self.groups:
+                out[rows] = self.L[rows, :size] @ _weights(size, w, i)
+            self.memo[w, i] = out
+        return self.memo[w, i]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -119,6 +131,7 @@ def price(plans: Sequence[Plan], kinds: Sequence[str], lengths: np.ndarray, toke
     gen, gen_se, lat, lat_se = (np.zeros((N, P)) for _ in range(4))
     fgen, fgen_se, flat, flat_se = (np.zeros((N, P)) for _ in range(4))
     mean_len = np.nanmean(lengths, axis=1)
+    order_stat = _OrderStats(lengths)
     method = []
     for j, (plan, kind) in enumerate(zip(plans, kinds, strict=True)):
         e = engine_col.get(j)
@@ -130,8 +143,8 @@ def price(plans: Sequence[Plan], kinds: Sequence[str], lengths: np.ndarray, toke
         exact = True
         if is_short_mk(plan):
             m, k = plan.rule.m, plan.waves[0]  # type: ignore[attr-defined]
-            lat[:, j] = order_stat_means(lengths, k, m)
-            gen[:, j] = sum(order_stat_means(lengths, k, i) for i in range(1, m + 1)) + (k - m) * lat[:, j]
+            lat[:, j] = order_stat(k, m)
+            gen[:, j] = sum(order_stat(k, i) for i in range(1, m + 1)) + (k - m) * lat[:, j]
             fgen[:, j], flat[:, j] = gen[:, j], lat[:, j]
         elif kind == "waves":
             (gen[:, j], gen_se[:, j]), (lat[:, j], lat_se[:, j]) = eng("gen"), eng("lat")
@@ -143,7 +156,7 @@ def price(plans: Sequence[Plan], kinds: Sequence[str], lengths: np.ndarray, toke
             if split:
                 fgen[:, j], fgen_se[:, j] = fired_tokens[:, j], fired_tokens_se[:, j]  # type: ignore[index]
             if isinstance(plan.rule, NoRule):
-                lat[:, j] = sum(order_stat_means(lengths, w, w) for w in plan.waves)
+                lat[:, j] = sum(order_stat(w, w) for w in plan.waves)
             elif kind == "monte-carlo":
                 (lat[:, j], lat_se[:, j]) = eng("lat")
                 if split:
@@ -152,7 +165,7 @@ def price(plans: Sequence[Plan], kinds: Sequence[str], lengths: np.ndarray, toke
             else:
                 w1, exact = plan.waves[0], not any(w > 1 for w in plan.waves[1:])
                 gap, gap_se = (z, z) if exact else eng("gap")
-                lat[:, j] = tokens[:, j] - (w1 * mean_len - order_stat_means(lengths, w1, w1)) - gap
+                lat[:, j] = tokens[:, j] - (w1 * mean_len - order_stat(w1, w1)) - gap
                 lat_se[:, j] = gap_se
                 if split:
                     fdef, fdef_se = (z, z) if exact and w1 == 1 else eng("fdef")

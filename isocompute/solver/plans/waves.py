@@ -294,11 +294,13 @@ def _votes(seq: np.ndarray, values: np.ndarray, R: int, lattice_k: int, with_run
     counts = np.zeros((rows, G), dtype=np.int8)  # small: the row's counts stay in cache (≤ LATTICE_MAX)
     counts[:, -1] = -2
     counts = counts.ravel()
-    slot = (np.where(seq >= 0, seq, G - 1) + (np.arange(rows) * G)[:, None]).T.copy()  # time-major: (K, rows)
-    vals = np.hstack([values, np.zeros((values.shape[0], 1))]).ravel()
-    v_all = vals.take(np.where(seq >= 0, seq, G - 1) + np.repeat(np.arange(values.shape[0]) * G, R)[:, None]).T.copy()
+    cls = np.where(seq >= 0, seq, G - 1)
+    slot = (cls + (np.arange(rows) * G)[:, None]).T.copy()  # time-major: (K, rows)
+    if with_credit:
+        vals = np.hstack([values, np.zeros((values.shape[0], 1))]).ravel()
+        v_all = vals.take(cls + np.repeat(np.arange(values.shape[0]) * G, R)[:, None]).T.copy()
     lam = np.zeros((K + 1, rows), dtype=np.int32)
-    credit = np.zeros((K + 1, rows))
+    credit = np.zeros((K + 1, rows) if with_credit else (1, 1))
     lead = np.zeros(rows, dtype=np.int32)  # the leading count, how many classes hold it, their values' sum
     n_top = np.zeros(rows)
     top_sum = np.zeros(rows)
@@ -319,7 +321,7 @@ def _votes(seq: np.ndarray, values: np.ndarray, R: int, lattice_k: int, with_run
         n_top = np.where(alone, 1.0, n_top + joins)
         top_sum = np.where(alone, v, top_sum + joins * v)
         np.divide(top_sum, np.maximum(n_top, 1.0), out=credit[t])
-    lam, credit = lam.T.copy(), credit.T.copy()
+    lam, credit = lam.T.copy(), credit.T.copy() if with_credit else np.zeros((rows, K + 1))
     run = _runs(seq) if with_run else None
     return lam, run, credit
 
