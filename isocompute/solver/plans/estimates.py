@@ -7,19 +7,20 @@ and take expectations of
 * utility: majority vote over answer classes at the point the plan stops; t classes tied at the top
   each get credit 1/t, a class scores the mean correctness of its samples, nulls never vote (a vote of
   nulls only scores 0) — exactly :func:`~isocompute.solver.estimators.majority_at_k`'s convention;
-* samples drawn, waves (requests, i.e. latency), and channel totals: the sum over the drawn samples
-  of per-sample values such as completion tokens or decode FLOPs.
+* samples drawn, waves (requests), and channel totals: the sum over the drawn samples of per-sample
+  values such as completion tokens or decode FLOPs;
+* with completion tokens (the ``completion_tokens`` channel, which doubles as the samples' lengths):
+  tokens generated and latency in tokens of decode time (:mod:`~isocompute.solver.plans.latency`).
 
-Exact method. With the lattice of vote types (:mod:`~isocompute.solver.plans.vote_lattice`: a_π(λ, ν), how
-many label sequences of each type stop at each boundary) and the prompt's class sums
-(:mod:`~isocompute.solver.plans.vote_polynomials`: M0, MU, MW over labelled count vectors of each type),
+Plans with parallel-stop waves (:mod:`~isocompute.solver.plans.plan`) finish in length order inside such a
+wave, ties broken uniformly at random, and stop at the finish where the rule fires; ``samples`` then
+counts the samples started, ``channels`` the finished samples' values, tokens generated add the aborted
+samples' partial tokens. Their finish order depends on lengths, so they are Monte Carlo
+(:mod:`~isocompute.solver.plans.waves`) unless their rule never fires (then they are waiting plans).
 
-    P(stop with ν nulls and votes λ) = a_π(λ, ν) · (m₀)_ν · M0[λ] / (n)_K,        K = |λ| + ν,
-    U = Σ a_π(λ, ν) (m₀)_ν MU[λ] / (t_λ (n)_K),      E[channel] = Σ a_π (m₀)_ν (MW[λ] + ν w₀ M0[λ]) / (n)_K
-
-(t_λ = how many parts tie at the top, w₀ the nulls' mean channel value). The contraction is a matrix
-product per partition size over all plans at once. It needs the partitions of up to the largest plan's
-samples (915 for 16, 7,338 for 24), which is the method's limit, not the number of answer classes.
+Exact method (:mod:`~isocompute.solver.plans.exact`): the lattice of vote types, which says how many label
+sequences of each type stop where, contracted with the prompt's class sums — for waiting plans (and
+parallel-stop plans whose rule never fires) of up to ``exact_max_samples`` samples.
 
 Monte Carlo (:mod:`~isocompute.solver.plans.montecarlo`) serves larger plans, with standard errors; the
 exact method's standard errors are 0. ``method="auto"`` uses exact for plans of ≤ ``exact_max_samples``.
@@ -53,11 +54,11 @@ import numpy as np
 
 from isocompute.errors import InputError
 from isocompute.flops import ModelFlops, decode_flops, prefill_flops
-from isocompute.solver.outcomes import NULL_CODE, PAD_CODE, OutcomeTable
+from isocompute.solver.outcomes import PAD_CODE, OutcomeTable
+from isocompute.solver.plans.exact import classes, exact_estimates
+from isocompute.solver.plans.latency import Columns, TokensLatency, price_estimates
 from isocompute.solver.plans.montecarlo import simulate_plans
 from isocompute.solver.plans.plan import Plan, parse_plan
-from isocompute.solver.plans.vote_lattice import partitions, stop_counts
-from isocompute.solver.plans.vote_polynomials import class_sums, falling
 
 Method = Literal["auto", "exact", "monte-carlo"]
 CostUnit = Literal["samples", "tokens", "flops"]
@@ -68,7 +69,8 @@ TOKENS, DECODE = "completion_tokens", "decode_flops"
 class FiredPart:
     """The part of each expectation where the plan's rule fired (module docstring), each (N, P):
     ``prob`` = P(fired); ``utility``, ``samples``, ``waves`` and ``channels[name]`` are E[X·1{fired}];
-    ``*_se`` their standard errors (0 for exact plans)."""
+    ``*_se`` their standard errors (0 for exact plans); ``generated_tokens`` and ``latency`` likewise when
+    the estimates have them (:class:`PlanEstimates`)."""
 
     prob: np.ndarray
     utility: np.ndarray
@@ -80,10 +82,14 @@ class FiredPart:
     samples_se: np.ndarray
     waves_se: np.ndarray
     channels_se: dict[str, np.ndarray]
+    generated_tokens: np.ndarray | None = None
+    generated_tokens_se: np.ndarray | None = None
+    latency: np.ndarray | None = None
+    latency_se: np.ndarray | None = None
 
     def subset(self, idx: np.ndarray) -> FiredPart:
-        return FiredPart(**{k: ({c: v[idx] for c, v in x.items()} if isinstance(x, dict) else x[idx])
-                            for k, x in vars(self).items()})
+        return FiredPart(**{k: ({c: v[idx] for c, v in x.items()} if isinstance(x, dict) else
+                                None if x is None else x[idx]) for k, x in vars(self).items()})
 
 
 @dataclass(frozen=True, eq=False)
@@ -95,6 +101,13 @@ class PlanEstimates:
     (``"exact"`` or ``"monte-carlo"``, then with ``n_orders`` orders per prompt from ``seed``).
     ``prompt_tokens`` (N,) is kept for FLOP costs (NaN when unknown). ``fired`` holds the split by stop
     reason when estimated with ``split=True`` (else None).
+
+    With the ``completion_tokens`` channel (the samples' lengths) come ``generated_tokens`` (tokens
+    actually generated, aborted samples' partial tokens included) and ``latency`` (in tokens of decode
+    time, no per-wave overhead: :meth:`total_latency`), with standard errors; ``latency_method[j]`` says
+    whether plan j's latency is exact (:mod:`~isocompute.solver.plans.latency`). Without it they are None.
+    For plans that stop mid-wave, ``samples`` counts the samples started and ``channels`` sum over the
+    samples that finished (aborted samples' partial values are only in ``generated_tokens``).
     """
 
     plans: tuple[Plan, ...]
@@ -111,14 +124,29 @@ class PlanEstimates:
     seed: int
     prompt_tokens: np.ndarray | None = None
     fired: FiredPart | None = None
+    generated_tokens: np.ndarray | None = None
+    generated_tokens_se: np.ndarray | None = None
+    latency: np.ndarray | None = None
+    latency_se: np.ndarray | None = None
+    latency_method: tuple[str, ...] = ()
 
     @property
     def names(self) -> list[str]:
         return [p.name for p in self.plans]
 
+    def total_latency(self, overhead: float = 0.0) -> np.ndarray:
+        """(N, P) expected latency with ``overhead`` tokens' worth of time per wave: decode + overhead · waves."""
+        if self.latency is None:
+            raise InputError("these estimates have no latency; estimate them with completion_tokens "
+                             "(a table with completion_tokens on every sample).")
+        return self.latency + overhead * self.waves
+
     @property
     def tokens(self) -> np.ndarray:
-        """(N, P) expected completion tokens drawn (needs the ``completion_tokens`` channel)."""
+        """(N, P) expected completion tokens generated (needs the ``completion_tokens`` channel); for
+        waiting plans the same as the channel: every drawn sample's tokens."""
+        if self.generated_tokens is not None:
+            return self.generated_tokens
         if TOKENS not in self.channels:
             raise InputError("these estimates have no completion-token channel; estimate them with "
                              "completion_tokens (a table with completion_tokens on every sample).")
@@ -127,7 +155,9 @@ class PlanEstimates:
     def cost(self, unit: CostUnit, *, model: ModelFlops | None = None, prefix_caching: bool = True) -> np.ndarray:
         """C[i, j] in ``unit``: expected samples, completion tokens, or FLOPs. FLOPs = prefill(p_i) ·
         (1 with prefix caching, else E[waves]) + E[Σ decode FLOPs of the drawn samples]; they need the
-        ``decode_flops`` channel (:func:`estimate_table` with ``model``) and prompt tokens."""
+        ``decode_flops`` channel (:func:`estimate_table` with ``model``) and prompt tokens. For plans that
+        stop mid-wave the channel holds the finished samples' FLOPs only: aborted samples' partial decode
+        is not priced in FLOPs yet (it is in ``tokens``)."""
         if unit == "samples":
             return self.samples
         if unit == "tokens":
@@ -146,10 +176,12 @@ class PlanEstimates:
         idx = np.asarray(indices)
         idx = np.flatnonzero(idx) if idx.dtype == bool else idx.astype(np.int64)
         rows = {k: getattr(self, k)[idx] for k in ("utility", "samples", "waves", "utility_se", "samples_se", "waves_se")}
+        rows.update({k: None if getattr(self, k) is None else getattr(self, k)[idx]
+                     for k in ("generated_tokens", "generated_tokens_se", "latency", "latency_se")})
         return PlanEstimates(
             plans=self.plans, channels={k: v[idx] for k, v in self.channels.items()},
             channels_se={k: v[idx] for k, v in self.channels_se.items()}, method=self.method,
-            n_orders=self.n_orders, seed=self.seed,
+            n_orders=self.n_orders, seed=self.seed, latency_method=self.latency_method,
             prompt_tokens=None if self.prompt_tokens is None else self.prompt_tokens[idx],
             fired=None if self.fired is None else self.fired.subset(idx), **rows,
         )
@@ -183,7 +215,56 @@ def estimate_plans(answer_codes: np.ndarray, correct: np.ndarray, plans: Sequenc
     """Estimates for N prompts: ``answer_codes`` (N, n_max) as in an :class:`OutcomeTable` (classes ≥ 0,
     −1 null, −2 padding; a row's codes need not be dense), ``correct`` (N, n_max); ``channels`` name →
     (N, n_max) per-sample values (e.g. completion tokens; NaN makes that prompt's channel NaN). Plans may
-    be given by name. ``split``: also the part where each plan's rule fired (:class:`FiredPart`)."""
+    be given by name. ``split``: also the part where each plan's rule fired (:class:`FiredPart`). The
+    ``completion_tokens`` channel doubles as the samples' lengths: with it come tokens generated and
+    latency, and plans that stop mid-wave (which need it; a prompt with a NaN length gets NaN there)."""
+    plan_list, codes, corr, chans = _checked(answer_codes, correct, plans, channels, method, exact_max_samples)
+    kinds = [_kind(p, method, exact_max_samples) for p in plan_list]
+    if "waves" in kinds and TOKENS not in chans:
+        j = kinds.index("waves")
+        raise InputError(f"plan {plan_list[j].name} stops mid-wave, and its samples finish in length order: it "
+                         f"needs the {TOKENS!r} channel (a table with completion_tokens on every sample).")
+    names = list(chans)
+    per_sample = np.stack([np.where(codes != PAD_CODE, chans[k], 0.0) for k in names], axis=2) if names \
+        else np.zeros(codes.shape + (0,))
+    cls = classes(codes, corr, per_sample)
+    N, P, C = codes.shape[0], len(plan_list), len(names)
+    out = {k: np.zeros((N, P)) for k in ("u", "s", "w", "u_se", "s_se", "w_se")}
+    ch, ch_se = np.zeros((N, P, C)), np.zeros((N, P, C))
+    fo = {k: np.zeros((N, P)) for k in ("p", "u", "s", "w", "p_se", "u_se", "s_se", "w_se")}
+    fch, fch_se = np.zeros((N, P, C)), np.zeros((N, P, C))
+    ex = [j for j in range(P) if kinds[j] == "exact"]
+    if ex:
+        u, s, w, c, _ = exact_estimates(cls, [plan_list[j] for j in ex], chunk)
+        out["u"][:, ex], out["s"][:, ex], out["w"][:, ex], ch[:, ex] = u, s, w, c
+        if split:
+            u, s, w, c, p = exact_estimates(cls, [plan_list[j] for j in ex], chunk, part="fired")
+            fo["u"][:, ex], fo["s"][:, ex], fo["w"][:, ex], fch[:, ex], fo["p"][:, ex] = u, s, w, c, p
+    mc = [j for j in range(P) if kinds[j] == "monte-carlo"]
+    labels = np.where(codes >= 0, cls.rank_of_code(codes), codes)
+    if mc:
+        res = simulate_plans(labels, cls.values, per_sample, [plan_list[j] for j in mc], n_orders=n_orders,
+                             seed=seed, split=split)
+        out["u"][:, mc], out["s"][:, mc], out["w"][:, mc], ch[:, mc] = res.utility, res.samples, res.waves, res.channels
+        out["u_se"][:, mc], out["s_se"][:, mc], out["w_se"][:, mc] = res.utility_se, res.samples_se, res.waves_se
+        ch_se[:, mc] = res.channels_se
+        if split and res.fired is not None and res.fired_prob is not None and res.fired_prob_se is not None:
+            f = res.fired
+            fo["u"][:, mc], fo["s"][:, mc], fo["w"][:, mc], fch[:, mc] = f.utility, f.samples, f.waves, f.channels
+            fo["u_se"][:, mc], fo["s_se"][:, mc], fo["w_se"][:, mc] = f.utility_se, f.samples_se, f.waves_se
+            fo["p"][:, mc], fo["p_se"][:, mc], fch_se[:, mc] = res.fired_prob, res.fired_prob_se, f.channels_se
+    priced = None
+    if TOKENS in chans:
+        cols = Columns(out, ch, ch_se, fo if split else None, fch, fch_se, names.index(TOKENS))
+        priced = price_estimates(plan_list, kinds, codes, labels, cls.values, chans[TOKENS], per_sample, cols,
+                        n_orders=n_orders, seed=seed, split=split)
+    return _result(plan_list, kinds, names, out, ch, ch_se, fo, fch, fch_se, priced, split, n_orders, seed,
+                   prompt_tokens)
+
+
+def _checked(answer_codes: np.ndarray, correct: np.ndarray, plans: Sequence[Plan | str],
+             channels: Mapping[str, np.ndarray] | None, method: str,
+             exact_max_samples: int) -> tuple[tuple[Plan, ...], np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     plan_list = tuple(p if isinstance(p, Plan) else parse_plan(p) for p in plans)
     if not plan_list:
         raise InputError("estimate_plans needs at least one plan (e.g. default_plans()).")
@@ -206,48 +287,43 @@ def estimate_plans(answer_codes: np.ndarray, correct: np.ndarray, plans: Sequenc
     if method == "exact" and worst.max_samples > exact_max_samples:
         raise InputError(f"plan {worst.name} draws up to {worst.max_samples} samples, beyond the exact "
                          f"method's {exact_max_samples}; use method='auto' or 'monte-carlo', or raise exact_max_samples.")
-    exact = [method != "monte-carlo" and p.max_samples <= exact_max_samples for p in plan_list]
+    if method == "exact" and (mid := next((p for p in plan_list if p.stops_in_wave), None)) is not None:
+        raise InputError(f"plan {mid.name} stops mid-wave: its finish order follows the samples' lengths, which "
+                         "only Monte Carlo estimates; use method='auto'.")
+    return plan_list, codes, corr, chans
 
-    names = list(chans)
-    per_sample = np.stack([np.where(codes != PAD_CODE, chans[k], 0.0) for k in names], axis=2) if names \
-        else np.zeros(codes.shape + (0,))
-    cls = _classes(codes, corr, per_sample)
-    N, P, C = codes.shape[0], len(plan_list), len(names)
-    out = {k: np.zeros((N, P)) for k in ("u", "s", "w", "u_se", "s_se", "w_se")}
-    ch, ch_se = np.zeros((N, P, C)), np.zeros((N, P, C))
-    fo = {k: np.zeros((N, P)) for k in ("p", "u", "s", "w", "p_se", "u_se", "s_se", "w_se")}
-    fch, fch_se = np.zeros((N, P, C)), np.zeros((N, P, C))
-    ex = [j for j in range(P) if exact[j]]
-    if ex:
-        u, s, w, c, _ = _exact(cls, [plan_list[j] for j in ex], chunk)
-        out["u"][:, ex], out["s"][:, ex], out["w"][:, ex], ch[:, ex] = u, s, w, c
-        if split:
-            u, s, w, c, p = _exact(cls, [plan_list[j] for j in ex], chunk, part="fired")
-            fo["u"][:, ex], fo["s"][:, ex], fo["w"][:, ex], fch[:, ex], fo["p"][:, ex] = u, s, w, c, p
-    mc = [j for j in range(P) if not exact[j]]
-    if mc:
-        labels = np.where(codes >= 0, cls.rank_of_code(codes), codes)
-        res = simulate_plans(labels, cls.values, per_sample, [plan_list[j] for j in mc], n_orders=n_orders,
-                             seed=seed, split=split)
-        out["u"][:, mc], out["s"][:, mc], out["w"][:, mc], ch[:, mc] = res.utility, res.samples, res.waves, res.channels
-        out["u_se"][:, mc], out["s_se"][:, mc], out["w_se"][:, mc] = res.utility_se, res.samples_se, res.waves_se
-        ch_se[:, mc] = res.channels_se
-        if split and res.fired is not None and res.fired_prob is not None and res.fired_prob_se is not None:
-            f = res.fired
-            fo["u"][:, mc], fo["s"][:, mc], fo["w"][:, mc], fch[:, mc] = f.utility, f.samples, f.waves, f.channels
-            fo["u_se"][:, mc], fo["s_se"][:, mc], fo["w_se"][:, mc] = f.utility_se, f.samples_se, f.waves_se
-            fo["p"][:, mc], fo["p_se"][:, mc], fch_se[:, mc] = res.fired_prob, res.fired_prob_se, f.channels_se
+
+def _kind(plan: Plan, method: str, exact_max_samples: int) -> str:
+    """How a plan's utility is estimated: ``"exact"`` (the lattice), ``"monte-carlo"`` (random orders,
+    :mod:`.montecarlo`) or ``"waves"`` (it stops mid-wave: random orders and finish orders, :mod:`.waves`)."""
+    if plan.stops_in_wave:
+        return "waves"
+    return "exact" if method != "monte-carlo" and plan.max_samples <= exact_max_samples else "monte-carlo"
+
+
+def _result(plans: tuple[Plan, ...], kinds: Sequence[str], names: list[str], out: dict[str, np.ndarray],
+            ch: np.ndarray, ch_se: np.ndarray, fo: dict[str, np.ndarray], fch: np.ndarray, fch_se: np.ndarray,
+            priced: TokensLatency | None, split: bool, n_orders: int, seed: int,
+            prompt_tokens: np.ndarray | None) -> PlanEstimates:
     fired = FiredPart(
         prob=fo["p"], utility=fo["u"], samples=fo["s"], waves=fo["w"],
         channels={k: fch[:, :, i] for i, k in enumerate(names)}, prob_se=fo["p_se"], utility_se=fo["u_se"],
         samples_se=fo["s_se"], waves_se=fo["w_se"], channels_se={k: fch_se[:, :, i] for i, k in enumerate(names)},
+        generated_tokens=None if priced is None else priced.fired_tokens,
+        generated_tokens_se=None if priced is None else priced.fired_tokens_se,
+        latency=None if priced is None else priced.fired_latency,
+        latency_se=None if priced is None else priced.fired_latency_se,
     ) if split else None
     return PlanEstimates(
-        plans=plan_list, utility=out["u"], samples=out["s"], waves=out["w"],
+        plans=plans, utility=out["u"], samples=out["s"], waves=out["w"],
         channels={k: ch[:, :, i] for i, k in enumerate(names)}, utility_se=out["u_se"], samples_se=out["s_se"],
         waves_se=out["w_se"], channels_se={k: ch_se[:, :, i] for i, k in enumerate(names)},
-        method=tuple("exact" if e else "monte-carlo" for e in exact), n_orders=n_orders, seed=seed,
+        method=tuple("exact" if k == "exact" else "monte-carlo" for k in kinds), n_orders=n_orders, seed=seed,
         prompt_tokens=None if prompt_tokens is None else np.asarray(prompt_tokens, dtype=np.float64), fired=fired,
+        generated_tokens=None if priced is None else priced.tokens,
+        generated_tokens_se=None if priced is None else priced.tokens_se,
+        latency=None if priced is None else priced.latency, latency_se=None if priced is None else priced.latency_se,
+        latency_method=() if priced is None else priced.method,
     )
 
 
@@ -266,103 +342,3 @@ def estimate_table(table: OutcomeTable, plans: Sequence[Plan | str], *, model: M
         channels[DECODE] = np.where(table.mask, decode_flops(model, table.prompt_tokens[:, None], ct), 0.0)
     return estimate_plans(table.answer_codes, table.correct, plans, channels=channels,
                           prompt_tokens=table.prompt_tokens, **kwargs)  # type: ignore[arg-type]
-
-
-# --------------------------------------------------------------------------------------------- internals
-
-
-@dataclass(frozen=True, eq=False)
-class _Classes:
-    """Per prompt: n, nulls m₀ and their channel means w₀ (N, C); per class, largest first: sizes,
-    values and channel means (N, G[, C]); ``rank`` (N, G_code) maps a row's code to its class index."""
-
-    n: np.ndarray
-    nulls: np.ndarray
-    null_w: np.ndarray
-    sizes: np.ndarray
-    values: np.ndarray
-    weights: np.ndarray
-    rank: np.ndarray
-
-    def rank_of_code(self, codes: np.ndarray) -> np.ndarray:
-        return np.take_along_axis(self.rank, np.maximum(codes, 0), axis=1)
-
-
-def _classes(codes: np.ndarray, correct: np.ndarray, per_sample: np.ndarray) -> _Classes:
-    N, C = codes.shape[0], per_sample.shape[2]
-    G = max(int(codes.max(initial=-1)) + 1, 1)
-    voting = codes >= 0
-    row = np.broadcast_to(np.arange(N)[:, None], codes.shape)
-    key = (row * G + codes)[voting]
-    counts = np.bincount(key, minlength=N * G).reshape(N, G).astype(np.float64)
-    right = np.bincount(key, weights=correct[voting], minlength=N * G).reshape(N, G)
-    chan = np.stack([np.bincount(key, weights=per_sample[..., c][voting], minlength=N * G).reshape(N, G)
-                     for c in range(C)], axis=2) if C else np.zeros((N, G, 0))
-    null = codes == NULL_CODE
-    nulls = null.sum(axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        null_w = np.where(nulls[:, None] > 0, (per_sample * null[..., None]).sum(axis=1) / nulls[:, None], 0.0)
-        values = np.where(counts > 0, right / counts, 0.0)
-        weights = np.where(counts[..., None] > 0, chan / counts[..., None], 0.0)
-    order = np.argsort(-counts, axis=1, kind="stable")
-    rank = np.empty_like(order)
-    np.put_along_axis(rank, order, np.arange(G)[None, :].repeat(N, 0), axis=1)
-    return _Classes(
-        n=(codes != PAD_CODE).sum(axis=1), nulls=nulls, null_w=null_w,
-        sizes=np.take_along_axis(counts, order, 1).astype(np.int64), values=np.take_along_axis(values, order, 1),
-        weights=np.take_along_axis(weights, order[:, :, None], 1), rank=rank,
-    )
-
-
-def _exact(cls: _Classes, plans: Sequence[Plan], chunk: int,
-           part: Literal["all", "fired"] = "all") -> tuple[np.ndarray, ...]:
-    """(N, P) utility, samples, waves, (N, P, C) channels and (N, P) probability of every plan's stops
-    in ``part`` (all of them, or where the rule fired), exactly: E[X·1{part}] and P(part)."""
-    k = max(p.max_samples for p in plans)
-    lat = partitions(k)
-    P = len(plans)
-    wave_of = np.zeros((P, k + 1))  # wave index at each boundary
-    ties = np.array([lam.count(lam[0]) if lam else 1 for lam in lat.items], dtype=np.float64)
-    sizes_idx = [np.flatnonzero(lat.size == s) for s in range(k + 1)]
-    # per partition size s: A_s[λ, ν, plan] = the plan's stop count for votes λ and ν ≤ k − s nulls
-    A_s = [np.zeros((idx.size, k + 1 - s, P)) for s, idx in enumerate(sizes_idx)]
-    for j, plan in enumerate(plans):
-        for wave, K in enumerate(plan.boundaries, start=1):
-            wave_of[j, K] = wave
-        counts = stop_counts(plan, k, part)
-        for s in range(k + 1):
-            A_s[s][:, :, j] = counts[sizes_idx[s], : k + 1 - s]
-    N, C = cls.sizes.shape[0], cls.weights.shape[2]
-    Q = 2 + C  # contracted quantities: M0, MU / ties, MW per channel
-    res_u, res_s, res_w, res_p = np.zeros((N, P)), np.zeros((N, P)), np.zeros((N, P)), np.zeros((N, P))
-    res_c = np.zeros((N, P, C))
-    by_nulls = np.argsort(cls.nulls, kind="stable")  # chunks of similar null counts skip more columns
-    for lo in range(0, N, chunk):
-        rows = by_nulls[lo:lo + chunk]
-        n = rows.size
-        G = int((cls.sizes[rows] > 0).sum(axis=1).max(initial=1))
-        sums = class_sums(cls.sizes[rows, :G], cls.values[rows, :G], cls.weights[rows, :G], lat)
-        f_null = falling(cls.nulls[rows], k).T  # (ν, n)
-        inv_n = 1.0 / falling(cls.n[rows], k).T  # (K, n); plans never exceed a prompt's n
-        v_max = int(cls.nulls[rows].max())
-        z = np.zeros((k + 1, P, Q, n))  # by K = |λ| + ν
-        znu = np.zeros((k + 1, P, n))
-        for s in range(k + 1):
-            idx = sizes_idx[s]
-            nv = min(k - s, v_max) + 1
-            At = A_s[s][:, :nv].reshape(idx.size, nv * P).T  # ((ν, plan), λ)
-            if not At.any():
-                continue
-            M = np.concatenate([sums.m0[idx], sums.mu[idx] / ties[idx, None], *sums.mw[:, idx]], axis=1)
-            y = (At @ M).reshape(nv, P, Q, n) * f_null[:nv, None, None, :]
-            z[s:s + nv] += y
-            znu[s:s + nv] += y[:, :, 0] * np.arange(nv)[:, None, None]
-        tot = (z * inv_n[:, None, None, :]).sum(axis=0)  # (P, Q, n)
-        prob = z[:, :, 0] * inv_n[:, None, :]  # (K, P, n): P(stop at K samples)
-        res_u[rows] = tot[:, 1].T
-        res_p[rows] = tot[:, 0].T
-        res_s[rows] = (prob * np.arange(k + 1)[:, None, None]).sum(axis=0).T
-        res_w[rows] = (prob * wave_of.T[:, :, None]).sum(axis=0).T
-        nulls_drawn = (znu * inv_n[:, None, :]).sum(axis=0).T  # (n, P) expected nulls drawn
-        res_c[rows] = tot[:, 2:].transpose(2, 0, 1) + nulls_drawn[:, :, None] * cls.null_w[rows][:, None, :]
-    return res_u, res_s, res_w, res_c, res_p

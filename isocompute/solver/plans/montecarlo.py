@@ -137,7 +137,8 @@ def stop_points(plan: Plan, prefix: Prefix, *, check_last: bool = True) -> StopP
         fire = np.zeros(rows, dtype=bool)
         if not last or check_last:
             idx = np.flatnonzero(alive)
-            fire[idx] = stops_unique(plan.rule, VoteStates(counts=prefix.counts[K][idx], run=prefix.run[idx, K]))
+            fire[idx] = stops_unique(plan.rule, VoteStates(counts=prefix.counts[K][idx], run=prefix.run[idx, K],
+                                                            samples=np.full(idx.size, K)))
         stop = alive.copy() if last else fire
         out.fired[fire] = True
         out.samples[stop] = K

@@ -10,15 +10,19 @@ A vote state (:class:`VoteStates`, one row per state) holds all the rules may lo
 
 * ``counts`` — the votes of each answer class, sorted descending (the labels do not matter).
   **Null answers never vote**: a sample with no answer is drawn and paid for but adds no count, a
-  state whose samples are all null has no leader, and no rule stops on zero votes;
+  state whose samples are all null has no leader, and no rule but ``first`` stops on zero votes;
 * ``run`` — how many of the latest samples agree (the trailing run of one non-null class; a null
-  ends it). Only ESC's window reads it; it depends on the order of the samples, not only on counts.
+  ends it). Only ESC's window reads it; it depends on the order of the samples, not only on counts;
+* ``samples`` — how many samples have finished, nulls included (only ``first`` reads it).
 
 Rules (``stop`` ⟺ statistic ≥ threshold; ``prob`` in :class:`StopDecision` is that statistic):
 
 ``none``                 never stops early (the plan draws all its waves).
 ``lead:m=M``             the leader leads the runner-up by ≥ M votes (statistic c₁ − c₂).
 ``window:w=W``           the latest W samples are one answer (ESC, Li et al. 2024; statistic: the run).
+``first:m=M``            M samples have finished, nulls included (short-m@k, Hassid et al. 2025: with one
+                         parallel-stop wave of k, vote among the first M to finish). The one rule that
+                         stops without votes: M nulls finish the plan with an empty vote (utility 0).
 ``beta:p=P``             Adaptive-Consistency's Beta rule (Aggarwal et al. 2023): with the top two
                          counts c₁, c₂ and a uniform prior, P(x > ½) for x ~ Beta(c₁+1, c₂+1) ≥ P,
                          in closed form ``scipy.stats.beta.sf(0.5, c₁+1, c₂+1)``.
@@ -70,10 +74,12 @@ ALL_COUNTS = 1 << 62  # a rule's ``width`` when its statistic reads every count
 @dataclass(frozen=True, eq=False)
 class VoteStates:
     """Vote states, one per row: ``counts`` (S, W) sorted descending and zero-padded, ``run`` (S,) the
-    trailing run of one non-null answer."""
+    trailing run of one non-null answer, ``samples`` (S,) the samples finished, nulls included (None
+    where the caller's rules do not read it: :attr:`StoppingRule.uses_samples`)."""
 
     counts: np.ndarray
     run: np.ndarray
+    samples: np.ndarray | None = None
 
     @property
     def votes(self) -> np.ndarray:
@@ -109,7 +115,7 @@ def vote_state(answers: Sequence[Hashable | None]) -> tuple[VoteStates, Hashable
         if a is None or (run and a != answers[-1]):
             break
         run += 1
-    states = VoteStates(counts=counts, run=np.array([run]))
+    states = VoteStates(counts=counts, run=np.array([run]), samples=np.array([len(answers)]))
     return states, (ranked[0][0] if ranked else None)
 
 
@@ -120,6 +126,7 @@ class StoppingRule:
     width: ClassVar[int] = 0  # how many of the largest counts ``statistic`` reads (ALL_COUNTS: all)
     uses_run: ClassVar[bool] = False  # reads ``run`` (then ``run_cap``: runs longer than it look the same)
     run_cap: ClassVar[int] = 0
+    uses_samples: ClassVar[bool] = False  # reads ``samples`` (the samples finished, nulls included)
 
     @property
     def threshold(self) -> float:
@@ -317,28 +324,52 @@ class BestOfInfinityRule(StoppingRule):
         return best_of_infinity.bayes_factor(states.counts, self.alpha)
 
 
+@dataclass(frozen=True)
+class FirstRule(StoppingRule):
+    m: int = 1
+    kind: ClassVar[str] = "first"
+    uses_samples: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        _int_at_least("first", "m", self.m, 1)
+
+    @property
+    def threshold(self) -> float:
+        return float(self.m)
+
+    def statistic(self, states: VoteStates) -> np.ndarray:
+        if states.samples is None:
+            raise ValueError("the first rule reads VoteStates.samples (the samples finished, nulls included)")
+        return np.asarray(states.samples, dtype=np.float64)
+
+    def stops(self, states: VoteStates) -> np.ndarray:
+        return self.statistic(states) >= self.threshold  # nulls count as finished: no vote needed
+
+
 def stops_unique(rule: StoppingRule, states: VoteStates) -> np.ndarray:
     """``rule.stops(states)``, evaluating the statistic once per distinct state the rule can tell apart:
     its ``width`` largest counts (at least the largest, which says whether there are votes; at most the
-    states' classes with votes, so ``ALL_COUNTS`` keys on every count) and the run (capped) if it reads it.
-    The Dirichlet rules cost milliseconds per distinct state."""
+    states' classes with votes, so ``ALL_COUNTS`` keys on every count), the run (capped) if it reads it, and
+    the samples finished if it reads them. The Dirichlet rules cost milliseconds per distinct state."""
     seen = int((states.counts > 0).sum(axis=1).max(initial=0))  # counts sorted descending: zeros trail
     w = max(min(rule.width, seen), 1)
-    key = states.top(w)
+    cols = [states.top(w)]
     if rule.uses_run:
-        key = np.hstack([key, np.minimum(states.run, rule.run_cap)[:, None]])
-    uniq, inv = np.unique(key, axis=0, return_inverse=True)
+        cols.append(np.minimum(states.run, rule.run_cap)[:, None])
+    if rule.uses_samples:
+        cols.append(np.asarray(states.samples)[:, None])
+    uniq, inv = np.unique(np.hstack(cols), axis=0, return_inverse=True)
     run = uniq[:, w] if rule.uses_run else np.zeros(len(uniq), np.int64)
-    sub = VoteStates(counts=uniq[:, :w], run=run)
+    sub = VoteStates(counts=uniq[:, :w], run=run, samples=uniq[:, -1] if rule.uses_samples else None)
     return rule.stops(sub)[inv.ravel()]
 
 
 RULES: dict[str, type[StoppingRule]] = {
     r.kind: r for r in (NoRule, LeadRule, WindowRule, BetaRule, DirichletRule, BayesFactorRule,
-                        BestOfInfinityRule)
+                        BestOfInfinityRule, FirstRule)
 }
 _GRAMMAR = ("a rule is KIND or KIND:NAME=VALUE,…, e.g. none, lead:m=2, window:w=3, beta:p=0.95, "
-            "dirichlet:p=0.95,top=5, bayes:B=10,alpha=0.3,top=5, boinf:B=10,alpha=0.3")
+            "dirichlet:p=0.95,top=5, bayes:B=10,alpha=0.3,top=5, boinf:B=10,alpha=0.3, first:m=3")
 
 
 def parse_rule(text: str) -> StoppingRule:

@@ -164,7 +164,7 @@ def _both_parts(plan: Plan, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _stop_counts(plan: Plan, lattice: Partitions) -> tuple[np.ndarray, np.ndarray]:
     k, P = lattice.k, len(lattice)
-    stop_here = _rule_stops(plan, lattice)  # (P,) bool: a rule reads the counts (and the run) only
+    stop_here = _rule_stops(plan, lattice, 0)  # (P,) bool: a rule reads the counts (and the samples) only
     out = np.zeros((P, k + 1))
     fired = np.zeros((P, k + 1))
     alive = np.zeros((P, k + 1))
@@ -180,6 +180,8 @@ def _stop_counts(plan: Plan, lattice: Partitions) -> tuple[np.ndarray, np.ndarra
                 nxt[dst] += lattice.dec_mult[p][:, None] * alive[lattice.dec_src[p]]
         alive = nxt
         if t in bounds:
+            if plan.rule.uses_samples:
+                stop_here = _rule_stops(plan, lattice, t)
             firing = alive * stop_here[:, None]
             fired += firing  # states at time t are those with |λ| + ν = t: supports never overlap
             stopping = firing if t < last else alive
@@ -192,7 +194,9 @@ def _stop_counts_run(plan: Plan, lattice: Partitions) -> tuple[np.ndarray, np.nd
     """:func:`stop_counts` for rules that read the trailing run (ESC's window); see the module doc."""
     k, P = lattice.k, len(lattice)
     w = plan.rule.run_cap
-    stop_here = _rule_stops(plan, lattice)  # (P, w+1) bool by run length
+    if plan.rule.uses_samples:
+        raise ValueError(f"{plan.name}: a rule may read the run or the samples finished, not both")
+    stop_here = _rule_stops(plan, lattice, 0)  # (P, w+1) bool by run length
     # a[λ, ν, q, r]; q = count of the run's class (0 with r = 0: the last sample was null, or none yet)
     a = np.zeros((P, k + 1, k + 1, w + 1))
     a[0, 0, 0, 0] = 1.0
@@ -232,13 +236,14 @@ def _stop_counts_run(plan: Plan, lattice: Partitions) -> tuple[np.ndarray, np.nd
     return out, fired
 
 
-def _rule_stops(plan: Plan, lattice: Partitions) -> np.ndarray:
-    """The rule's decision on every vote type: (P,) bool, or (P, w+1) by run length for run rules."""
+def _rule_stops(plan: Plan, lattice: Partitions, t: int) -> np.ndarray:
+    """The rule's decision on every vote type after ``t`` samples (read only by rules that count the
+    samples finished): (P,) bool, or (P, w+1) by run length for run rules."""
     rule = plan.rule
     counts = lattice.parts[:, : max(rule.width, 1)]
     P = len(lattice)
     if not rule.uses_run:
-        return stops_unique(rule, VoteStates(counts=counts, run=np.zeros(P, np.int64)))
+        return stops_unique(rule, VoteStates(counts=counts, run=np.zeros(P, np.int64), samples=np.full(P, t)))
     w = rule.run_cap
     runs = np.repeat(np.arange(w + 1), P)
     states = VoteStates(counts=np.tile(counts, (w + 1, 1)), run=runs)
