@@ -78,12 +78,19 @@ def _print_table(summary: dict[str, Any]) -> None:
         top = sorted(summary["plan_share"].items(), key=lambda x: -x[1])[:6]
         t.add_row(f"plans ({len(summary['plans'])} in the menu)", "  ".join(f"{n}:{s:.2f}" for n, s in top))
         t.add_row("expected samples / waves", f"{summary['expected_samples']:.4g} / {summary['expected_waves']:.3g}")
+    timed = "mean_latency" in summary
+    if timed:
+        t.add_row("latency budget (samples' waits)", f"{summary['latency_budget']:.6g} (+{summary['wave_overhead']:g}"
+                                                     f" per wave; 1.0 = {summary['latency_unit_tokens']:.6g} tokens)")
+        t.add_row("μ*", f"{summary['mu']:.6g}")
+        t.add_row("mean latency / tokens (expected)", f"{summary['mean_latency']:.4g} / {summary['mean_tokens']:.6g}")
     console.print(t)
     u = Table(title="uniform k (same k for every prompt)")
-    for col in ("k", "mean cost", "mean utility"):
+    for col in ("k", "mean cost", "mean utility", *(("mean latency", "mean tokens") if timed else ())):
         u.add_column(col, justify="right")
     for row in summary["uniform"]:
-        u.add_row(str(row["k"]), f"{row['mean_cost']:.6g}", f"{row['mean_utility']:.4f}")
+        u.add_row(str(row["k"]), f"{row['mean_cost']:.6g}", f"{row['mean_utility']:.4f}",
+                  *((f"{row['mean_latency']:.4g}", f"{row['mean_tokens']:.6g}") if timed else ()))
     console.print(u)
     if summary["message"]:
         console.print(summary["message"])

@@ -38,8 +38,10 @@ prompt, ``{"id", "action", "p", "utility", "cost"}``, the action by its stable n
 ``p_hi`` for a prompt that mixes); ``summary.json`` the budget, λ, the models cheapest first, the menu by
 kind, each kind's and model's share and each model's uniform maj@k at the budget (None outside its range).
 
-Budgets are mean costs per prompt in the cost unit: mean samples per request for ``samples``, mean
-FLOPs per request for ``flops``. Ignores: anything about features or policies (the fit stage).
+With ``latency_budget`` (plans; units of one sample's mean completion length, plus ``wave_overhead`` per
+wave) both budgets are solved exactly (:mod:`isocompute.stages.solutions`); summary.json then adds the
+mean latency and tokens of the solution and of each uniform none@k. Budgets are mean costs per prompt in the
+cost unit. Ignores: anything about features or policies (the fit stage).
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from isocompute.stages.parsing import (
     parse_plans,
     resolve_budgets,
 )
+from isocompute.stages.solutions import check_latency_options, write_solution
 
 SCHEMA_VERSION = 1
 KIND = "solution"
@@ -112,6 +115,11 @@ class SolveConfig:
         "error", choices=("error", "infeasible"),
         help="prompts with fewer samples than the largest action: refuse the table, or keep them and mark the "
              "actions above their sample count infeasible for them only")
+    latency_budget: float | None = option(
+        None, type=float, help="also cap the mean latency, in units of one sample's mean completion length on the "
+                               "table (1.0 = waiting for one sample; needs token counts; plans only)")
+    wave_overhead: float = option(0.0, type=float, help="with --latency-budget: latency added per wave (prefill, "
+                                                        "queueing), in the same units")
     out: Path = option(type=Path, help="artifact directory to write (replaced atomically)")
     models: ModelInputs = group(ModelInputs)
 
@@ -127,6 +135,7 @@ class SolveConfig:
             raise InputError(f"--cost-unit must be one of {', '.join(COST_UNITS)}; you passed {self.cost_unit!r}.")
         if self.rounding not in ("mix", "deterministic"):
             raise InputError(f"--rounding must be mix or deterministic; you passed {self.rounding!r}.")
+        check_latency_options(self.latency_budget, self.rounding, self.wave_overhead)
         if self.model_config is not None and self.cost_unit != "flops":
             raise InputError("--model-config only matters with --cost-unit flops; add that or drop --model-config.")
 
@@ -137,6 +146,8 @@ def solve(cfg: SolveConfig) -> dict[str, Any]:
     if cfg.models.model_outcomes:
         return _solve_models(cfg)
     names = parse_plans(cfg.plans, tuple(cfg.actions), cfg.strategy)
+    if cfg.latency_budget is not None and not names:  # k samples at once: the one-wave ladder as plans
+        names = tuple(f"none@{k}" for k in cfg.actions)
     if names:
         return _solve_plans(cfg, names)
     import numpy as np
@@ -175,7 +186,7 @@ def solve(cfg: SolveConfig) -> dict[str, Any]:
     }
     front = _frontier_json(frontier(U, C), cfg, uniform) if cfg.budgets else None
     return _write_artifact(cfg, inputs, summary, front,
-                           lambda path: _write_solution(path, table.ids, res, ks, U, C))
+                           lambda path: write_solution(path, table.ids, res, ks, U, C))
 
 
 def _load(cfg: SolveConfig) -> tuple[Any, dict[str, str], Any]:
@@ -231,33 +242,43 @@ def _solve_plans(cfg: SolveConfig, names: tuple[str, ...]) -> dict[str, Any]:
     U, C = arr.utility, arr.cost
     for b in [cfg.budget, *(cfg.budgets or [])]:
         check_budget(b, C)  # feasible_range is per-prompt min/max, so plan columns need no sorting here
-    res = allocate_plans(U, C, cfg.budget, rounding=cfg.rounding)
-    a = res.allocation
-    probs = res.action_probs()
     ks = np.array([p.max_samples for p in menu])
     lad = [names.index(f"none@{k}") for k in cfg.actions]
+    if cfg.latency_budget is None:
+        res = allocate_plans(U, C, cfg.budget, rounding=cfg.rounding)
+        a, probs, sol = res.allocation, res.action_probs(), None
+        head = {"budget": a.budget, "lambda": a.lam, "mean_cost": a.mean_cost, "mean_utility": a.mean_utility,
+                "lp_utility": a.lp_utility, "n_prompts": a.n_prompts, "n_mixed": int(a.mixed.size),
+                "mix_prob": a.mix_prob, "status": a.status, "message": a.message}
+        write = lambda path: write_solution(path, arr.table.ids, a, ks, U, C, res.order, names)  # noqa: E731
+    else:
+        from isocompute.solver.costs import token_multiple_of
+        from isocompute.stages.solutions import latency_oracle, write_mixture
+
+        sol = latency_oracle(arr, cfg.budget, cfg.latency_budget, cfg.wave_overhead,
+                             token_multiple_of(table.mean_completion_tokens))
+        head, probs = sol.head(), sol.probs
+        write = lambda path: write_mixture(path, arr.table.ids, sol, ks, names, U, C)  # noqa: E731
     summary: dict[str, Any] = {
-        "budget": a.budget, "lambda": a.lam, "mean_cost": a.mean_cost, "mean_utility": a.mean_utility,
-        "lp_utility": a.lp_utility, "n_prompts": a.n_prompts, "n_mixed": int(a.mixed.size), "mix_prob": a.mix_prob,
-        "status": a.status, "message": a.message, "plans": list(names),
+        **head, "plans": list(names),
         "plan_share": {n: float(x) for n, x in zip(names, probs.mean(axis=0), strict=True) if x > 0},
         "k_share": {str(int(k)): float(probs[:, ks == k].sum(axis=1).mean()) for k in np.unique(ks)},
         "expected_samples": float((probs * arr.samples).sum(axis=1).mean()),
         "expected_waves": float((probs * arr.waves).sum(axis=1).mean()),
         "uniform": [{"k": int(k), "plan": names[j], "mean_cost": float(C[:, j].mean()),
-                     "mean_utility": float(U[:, j].mean())} for k, j in zip(cfg.actions, lad, strict=True)],
+                     "mean_utility": float(U[:, j].mean()), **(sol.uniform(j) if sol else {})}
+                    for k, j in zip(cfg.actions, lad, strict=True)],
         "feasible_range": list(feasible_range(C)), "actions": [int(k) for k in cfg.actions],
         "strategy": cfg.strategy, "cost_unit": cfg.cost_unit, "rounding": cfg.rounding,
         "prompts_in_table": len(table), "dropped": len(arr.dropped), "min_samples": arr.min_samples,
-        "ragged_prompts": arr.n_ragged,
+        "ragged_prompts": arr.n_ragged, **(sol.fields() if sol else {}),
     }
     front = None
     if cfg.budgets:
         order = by_cost(U, C)
         front = _frontier_json(frontier(order.utility, order.cost), cfg, summary["uniform"])
-    return _write_artifact(cfg, inputs, summary, front,
-                           lambda path: _write_solution(path, arr.table.ids, a, ks, U, C, res.order, names),
-                           plans=list(names))
+    extra = {} if sol is None else {"latency_budget": cfg.latency_budget, "wave_overhead": cfg.wave_overhead}
+    return _write_artifact(cfg, inputs, summary, front, write, plans=list(names), **extra)
 
 
 def _frontier_json(f: Any, cfg: SolveConfig, uniform: list[dict[str, Any]]) -> dict[str, Any]:
@@ -290,27 +311,6 @@ def _write_artifact(cfg: SolveConfig, inputs: dict[str, str], summary: dict[str,
     if front is not None:
         summary["frontier"] = {"budgets": front["budgets"], "utility": front["utility"]}
     return summary
-
-
-def _write_solution(path: Path, ids: list[str], res: Any, ks: Any, U: Any, C: Any, order: Any = None,
-                    names: Any = None) -> None:
-    """One line per prompt; with plans (``order``: each prompt's cost-sorted columns → plan indices,
-    ``names``) the actions are plan indices and each line names its plan."""
-    mixed = set(res.mixed.tolist())
-    p = res.mix_prob
-    with open(path, "w", encoding="utf-8") as f:
-        for i, (rid, a, a_hi) in enumerate(zip(ids, res.actions.tolist(), res.actions_hi.tolist(), strict=True)):
-            if order is not None:
-                a, a_hi = int(order[i, a]), int(order[i, a_hi])
-            row: dict[str, Any] = {"id": rid, "action": a, "k": int(ks[a]), "p": 1.0 - p if i in mixed else 1.0}
-            if names is not None:
-                row["plan"] = names[a]
-            if i in mixed:
-                row.update(action_hi=a_hi, k_hi=int(ks[a_hi]), p_hi=p)
-                if names is not None:
-                    row["plan_hi"] = names[a_hi]
-            row.update(utilities=U[i].tolist(), costs=C[i].tolist())
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
 def _plot(path: Path, front: dict[str, Any], cfg: SolveConfig) -> None:

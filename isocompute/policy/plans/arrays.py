@@ -45,7 +45,10 @@ from isocompute.solver.ragged import RaggedTable, count_ragged, drop_short, prep
 class PlanArrays:
     """(N, P) arrays for the kept prompts of a table and a menu of P plans: expected ``utility``,
     ``cost`` (in ``cost_unit``), ``samples`` and ``waves``; ``feasible`` (N, P) bool; ``table`` the kept
-    prompts, ``kept`` their rows in the input table, ``dropped`` the ids dropped with ``min_samples``."""
+    prompts, ``kept`` their rows in the input table, ``dropped`` the ids dropped with ``min_samples``.
+    With token counts on the table, ``tokens`` (expected completion tokens generated, aborted samples'
+    partial tokens included) and ``latency`` (expected decode length in tokens until each wave ends,
+    summed over waves; :meth:`total_latency` adds a per-wave overhead), else None."""
 
     plans: tuple[Plan, ...]
     utility: np.ndarray
@@ -59,6 +62,16 @@ class PlanArrays:
     min_samples: int
     cost_unit: str
     ragged: RaggedTable | None = None
+    tokens: np.ndarray | None = None
+    latency: np.ndarray | None = None
+
+    def total_latency(self, overhead: float = 0.0) -> np.ndarray:
+        """(N, P) expected latency in tokens of decode time, plus ``overhead`` tokens' worth per wave
+        (InputError without token counts)."""
+        if self.latency is None:
+            raise InputError("latency needs completion_tokens in the outcome table (each sample's length); "
+                             "this table has none.")
+        return self.latency + float(overhead) * self.waves
 
     @property
     def n_ragged(self) -> int:
@@ -88,7 +101,8 @@ def plan_arrays(table: OutcomeTable, plans: Sequence[Plan], *, cost_unit: str = 
     sub, kept, dropped, floor = drop_short(table, sorted(set(maxs.tolist())), min_samples=min_samples, ragged=ragged)
     n = sub.n_samples
     N, P = len(sub), len(plans)
-    out = {k: np.empty((N, P)) for k in ("utility", "cost", "samples", "waves")}
+    out = {k: np.empty((N, P)) for k in ("utility", "cost", "samples", "waves", "tokens", "latency")}
+    timed = True  # every group has token counts
     feasible = maxs[None, :] <= n[:, None]
     for nn in np.unique(n):
         rows = np.flatnonzero(n == nn)
@@ -97,6 +111,9 @@ def plan_arrays(table: OutcomeTable, plans: Sequence[Plan], *, cost_unit: str = 
         est = estimate_table(part, [plans[j] for j in feas], model=model if cost_unit == "flops" else None)
         got = {"utility": est.utility, "samples": est.samples, "waves": est.waves,
                "cost": est.cost(cost_unit, model=model, prefix_caching=prefix_caching)}  # type: ignore[arg-type]
+        timed = timed and est.generated_tokens is not None and est.latency is not None
+        if timed:
+            got.update(tokens=est.generated_tokens, latency=est.latency)
         for k, v in got.items():
             out[k][np.ix_(rows, feas)] = v
         infeasible = np.flatnonzero(maxs > nn)
@@ -109,8 +126,12 @@ def plan_arrays(table: OutcomeTable, plans: Sequence[Plan], *, cost_unit: str = 
             out["cost"][np.ix_(rows, infeasible)] = out["cost"][rows, f][:, None] * scale[None, :]
             out["samples"][np.ix_(rows, infeasible)] = maxs[infeasible][None, :].astype(np.float64)
             out["waves"][np.ix_(rows, infeasible)] = np.array([plans[j].n_waves for j in infeasible], float)[None, :]
+            if timed:  # dominated in tokens and latency as in cost
+                for k in ("tokens", "latency"):
+                    out[k][np.ix_(rows, infeasible)] = out[k][rows, f][:, None] * scale[None, :]
     return PlanArrays(plans, out["utility"], out["cost"], out["samples"], out["waves"], feasible, sub, kept,
-                      dropped, floor, cost_unit)
+                      dropped, floor, cost_unit, tokens=out["tokens"] if timed else None,
+                      latency=out["latency"] if timed else None)
 
 
 def table_arrays(table: OutcomeTable, config: Any, *, model: Any = None) -> PlanArrays:

@@ -16,6 +16,9 @@ samples per prompt can play all of them:
     boinf         Best-of-∞ as published (:class:`~isocompute.solver.plans.rules.BestOfInfinityRule`),
                   a menu family only (:data:`MENU_FAMILIES`): the report gets no row for it, so
                   existing reports keep their rows and their ``fixed_best``
+    parallel      the parallel-stop menu (:func:`isocompute.solver.plans.plan.parallel_plans`: one-, two- and
+                  three-wave plans whose waves stop mid-generation, and short-m@k), capped at the largest action
+    A+B           the union of menus A and B, in that order: ``default+parallel`` is both
     NAME,NAME,…   plan names (``RULE@SCHEDULE``); a new name starts where a comma is followed by a rule
                   kind and ``:`` or ``@`` (``window:w=3@3x5,1,lead:m=2@1x8`` is two plans)
 
@@ -38,7 +41,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from isocompute.errors import InputError
-from isocompute.solver.plans.plan import Plan, default_plans, parse_plan, plan_family
+from isocompute.solver.plans.plan import Plan, default_plans, parallel_plans, parse_plan, plan_family
 
 K_MAX = (2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)  # lead rules' k_max grid
 _KS = (2, 4, 8, 12, 16)
@@ -52,7 +55,7 @@ FAMILY_BASELINES: dict[str, tuple[str, dict]] = {  # family → (label, plan_fam
 MENU_FAMILIES: dict[str, tuple[str, dict]] = {  # families for --plans that are not report baselines
     "boinf": ("Best-of-∞ as published", {"B": (1.0, 3.0, 10.0, 30.0, 100.0), "k_max": _KS}),
 }
-MENUS = ("none", "default", *FAMILY_BASELINES, *MENU_FAMILIES)
+MENUS = ("none", "default", "parallel", *FAMILY_BASELINES, *MENU_FAMILIES)
 _NEW_PLAN = re.compile(r"^[a-z_]+[:@]")
 
 
@@ -114,22 +117,30 @@ def resolve_plans(spec: str, actions: Sequence[int]) -> tuple[Plan, ...]:
     if not acts or any(b <= a for a, b in zip(acts, acts[1:], strict=False)) or acts[0] < 1:
         raise InputError(f"actions must be strictly increasing sample counts k ≥ 1, e.g. 1,2,4,8,16; got {acts}.")
     spec = (spec or "").strip()
-    k_max = acts[-1]
     if spec == "none":
         return tuple(ladder(acts))
-    if spec == "default":
-        menu = default_menu(k_max)
-    elif spec in FAMILY_BASELINES or spec in MENU_FAMILIES:
-        menu = family_plans(spec, k_max)
-    elif "@" in spec:
+    if "@" in spec:
         menu = [parse_plan(name) for name in split_plan_names(spec)]
     else:
-        raise InputError(f"--plans must be one of {', '.join(MENUS)} or a comma list of plan names such as "
-                         f"none@1,lead:m=2@1x8 (RULE@SCHEDULE); got {spec!r}.")
+        menu = [p for part in spec.split("+") for p in _named_menu(part.strip(), acts[-1])]
     out: dict[str, Plan] = {p.name: p for p in ladder(acts)}
     for p in menu:
         out.setdefault(p.name, p)
     return tuple(out.values())
+
+
+def _named_menu(name: str, k_max: int) -> list[Plan]:
+    """One named menu of :func:`resolve_plans` (``none`` is the ladder, which every menu holds anyway)."""
+    if name == "default":
+        return default_menu(k_max)
+    if name == "parallel":
+        return _capped(parallel_plans(), k_max)
+    if name in FAMILY_BASELINES or name in MENU_FAMILIES:
+        return family_plans(name, k_max)
+    if name == "none":
+        return []
+    raise InputError(f"--plans must be one of {', '.join(MENUS)}, several joined by + (default+parallel), or a "
+                     f"comma list of plan names such as none@1,lead:m=2@1x8 (RULE@SCHEDULE); got {name!r}.")
 
 
 def ladder_columns(plans: Sequence[Plan], actions: Sequence[int]) -> np.ndarray:
