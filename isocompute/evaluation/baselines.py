@@ -7,7 +7,8 @@ tuned. For each family (:data:`isocompute.policy.plans.menu.FAMILY_BASELINES`, p
 ``none@k`` so every budget is reachable) and for all of them together (``fixed_best``, with the policy's
 own menu), the report's cross-validation chooses on each training part the best budget-matched mix of
 two of the family's plans (:func:`isocompute.policy.plans.fixed.choose_fixed_plan`) and scores it on the
-held-out part: accuracy, realised cost and expected waves per prompt.
+held-out part: accuracy, realised cost and expected waves per prompt, and with token counts expected
+tokens and latency (``channels``, :mod:`isocompute.evaluation.channels`).
 
 Worked example: on a training part where ``lead:m=2@1x5`` averages (3.6 samples, 0.318) and
 ``lead:m=2@1x6`` (4.2, 0.322), the lead baseline at budget 4 plays the first with probability 1/3 and
@@ -19,7 +20,7 @@ Ignores: the policy (the baselines read no features) and what it pays per reques
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,13 +35,15 @@ BEST = "best"
 @dataclass(frozen=True, eq=False)
 class FixedBaselines:
     """Plan arrays of every baseline plan over all prompts — ``utility``, ``cost``, ``waves`` (N, Q) —
-    and per baseline (``lead`` … ``bayes``, ``best``) its columns."""
+    and per baseline (``lead`` … ``bayes``, ``best``) its columns; ``channels``: more (N, Q) per-plan
+    arrays by name (``tokens``, ``latency``; empty without token counts)."""
 
     plans: tuple[Plan, ...]
     utility: np.ndarray
     cost: np.ndarray
     waves: np.ndarray
     columns: Mapping[str, np.ndarray]
+    channels: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
 def baseline_plans(menu: Sequence[Plan], actions: Sequence[int]) -> tuple[tuple[Plan, ...], dict[str, np.ndarray]]:
@@ -71,7 +74,8 @@ def method_name(baseline: str) -> str:
 def score_baselines(baselines: FixedBaselines, train: np.ndarray, test: np.ndarray, budgets: np.ndarray,
                     scores: dict[str, Any], methods: Sequence[str]) -> None:
     """Fill ``scores`` (the arrays of one held-out part, :func:`isocompute.evaluation.evaluate._score`) with
-    every baseline's held-out utility, cost and waves at each budget, chosen on ``train``."""
+    every baseline's held-out utility, cost and waves (and each channel ``scores`` holds) at each budget,
+    chosen on ``train``."""
     M = {m: j for j, m in enumerate(methods)}
     for name, cols in baselines.columns.items():
         U, C, W = (x[:, cols] for x in (baselines.utility, baselines.cost, baselines.waves))
@@ -82,6 +86,9 @@ def score_baselines(baselines: FixedBaselines, train: np.ndarray, test: np.ndarr
             scores["utility"][m, bi] = choice.utility(U[test])
             scores["cost"][m, bi] = choice.cost(C[test])
             scores["waves"][m, bi] = choice.cost(W[test])
+            for k, X in baselines.channels.items():
+                if k in scores:
+                    scores[k][m, bi] = choice.cost(X[test][:, cols])
 
 
 def describe_choices(baselines: FixedBaselines, budget: float) -> dict[str, str]:

@@ -9,7 +9,8 @@ Methods, each scored per held-out prompt i at requested budget B (U, C: the held
 and cost tables; expectations are exact, nothing is sampled):
 
 Actions are the policy's plans (columns of U and C; the one-wave ``none@k`` without a plan menu);
-every method also has its expected waves per prompt (latency: upstream requests), from W.
+every method also has its expected waves per prompt (latency: upstream requests), from W, and with
+token counts its expected tokens and latency (:mod:`isocompute.evaluation.channels`).
 
 * ``oracle`` — the solver on the held-out prompts in hindsight (``allocate(U, C, B,
   rounding="deterministic")`` over each prompt's cost-sorted plan columns: cost ≤ B, within one
@@ -63,6 +64,7 @@ import numpy as np
 
 from isocompute.errors import InputError
 from isocompute.evaluation.baselines import FixedBaselines, score_baselines
+from isocompute.evaluation.channels import plan_channels, rows_of
 from isocompute.evaluation.folds import run_jobs
 from isocompute.evaluation.summary import (  # noqa: F401  (re-exported: evaluation's public names)
     BASE_METHODS,
@@ -171,9 +173,11 @@ def _method_probs(policy: Policy, X: np.ndarray, u: np.ndarray, route: np.ndarra
 
 def _score(policy: Policy, prompts: Sequence[str], U: np.ndarray, C: np.ndarray, budgets: np.ndarray,
            train_lengths: np.ndarray, default: str, probe: np.ndarray | None = None,
-           C_alt: np.ndarray | None = None, paid_alt: float = 0.0, W: np.ndarray | None = None) -> dict[str, Any]:
+           C_alt: np.ndarray | None = None, paid_alt: float = 0.0, W: np.ndarray | None = None,
+           extra: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
     """Scores of every method on one held-out part: dict of arrays (M, B, n) / (B, n), and the rule
-    served per budget. ``W``: each plan's expected waves per prompt (default 1: one-wave plans).
+    served per budget. ``W``: each plan's expected waves per prompt (default 1: one-wave plans); ``extra``:
+    more per-plan channels averaged the same way (:mod:`isocompute.evaluation.channels`), one key each.
 
     ``C`` is the samples' cost; the learned methods also pay the policy's probe and extra features
     (``C + c_p + c_f``) where the learned rule serves, the baselines do not. ``C_alt``: the same costs
@@ -189,6 +193,8 @@ def _score(policy: Policy, prompts: Sequence[str], U: np.ndarray, C: np.ndarray,
     cost_alt = np.full_like(util, np.nan)
     waves = np.full_like(util, np.nan)
     W = np.ones_like(U) if W is None else W
+    extra = extra or {}
+    ch = {k: np.full_like(util, np.nan) for k in extra}
     o_act = np.empty((budgets.size, n), dtype=np.intp)
     l_act = np.empty((budgets.size, n), dtype=np.intp)
     per_learner = np.full((len(LEARNERS), budgets.size, n), -1, dtype=np.intp)
@@ -203,6 +209,8 @@ def _score(policy: Policy, prompts: Sequence[str], U: np.ndarray, C: np.ndarray,
             util[M[m], bi] = (P * U).sum(axis=1)
             cost[M[m], bi] = (P * C).sum(axis=1) + (policy.paid_per_request if pays else 0.0)
             waves[M[m], bi] = (P * W).sum(axis=1)
+            for k, Y in extra.items():
+                ch[k][M[m], bi] = (P * Y).sum(axis=1)
             if C_alt is not None:
                 cost_alt[M[m], bi] = (P * C_alt).sum(axis=1) + (paid_alt if pays else 0.0)
         for name in policy.learners_:
@@ -210,7 +218,7 @@ def _score(policy: Policy, prompts: Sequence[str], U: np.ndarray, C: np.ndarray,
         o_act[bi], l_act[bi], gap[bi] = o, served, U[rows, o] - U.min(axis=1)
         rules.append(rule)
     return {"utility": util, "cost": cost, "cost_alt": cost_alt, "waves": waves, "oracle_actions": o_act,
-            "learned_actions": l_act, "learner_actions": per_learner, "gap": gap, "rules": rules}
+            "learned_actions": l_act, "learner_actions": per_learner, "gap": gap, "rules": rules, **ch}
 
 
 def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config: PolicyConfig,
@@ -219,6 +227,7 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
                    C_alt: np.ndarray | None = None, paid_alt: float = 0.0, alt_unit: str = "flops",
                    label_var: np.ndarray | None = None, groups: Sequence[str] | None = None,
                    samples: np.ndarray | None = None, waves: np.ndarray | None = None,
+                   tokens: np.ndarray | None = None, latency: np.ndarray | None = None,
                    baselines: FixedBaselines | None = None, progress: bool = False, workers: int = 1) -> Evaluation:
     """k-fold CV over prompts for each seed, refitting ``config`` (both learners) on each training part;
     ``probe``: the probe's value per prompt when ``config`` has a probe (split with the prompts);
@@ -227,7 +236,8 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
     ``label_var``: each utility's sampling variance, needed when the config shrinks the learners' labels
     (``shrinkage="eb"``: each training part is shrunk toward its own ``groups``' means, so nothing of the
     held-out part leaks into the labels); ``samples`` / ``waves``: each plan's expected samples and waves
-    per prompt (adaptive plans; :func:`~isocompute.policy.plans.arrays.plan_arrays`); ``baselines``: the
+    per prompt (adaptive plans; :func:`~isocompute.policy.plans.arrays.plan_arrays`), ``tokens`` / ``latency``
+    its expected tokens and latency (:mod:`isocompute.evaluation.channels`; None: absent); ``baselines``: the
     rule families' plan arrays, whose best fixed plans are chosen on each training part and scored on
     its held-out part (:mod:`isocompute.evaluation.baselines`). ``workers``: processes the folds run in
     (:mod:`isocompute.evaluation.folds`; 0: one per core) — the same results, sooner."""
@@ -248,6 +258,8 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
     fold_of = np.empty((S, N), dtype=np.intp)
     cost_alt = np.full_like(util, np.nan)
     wav = np.full_like(util, np.nan)
+    extra = plan_channels(tokens, latency)
+    ext = {k: np.full_like(util, np.nan) for k in extra}
     bar = tqdm(total=S * folds, desc="report: fitting folds", unit="fold", disable=not progress)
     jobs = []
     for si, seed in enumerate(seeds):
@@ -257,7 +269,7 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
             jobs.append((si, seed, f, np.sort(np.concatenate(parts[:f] + parts[f + 1:])), np.sort(test)))
     ctx = {"prompts": prompts, "U": U, "C": C, "config": config, "refit": refit, "pv": pv, "sf": sf,
            "label_var": label_var, "groups": groups, "samples": samples, "waves": waves, "C_alt": C_alt,
-           "paid_alt": paid_alt, "baselines": baselines, "budgets": budgets_arr}
+           "paid_alt": paid_alt, "baselines": baselines, "budgets": budgets_arr, "extra": extra}
     results = run_jobs(_fold, ctx, jobs, workers=workers, done=lambda: bar.update(1))
     defaults: list[list[str]] = [[] for _ in seeds]
     selections: list[list[dict[str, Any]]] = [[] for _ in seeds]
@@ -265,6 +277,8 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
     for (si, _, f, _, test), (sc, default, selection) in zip(jobs, results, strict=True):
         util[si][:, :, test], cost[si][:, :, test] = sc["utility"], sc["cost"]
         cost_alt[si][:, :, test], wav[si][:, :, test] = sc["cost_alt"], sc["waves"]
+        for k, x in ext.items():
+            x[si][:, :, test] = sc[k]
         rules[si].append(sc["rules"])
         o_act[si][:, test], l_act[si][:, test], gap[si][:, test] = (
             sc["oracle_actions"], sc["learned_actions"], sc["gap"])
@@ -277,7 +291,8 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
     return Evaluation("cv", budgets_arr, menu.actions, tuple(seeds), folds, util, cost, o_act, l_act,
                       per_learner, gap, fold_of, defaults, selections, rules,
                       None if C_alt is None else cost_alt, None if C_alt is None else alt_unit,
-                      _reference(U, C, C_alt, config.actions, menu.ladder), wav, tuple(p.name for p in menu.plans))
+                      _reference(U, C, C_alt, config.actions, menu.ladder), wav, tuple(p.name for p in menu.plans),
+                      **ext)
 
 
 def _fold(c: dict[str, Any], job: tuple[int, int, int, np.ndarray, np.ndarray]) -> tuple[dict[str, Any], str, Any]:
@@ -296,7 +311,7 @@ def _fold(c: dict[str, Any], job: tuple[int, int, int, np.ndarray, np.ndarray]) 
     default = config.learner if config.learner in LEARNERS else pol.default_learner_
     sc = _score(pol, [prompts[i] for i in test], U[test], C[test], c["budgets"], pol.train_lengths_, default,
                 None if pv is None else pv[test], None if c["C_alt"] is None else c["C_alt"][test], c["paid_alt"],
-                None if waves is None else waves[test])
+                None if waves is None else waves[test], rows_of(c["extra"], test))
     if c["baselines"] is not None:
         score_baselines(c["baselines"], train, test, c["budgets"], sc, METHODS)
     return sc, default, pol.selection_
@@ -361,16 +376,16 @@ def _reference(U: np.ndarray, C: np.ndarray, C_alt: np.ndarray | None, actions: 
 def holdout(policy: Policy, prompts: Sequence[str], U: np.ndarray, C: np.ndarray,
             budgets: Sequence[float], *, probe: np.ndarray | None = None, C_alt: np.ndarray | None = None,
             paid_alt: float = 0.0, alt_unit: str = "flops", waves: np.ndarray | None = None,
-            **_: Any) -> Evaluation:
+            tokens: np.ndarray | None = None, latency: np.ndarray | None = None, **_: Any) -> Evaluation:
     """Score a fitted policy on prompts it never saw (one part, no refitting); ``probe`` as for decide,
-    ``C_alt`` / ``paid_alt`` / ``waves`` as for :func:`cross_validate` (the rule families' baselines
+    ``C_alt`` / ``paid_alt`` / ``waves`` / ``tokens`` / ``latency`` as for :func:`cross_validate` (the rule families' baselines
     need training prompts to be chosen on, so a holdout has none)."""
     prompts = list(prompts)
     if len(prompts) < 2:
         raise InputError(f"a holdout table needs at least 2 prompts; it has {len(prompts)}.")
     budgets_arr = np.asarray(budgets, dtype=np.float64)
     sc = _score(policy, prompts, U, C, budgets_arr, policy.train_lengths_, policy.default_learner_, probe,
-                C_alt, paid_alt, waves)
+                C_alt, paid_alt, waves, extra := plan_channels(tokens, latency))
     n = len(prompts)
     return Evaluation("holdout", budgets_arr, policy.actions, (policy.config.seed,), 1,
                       sc["utility"][None], sc["cost"][None], sc["oracle_actions"][None],
@@ -379,4 +394,4 @@ def holdout(policy: Policy, prompts: Sequence[str], U: np.ndarray, C: np.ndarray
                       [[policy.default_learner_]], [[policy.selection_]], [[sc["rules"]]],
                       None if C_alt is None else sc["cost_alt"][None], None if C_alt is None else alt_unit,
                       _reference(U, C, C_alt, policy.config.actions, policy.ladder), sc["waves"][None],
-                      tuple(p.name for p in policy.plans))
+                      tuple(p.name for p in policy.plans), **{k: sc[k][None] for k in extra})

@@ -6,7 +6,9 @@ For a policy over plans (:mod:`isocompute.policy.plans.menu`) :func:`plans_secti
   its own fixed-plan rule, the best fixed plan of each stopping-rule family (lead, ESC window,
   Adaptive-Consistency Beta / Dirichlet, Best-of-∞ Bayes factor; each chosen on the training folds only:
   :mod:`isocompute.evaluation.baselines`) and of all of them, and uniform — with accuracy, realised cost and
-  expected waves (upstream requests per prompt, the latency a plan adds);
+  expected waves (upstream requests per prompt, the latency a plan adds), and with token counts expected
+  tokens generated and latency per prompt (in ``latency_unit_tokens``: 1.0 = one sample's mean length;
+  decode time only, no per-wave overhead);
 * the policy's gain over the best fixed plan with its paired bootstrap 95% CI, the part no fixed rule has;
 * what each fixed rule plays at each budget.
 
@@ -37,6 +39,10 @@ def _pct(x: float | None) -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:+.2f}%"
 
 
+def _num(x: float | None, fmt: str) -> str:
+    return "—" if x is None else format(x, fmt)
+
+
 def plans_section(report: dict[str, Any]) -> list[str]:
     """Markdown lines of the plan parts (empty for a one-wave report)."""
     if not report.get("plans"):
@@ -48,10 +54,16 @@ def plans_section(report: dict[str, Any]) -> list[str]:
              "scored on the held-out fold; the family rows are the ESC / Adaptive-Consistency / Best-of-∞ "
              f"baselines. Cost is the realised mean {unit} per prompt, waves the expected upstream requests per "
              "prompt (latency).", ""]
+    timed = report.get("latency_unit_tokens") is not None
+    if timed:
+        lines[-2] += (" Tokens: expected completion tokens generated per prompt; latency: expected decode time "
+                      f"per prompt, 1.0 = one sample's mean length ({report['latency_unit_tokens']:.6g} tokens), "
+                      "with no per-wave overhead.")
     for e in report["budgets"]:
         m = e["methods"]
-        lines += [f"**Budget {e['budget']:.4g}**", "", "| method | accuracy [95% CI] | cost | waves | gain vs uniform |",
-                  "|---|---|---:|---:|---:|"]
+        lines += [f"**Budget {e['budget']:.4g}**", "", "| method | accuracy [95% CI] | cost | waves | "
+                  + ("tokens | latency | " if timed else "") + "gain vs uniform |",
+                  "|---|---|---:|---:|" + ("---:|---:|" if timed else "") + "---:|"]
         by = e.get("gain_vs_uniform_by_method", {})
         for name in ROWS:
             if name not in m:
@@ -59,7 +71,9 @@ def plans_section(report: dict[str, Any]) -> list[str]:
             x = m[name]
             g = e["gain_vs_uniform"]["relative"] if name == "learned" else (by.get(name) or {}).get("relative")
             lines.append(f"| {LABELS.get(name, name)} | {x['accuracy']:.4f} [{x['ci95'][0]:.4f}, {x['ci95'][1]:.4f}] | "
-                         f"{x['cost']:.4g} | {x.get('waves', 1.0):.2f} | {_pct(g) if name != 'uniform' else '—'} |")
+                         f"{x['cost']:.4g} | {x.get('waves', 1.0):.2f} | "
+                         + (f"{_num(x.get('tokens'), '.4g')} | {_num(x.get('latency'), '.3f')} | " if timed else "")
+                         + f"{_pct(g) if name != 'uniform' else '—'} |")
         for base, g in e.get("gain_vs_fixed", {}).items():
             sig = "" if g["significant"] else " (*not significant*: the CI contains 0)"
             lines.append("")

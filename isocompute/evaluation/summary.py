@@ -13,9 +13,10 @@ relative gain over uniform with a paired bootstrap 95% CI over prompts (per-prom
 over seeds, prompts resampled with replacement), and the same for ``learned_no_fallback``; the share of
 the refitted policies whose chain served each rule; and APGR = (learned − uniform)/(oracle − uniform),
 the share of the uniform→oracle gap recovered (None when that gap is 0). With plans, also each method's
-expected waves (upstream requests per prompt: latency) and the gain of the policy as served over the
-best fixed plan (``gain_vs_fixed``: its own fixed-plan rule, and ``fixed_best``, the best fixed plan of
-every rule family, each chosen on the training part), with paired CIs. Across budgets, "same accuracy
+expected waves (upstream requests per prompt: latency; with token counts also its expected tokens and
+latency, :mod:`isocompute.evaluation.channels`) and the gain of the policy as served over the best fixed
+plan (``gain_vs_fixed``: its own fixed-plan rule, and ``fixed_best``, the best fixed plan of every rule
+family, each chosen on the training part), with paired CIs. Across budgets, "same accuracy
 for less" (:func:`same_accuracy`): per method the realised cost, in the cost unit and (with ``C_alt``) in
 FLOPs, at which it reaches the accuracy of uniform at the largest action.
 
@@ -33,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from isocompute.evaluation.channels import method_means
 from isocompute.policy.config import LEARNERS
 from isocompute.policy.plans.menu import FAMILY_BASELINES
 
@@ -56,7 +58,9 @@ class Evaluation:
     ``reference``: the uniform rule at the largest action on all N prompts — ``accuracy``, ``cost``,
     ``cost_alt`` and ``k`` — the accuracy "same accuracy for less" is measured against; ``waves``:
     (S, M, B, N) expected waves per prompt (None: one wave everywhere); ``plans``: the action menu's plan
-    names (``actions`` then holds each plan's maximum samples).
+    names (``actions`` then holds each plan's maximum samples); ``tokens`` / ``latency``: (S, M, B, N)
+    expected tokens generated and latency per prompt (:mod:`isocompute.evaluation.channels`; None without
+    token counts).
     """
 
     mode: str
@@ -79,6 +83,8 @@ class Evaluation:
     reference: dict[str, Any] | None = None
     waves: np.ndarray | None = None
     plans: tuple[str, ...] | None = None
+    tokens: np.ndarray | None = None
+    latency: np.ndarray | None = None
 
 
 def bootstrap_indices(n: int, n_boot: int, seed: int) -> np.ndarray:
@@ -162,6 +168,7 @@ def _methods_at(ev: Evaluation, per_prompt: np.ndarray, bi: int, idx: np.ndarray
             methods[m]["cost_alt"] = float(ev.cost_alt[:, mi[m], bi].mean())
         if ev.waves is not None:
             methods[m]["waves"] = float(ev.waves[:, mi[m], bi].mean())
+        methods[m].update(method_means(ev, mi[m], bi))
     return methods
 
 

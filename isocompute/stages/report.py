@@ -17,7 +17,10 @@ A policy over plans (the default) is scored on its menu's plan arrays (:mod:`iso
 every plan's utility, cost and waves per prompt); the report then also carries the best fixed plan of every
 stopping-rule family chosen on each training part (:mod:`isocompute.evaluation.baselines`: lead, ESC window,
 Adaptive-Consistency Beta and Dirichlet, Best-of-∞ Bayes factor, and the best of all), each method's
-expected waves, and the policy's gain over the best fixed plan. The imitation ceiling (``label_reps``)
+expected waves, and the policy's gain over the best fixed plan. With token counts on the table every method
+also has its expected ``tokens`` generated and ``latency`` per prompt (:mod:`isocompute.evaluation.channels`),
+latency in units of one sample's mean completion length on the kept prompts (report.json's
+``latency_unit_tokens``; 1.0 = waiting for one sample), decode time only: no per-wave overhead yet. The imitation ceiling (``label_reps``)
 redraws k-sample labels and is computed for one-wave actions only.
 
 A multi-model policy (``--outcomes NAME=TABLE … --policy DIR``): the tables go through the fit stage's
@@ -104,6 +107,7 @@ class _Data:
     plan_kw: dict[str, Any]
     probe: Any
     probe_info: dict[str, Any] | None
+    latency_unit: float | None = None
 
 
 def report(cfg: ReportConfig) -> ReportResult:
@@ -156,17 +160,23 @@ def _data(cfg: ReportConfig, policy: Any) -> _Data:
     table = prep.table  # the prompts the policy's config keeps (ragged tables: solver.ragged)
     alt = _alt_costs(cfg, table, policy, model, inputs, prep)
     plan_kw: dict[str, Any] = {"waves": prep.waves}
+    unit = None
     if pc.plans:
         plan_kw = {"samples": prep.samples, "waves": prep.waves}
+        if prep.tokens is not None and prep.latency is not None:
+            from isocompute.solver.costs import token_multiple_of
+
+            unit = token_multiple_of(table.mean_completion_tokens)
+            plan_kw.update(tokens=prep.tokens, latency=prep.latency / unit)
         if not cfg.holdout:
-            plan_kw["baselines"] = _baselines(policy, table, model)
+            plan_kw["baselines"] = _baselines(policy, table, model, unit)
     probe, probe_info = None, None
     if pc.probe is not None:
         probe, probe_info = _probe_values(cfg, pc.probe, table.prompts, prep.utility)
         inputs["probe_model"] = probe_info["model_sha256"]
     elif cfg.probe_model is not None:
         raise InputError(f"the policy {cfg.policy} has no probe feature; drop --probe-model (or refit with it).")
-    return _Data(table, inputs, prep, alt, plan_kw, probe, probe_info)
+    return _Data(table, inputs, prep, alt, plan_kw, probe, probe_info, unit)
 
 
 def _evaluate(cfg: ReportConfig, policy: Any, data: _Data, budgets: Any) -> tuple[Any, tuple[int, ...]]:
@@ -237,6 +247,7 @@ def _assemble(cfg: ReportConfig, policy: Any, data: _Data, ev: Any, seeds: tuple
             "extras": list(pc.feature_extras), "extra_components": pc.extra_components,
             "fitted_policy_cost": policy.feature_cost_, "declared": pc.feature_cost,
             "flops_per_request": policy.features_.extra_flops_per_prompt_},
+        **({} if data.latency_unit is None else {"latency_unit_tokens": data.latency_unit}),
         **summary,
     }
 
@@ -265,15 +276,18 @@ def _alt_costs(cfg: ReportConfig, table: Any, policy: Any, model: Any, inputs: d
     return {"C_alt": flops.cost, "paid_alt": float(paid), "alt_unit": "flops"}
 
 
-def _baselines(policy: Any, table: Any, model: Any) -> Any:
-    """The rule families' plan arrays on the policy's kept prompts (:mod:`isocompute.evaluation.baselines`)."""
+def _baselines(policy: Any, table: Any, model: Any, unit: float | None = None) -> Any:
+    """The rule families' plan arrays on the policy's kept prompts (:mod:`isocompute.evaluation.baselines`),
+    with their tokens and latency (in ``unit`` tokens) when ``unit`` is given."""
     from isocompute.evaluation.baselines import FixedBaselines, baseline_plans
     from isocompute.policy.plans.arrays import plan_arrays
 
     pc = policy.config
     plans, columns = baseline_plans(policy.plans, pc.actions)
     arr = plan_arrays(table, plans, cost_unit=pc.cost_unit, model=model, ragged=pc.ragged)
-    return FixedBaselines(plans, arr.utility, arr.cost, arr.waves, columns)
+    channels = {} if unit is None or arr.tokens is None or arr.latency is None else {
+        "tokens": arr.tokens, "latency": arr.latency / unit}
+    return FixedBaselines(plans, arr.utility, arr.cost, arr.waves, columns, channels)
 
 
 def _baseline_choices(baselines: Any, budgets: Any) -> list[dict[str, Any]] | None:
