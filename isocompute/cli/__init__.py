@@ -13,7 +13,7 @@ import importlib
 import sys
 
 from isocompute import __version__
-from isocompute.errors import IsoComputeError
+from isocompute.cli.running import run_parsed
 
 # Order is the order shown by --help. A module listed here must exist.
 SUBCOMMANDS: tuple[str, ...] = ("sample", "import", "solve", "fit", "report", "serve", "train", "sweep", "demo")
@@ -35,14 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except IsoComputeError as e:
-        print(f"isocompute {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"isocompute {args.command}: interrupted; finished work is kept.", file=sys.stderr)
-        return 130
+    return run_parsed(args, args.command)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ Each stage is the ordinary subcommand (the same parser and code path a user runs
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -54,17 +53,9 @@ def register(subparsers: Any) -> None:
 
 def _invoke(commands: Mapping[str, argparse.ArgumentParser], argv: list[str]) -> int:
     """``isocompute ARGV`` in this process, as the command runs it: its exit code, errors printed."""
-    from isocompute.errors import IsoComputeError
+    from isocompute.cli.running import run_parsed
 
-    args = commands[argv[0]].parse_args(argv[1:])
-    try:
-        return int(args.func(args) or 0)
-    except IsoComputeError as e:
-        print(f"isocompute {argv[0]}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"isocompute {argv[0]}: interrupted; finished work is kept.", file=sys.stderr)
-        return 130
+    return run_parsed(commands[argv[0]].parse_args(argv[1:]), argv[0])
 
 
 def _stage(commands: Mapping[str, argparse.ArgumentParser], name: str, done: Path, argv: list[str], *,

@@ -51,7 +51,15 @@ from pathlib import Path
 from typing import Any
 
 from isocompute.errors import InputError
-from isocompute.stages.inputs import ModelInputs, load_estimates, model_flops_for, read_table, several
+from isocompute.stages.inputs import (
+    ModelInputs,
+    load_estimates,
+    min_samples_option,
+    model_flops_for,
+    ragged_option,
+    read_table,
+    several,
+)
 from isocompute.stages.options import group, option
 from isocompute.stages.parsing import (
     parse_action_set,
@@ -124,12 +132,8 @@ class FitConfig:
     feature_cost: float | None = option(
         None, type=float, help="declare the extra features' cost per request (in --cost-unit) instead of the "
                                "encoder's FLOPs; 0 isolates what they know from what they cost")
-    min_samples: int = option(
-        0, type=int, help="drop prompts with fewer samples than this (and say how many), e.g. the largest action")
-    ragged: str = option(
-        "error", choices=("error", "infeasible"),
-        help="prompts with fewer samples than the largest action: refuse the table, or keep them and mark the "
-             "actions above their sample count infeasible for them only")
+    min_samples: int = min_samples_option()
+    ragged: str = ragged_option()
     shrinkage: str = option(
         "none", choices=("none", "eb"),
         help="train the learners on utilities shrunk toward the task's mean (empirical Bayes), so the oracle "

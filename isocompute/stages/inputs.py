@@ -29,6 +29,19 @@ __all__ = ["ModelInputs", "load_estimates", "menu_config", "model_estimates", "m
            "read_table", "several"]
 
 
+def min_samples_option() -> Any:
+    """The ``--min-samples`` option of the stages that read a table (fit, solve): one text, one default."""
+    return option(0, type=int, help="drop prompts with fewer samples than this (and say how many), e.g. the "
+                                    "largest action")
+
+
+def ragged_option() -> Any:
+    """The ``--ragged`` option of the stages that read a table (fit, solve)."""
+    return option("error", choices=("error", "infeasible"),
+                  help="prompts with fewer samples than the largest action: refuse the table, or keep them and "
+                       "mark the actions above their sample count infeasible for them only")
+
+
 def read_table(path: Path) -> Any:
     """Our outcome table, or a Qwen CoT evaluation dump (lines with idx/question/pred/score)."""
     from isocompute.solver.outcomes import from_qwen_cot_table, read_outcomes

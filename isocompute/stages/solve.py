@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from isocompute.errors import InputError
-from isocompute.stages.inputs import ModelInputs, load_estimates, several
+from isocompute.stages.inputs import ModelInputs, load_estimates, min_samples_option, ragged_option, several
 from isocompute.stages.options import group, option
 from isocompute.stages.parsing import (
     Multiple,
@@ -109,12 +109,8 @@ class SolveConfig:
         "mix", choices=("mix", "deterministic"),
         help="mix: randomise boundary prompts so the expected cost equals the budget; deterministic: greedy "
              "rounding that never exceeds it")
-    min_samples: int = option(
-        0, type=int, help="drop prompts with fewer samples than this (and say how many), e.g. the largest action")
-    ragged: str = option(
-        "error", choices=("error", "infeasible"),
-        help="prompts with fewer samples than the largest action: refuse the table, or keep them and mark the "
-             "actions above their sample count infeasible for them only")
+    min_samples: int = min_samples_option()
+    ragged: str = ragged_option()
     latency_budget: float | None = option(
         None, type=float, help="also cap the mean latency, in units of one sample's mean completion length on the "
                                "table (1.0 = waiting for one sample; needs token counts; plans only)")
