@@ -238,6 +238,8 @@ def load_on(url):
 
 def test_one_of_two_upstreams_killed_is_invisible(servers, policy_dir):
     a, b = servers["a"], servers["b"]
+    for srv in (a, b):  # b has sat idle through the tests before this one: warm both again before the load
+        warm_up(srv)
     apps = []
     url, stop = serve(fault_settings(policy_dir, [a.url, b.url]), apps=apps)
     engine = apps[0].state.gateway.engine
