@@ -101,3 +101,20 @@ def describe_choices(baselines: FixedBaselines, budget: float) -> dict[str, str]
         choice = choose_fixed_plan(U.mean(axis=0)[None], c_bar[None], max(float(budget), float(c_bar.min())))
         out[name] = choice.describe([baselines.plans[j].name for j in cols])
     return out
+
+
+def length_rule(train_lengths: np.ndarray, lengths: np.ndarray, share: float) -> np.ndarray:
+    """Probability that each prompt takes the dearer action when the longest ``share`` of the training
+    prompts do: 1 above the threshold length, 0 below, and a split at it so the training share is exact."""
+    t = np.sort(np.asarray(train_lengths))
+    m = share * t.size  # training prompts to upgrade
+    if m <= 0:
+        return np.zeros(len(lengths))
+    if m >= t.size:
+        return np.ones(len(lengths))
+    thr = t[t.size - int(np.ceil(m))]
+    above = int((t > thr).sum())
+    at = int((t == thr).sum())
+    r = (m - above) / at
+    lengths = np.asarray(lengths)
+    return np.where(lengths > thr, 1.0, np.where(lengths == thr, r, 0.0))

@@ -63,9 +63,10 @@ from typing import Any
 import numpy as np
 
 from isocompute.errors import InputError
-from isocompute.evaluation.baselines import FixedBaselines, score_baselines
+from isocompute.evaluation.baselines import FixedBaselines, length_rule, score_baselines  # noqa: F401 (re-exported)
 from isocompute.evaluation.channels import plan_channels, rows_of
 from isocompute.evaluation.folds import run_jobs
+from isocompute.evaluation.reach import pooled_reach, reach_scores, reach_setup
 from isocompute.evaluation.summary import (  # noqa: F401  (re-exported: evaluation's public names)
     BASE_METHODS,
     METHODS,
@@ -86,28 +87,13 @@ from isocompute.solver.allocate import feasible_range
 
 def default_budgets(lo: float, hi: float) -> list[float]:
     """Report grid: 9 geometric steps over [lo, hi] plus the powers of two inside it."""
-    grid = set(np.round(np.geomspace(lo, hi, 9) if lo > 0 else np.linspace(lo, hi, 9), 6).tolist())
+    # interior steps rounded for legibility; the ends exact, so rounding never leaves the trained range
+    grid = set(np.round(np.geomspace(lo, hi, 9) if lo > 0 else np.linspace(lo, hi, 9), 6)[1:-1].tolist()) | {
+        float(lo), float(hi)}
     if lo > 0:
         grid |= {float(2.0**j) for j in range(int(np.floor(np.log2(lo))), int(np.ceil(np.log2(hi))) + 1)
                  if lo <= 2.0**j <= hi}
     return sorted(grid)
-
-
-def length_rule(train_lengths: np.ndarray, lengths: np.ndarray, share: float) -> np.ndarray:
-    """Probability that each prompt takes the dearer action when the longest ``share`` of the training
-    prompts do: 1 above the threshold length, 0 below, and a split at it so the training share is exact."""
-    t = np.sort(np.asarray(train_lengths))
-    m = share * t.size  # training prompts to upgrade
-    if m <= 0:
-        return np.zeros(len(lengths))
-    if m >= t.size:
-        return np.ones(len(lengths))
-    thr = t[t.size - int(np.ceil(m))]
-    above = int((t > thr).sum())
-    at = int((t == thr).sum())
-    r = (m - above) / at
-    lengths = np.asarray(lengths)
-    return np.where(lengths > thr, 1.0, np.where(lengths == thr, r, 0.0))
 
 
 def _one_hot(a: np.ndarray, A: int) -> np.ndarray:
@@ -269,7 +255,8 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
             jobs.append((si, seed, f, np.sort(np.concatenate(parts[:f] + parts[f + 1:])), np.sort(test)))
     ctx = {"prompts": prompts, "U": U, "C": C, "config": config, "refit": refit, "pv": pv, "sf": sf,
            "label_var": label_var, "groups": groups, "samples": samples, "waves": waves, "C_alt": C_alt,
-           "paid_alt": paid_alt, "baselines": baselines, "budgets": budgets_arr, "extra": extra}
+           "paid_alt": paid_alt, "baselines": baselines, "budgets": budgets_arr, "extra": extra,
+           "reach": reach_setup(config, Policy(config).plans, U, C, extra)}
     results = run_jobs(_fold, ctx, jobs, workers=workers, done=lambda: bar.update(1))
     defaults: list[list[str]] = [[] for _ in seeds]
     selections: list[list[dict[str, Any]]] = [[] for _ in seeds]
@@ -287,12 +274,13 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
         defaults[si].append(default)
         selections[si].append(selection)
     bar.close()
+    reach = pooled_reach(ctx["reach"], [(si, test) for si, _, _, _, test in jobs], [r[0] for r in results], S, N)
     menu = Policy(config)
     return Evaluation("cv", budgets_arr, menu.actions, tuple(seeds), folds, util, cost, o_act, l_act,
                       per_learner, gap, fold_of, defaults, selections, rules,
                       None if C_alt is None else cost_alt, None if C_alt is None else alt_unit,
                       _reference(U, C, C_alt, config.actions, menu.ladder), wav, tuple(p.name for p in menu.plans),
-                      **ext)
+                      **ext, reach=reach)
 
 
 def _fold(c: dict[str, Any], job: tuple[int, int, int, np.ndarray, np.ndarray]) -> tuple[dict[str, Any], str, Any]:
@@ -304,9 +292,10 @@ def _fold(c: dict[str, Any], job: tuple[int, int, int, np.ndarray, np.ndarray]) 
     labels = _fold_labels(config, U, c["label_var"], c["groups"], train)
     refit = dataclasses.replace(c["refit"], seed=config.seed + 1000 * seed + f,
                                 budget_range=_reachable(c["refit"], C[train]))
+    lat = None if config.latency_range is None else c["extra"]["latency"][train]
     pol = Policy(refit).fit_arrays(
         [prompts[i] for i in train], U[train], C[train], probe=None if pv is None else pv[train],
-        sample_flops=None if sf is None else sf[train], labels=labels,
+        sample_flops=None if sf is None else sf[train], labels=labels, latency=lat,
         samples=None if samples is None else samples[train], waves=None if waves is None else waves[train])
     default = config.learner if config.learner in LEARNERS else pol.default_learner_
     sc = _score(pol, [prompts[i] for i in test], U[test], C[test], c["budgets"], pol.train_lengths_, default,
@@ -314,6 +303,10 @@ def _fold(c: dict[str, Any], job: tuple[int, int, int, np.ndarray, np.ndarray]) 
                 None if waves is None else waves[test], rows_of(c["extra"], test))
     if c["baselines"] is not None:
         score_baselines(c["baselines"], train, test, c["budgets"], sc, METHODS)
+    if c["reach"] is not None:
+        refs, sweep, arrays = c["reach"]["references"], c["reach"]["budgets"], c["reach"]["arrays"]
+        sc["reach"] = reach_scores(pol, [prompts[i] for i in test], rows_of(arrays, test), refs, sweep,
+                                   None if pv is None else pv[test])
     return sc, default, pol.selection_
 
 def _reachable(config: PolicyConfig, C: np.ndarray) -> tuple[float, float]:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from isocompute.artifacts import artifact_writer
+from isocompute.evaluation.reach import reach_section
 from isocompute.evaluation.report_plans import action_groups, plans_section, plot_accuracy_cost
 
 KIND = "report"
@@ -53,7 +54,7 @@ def _acc(x: float) -> str:
 def render_markdown(report: dict[str, Any]) -> str:
     """The human-readable report (GitHub-flavoured Markdown)."""
     lines = _intro(report) + _learners_section(report) + _accuracy_section(report)
-    lines += plans_section(report) + _fallback_section(report) + _same_accuracy_section(report)
+    lines += plans_section(report) + _fallback_section(report) + _same_accuracy_section(report) + reach_section(report)
     lines += _not_binding_note(report) + _spend_section(report) + _ceiling_section(report)
     lines += _both_learners_section(report) + _targets_section(report)
     lines += ["## Plots", "", "![accuracy vs budget](accuracy.png)", "",

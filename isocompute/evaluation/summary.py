@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from isocompute.evaluation.channels import method_means
+from isocompute.evaluation.reach import reach_block
 from isocompute.policy.config import LEARNERS
 from isocompute.policy.plans.menu import FAMILY_BASELINES
 
@@ -60,7 +61,8 @@ class Evaluation:
     (S, M, B, N) expected waves per prompt (None: one wave everywhere); ``plans``: the action menu's plan
     names (``actions`` then holds each plan's maximum samples); ``tokens`` / ``latency``: (S, M, B, N)
     expected tokens generated and latency per prompt (:mod:`isocompute.evaluation.channels`; None without
-    token counts).
+    token counts); ``reach``: the policy as served at each reference's latency budget over a sweep of
+    budgets (:mod:`isocompute.evaluation.reach`; None without token counts or a plan menu).
     """
 
     mode: str
@@ -85,6 +87,7 @@ class Evaluation:
     plans: tuple[str, ...] | None = None
     tokens: np.ndarray | None = None
     latency: np.ndarray | None = None
+    reach: dict[str, Any] | None = None
 
 
 def bootstrap_indices(n: int, n_boot: int, seed: int) -> np.ndarray:
@@ -149,7 +152,10 @@ def summarise(ev: Evaluation, *, n_boot: int = 2000, seed: int = 0) -> dict[str,
         })
     return {"budgets": entries, "n_prompts": N, "bootstrap": n_boot, "bootstrap_seed": seed,
             "learner_comparison": compare_learners(entries),
-            "same_accuracy": same_accuracy(entries, ev.reference, ev.alt_unit) if ev.reference else None}
+            "same_accuracy": same_accuracy(entries, ev.reference, ev.alt_unit) if ev.reference else None,
+            **({} if ev.reach is None else {"reach": reach_block(
+                ev.reach["scores"], ev.reach["references"], ev.reach["arrays"], ev.reach["budgets"],
+                ev.reach["latency_budgets"], n_boot=min(n_boot, 1000), seed=seed)})}
 
 
 def _methods_at(ev: Evaluation, per_prompt: np.ndarray, bi: int, idx: np.ndarray) -> dict[str, Any]:

@@ -116,7 +116,10 @@ class PolicyConfig:
     stable names (:func:`isocompute.solver.models.actions.parse_action`), priced in FLOPs, with the chain
     ``("escalate", "fixed_plan", "single_model")`` by default (the best fixed action's mix with the dearer
     action given to the prompts a learned score ranks first, the best fixed action for everyone, then the
-    best single model's best fixed plan); the rest are LightGBM hyper-parameters and the seed.
+    best single model's best fixed plan); latency_range: the mean latency budgets (lo, hi) the policy
+    also serves, in sample lengths (1.0 = waiting for one sample; :mod:`isocompute.policy.latency`), None
+    for none; wave_overhead: each wave's prefill and queueing time in sample lengths, added to a plan's
+    latency per wave; the rest are LightGBM hyper-parameters and the seed.
     """
 
     actions: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -148,6 +151,8 @@ class PolicyConfig:
     fixed_plan_level: float = 0.95
     models: tuple[str, ...] = ()
     model_actions: tuple[str, ...] = ()
+    latency_range: tuple[float, float] | None = None
+    wave_overhead: float = 0.0
 
     def __post_init__(self) -> None:
         acts = tuple(self.actions)
@@ -181,6 +186,7 @@ class PolicyConfig:
         self._check_plans()
         self._check_models()
         self._check_fallback()
+        self._check_latency()
         if self.shrinkage not in ("none", "eb"):
             raise InputError(f"shrinkage must be none or eb (empirical Bayes toward the task's mean); you passed "
                              f"{self.shrinkage!r}.")
@@ -261,6 +267,28 @@ class PolicyConfig:
             raise InputError(f"fallback_margin is a relative gain in (-1, 1), e.g. 0 or 0.01; you passed "
                              f"{self.fallback_margin!r}.")
 
+    def _check_latency(self) -> None:
+        """``latency_range`` (mean latency budgets in sample lengths, :mod:`isocompute.policy.latency`) needs
+        a plan menu and the utility learner; ``wave_overhead`` is a finite number ≥ 0."""
+        ov = self.wave_overhead
+        if isinstance(ov, bool) or not isinstance(ov, int | float | np.floating) or not (np.isfinite(ov) and ov >= 0):
+            raise InputError(f"wave_overhead is each wave's prefill and queueing time in sample lengths, a finite "
+                             f"number ≥ 0 (e.g. 0.05); you passed {ov!r}.")
+        object.__setattr__(self, "wave_overhead", float(ov))
+        if self.latency_range is None:
+            return
+        lo, hi = (float(x) for x in self.latency_range)
+        if not (np.isfinite(lo) and np.isfinite(hi) and 0 < lo < hi):
+            raise InputError(f"latency range must be two finite numbers 0 < lo < hi in sample lengths (1.0 = waiting "
+                             f"for one sample), e.g. 1:16; you passed {self.latency_range}.")
+        if not self.plans or self.model_actions:
+            raise InputError("latency budgets choose among plans whose waves stop mid-generation: pass a plan menu "
+                             "(e.g. --plans default) for a single model.")
+        if self.learner == "classifier":
+            raise InputError("latency budgets are priced by the utility learner (argmax Û − ν·latency − λ·cost); "
+                             "use --learner utility or auto.")
+        object.__setattr__(self, "latency_range", (lo, hi))
+
     def _check_extras(self) -> None:
         extras = self.feature_extras
         extras = (extras,) if isinstance(extras, str) else tuple(extras)
@@ -292,6 +320,7 @@ class PolicyConfig:
         d["fallback"] = list(self.fallback or ())
         d["plans"] = list(self.plans)
         d["models"], d["model_actions"] = list(self.models), list(self.model_actions)
+        d["latency_range"] = None if self.latency_range is None else list(self.latency_range)
         return d
 
     @classmethod
@@ -306,6 +335,7 @@ class PolicyConfig:
         d["actions"], d["budget_range"] = tuple(d["actions"]), tuple(d["budget_range"])
         d["feature_extras"] = tuple(d.get("feature_extras") or ())
         d["probe"] = ProbeSpec(**d["probe"]) if d.get("probe") else None
+        d["latency_range"] = tuple(d["latency_range"]) if d.get("latency_range") else None
         return cls(**d)
 
 

@@ -64,6 +64,10 @@ class Decision:
     ``escalate`` (the fixed action's mix, the dearer action to the prompts a learned score ranks first)
     or ``single_model`` (the best single model's best fixed plan, or a pinned model's). ``model_actions`` is
     ``()`` for a single-model policy.
+
+    Under a latency budget (:mod:`isocompute.policy.latency`): ``latency_budget`` the one served (sample
+    lengths, 1.0 = waiting for one sample) and ``expected_latency`` per prompt its plan's mean training
+    latency; both None otherwise.
     """
 
     k: np.ndarray
@@ -84,6 +88,8 @@ class Decision:
     expected_samples: np.ndarray | None = None
     expected_waves: np.ndarray | None = None
     model_actions: tuple[Action, ...] = ()
+    latency_budget: float | None = None
+    expected_latency: np.ndarray | None = None
 
     @property
     def plan_names(self) -> list[str]:

@@ -5,7 +5,9 @@ probe spec or null —, actions, action costs (probe and extra features included
 features' cost per request ``feature_cost``, budget range, default learner and why,
 feature names, the training prompt lengths the heuristic baseline uses, per learner the never-worse
 chain ``fallback`` — rule and tests at each grid budget —, and ``training_data``: what a ragged table
-lost, :mod:`isocompute.solver.ragged`), the plan menu ``plans`` by stable names (``RULE@SCHEDULE``,
+lost, :mod:`isocompute.solver.ragged`; ``tokens_per_sample``: one sample's mean completion tokens on the
+training table, or null; ``latency``: the latency tables of :mod:`isocompute.policy.latency`, or null),
+the plan menu ``plans`` by stable names (``RULE@SCHEDULE``,
 read back by :func:`isocompute.solver.plans.plan.parse_plan`; action a is ``plans[a]``) with each plan's mean
 training utility, expected samples and waves (``plan_utility``, ``plan_samples``, ``plan_waves``),
 ``features.json`` + ``features_svd.npz``, and per learner ``<learner>/model_<j>.txt`` (LightGBM text,
@@ -39,6 +41,7 @@ from isocompute.errors import ArtifactError, InputError
 from isocompute.policy.config import PolicyConfig
 from isocompute.policy.fallback import LEARNED, RuleChain
 from isocompute.policy.features.prompt import PromptFeatures
+from isocompute.policy.latency import LatencyTables
 from isocompute.policy.learn.calibration import Calibration
 from isocompute.policy.learn.crossfit import N_CALIBRATION, FittedLearner
 from isocompute.policy.learn.learners import OracleClassifier, UtilityRegressor, budget_grid
@@ -73,6 +76,8 @@ def save_policy(policy: Any, out_dir: str | Path, *, inputs: dict[str, str] | No
             "heuristic": {"train_prompt_lengths": policy.train_lengths_.tolist()},
             "fallback": {name: chain.to_dict() for name, chain in policy.fallback_.items()},
             "training_data": getattr(policy, "training_data_", None),
+            "tokens_per_sample": getattr(policy, "tokens_per_sample_", None),
+            "latency": None if getattr(policy, "latency_", None) is None else policy.latency_.to_dict(),
         }
         (d / "policy.json").write_text(json.dumps(meta, indent=2) + "\n")
         for name, f in policy.learners_.items():
@@ -116,6 +121,8 @@ def load_policy(cls: Any, artifact_dir: str | Path) -> Any:
         obj.selection_ = meta["selection"]
         obj.n_train_ = meta["n_train"]
         obj.training_data_ = meta.get("training_data")
+        obj.tokens_per_sample_ = meta.get("tokens_per_sample")  # absent before latency budgets
+        obj.latency_ = LatencyTables.from_dict(meta["latency"]) if meta.get("latency") else None
         obj.train_lengths_ = np.asarray(meta["heuristic"]["train_prompt_lengths"], dtype=np.int64)
         grid = budget_grid(*obj.config.budget_range, N_CALIBRATION)
         chains = meta.get("fallback") or {}  # absent before the fallback: the learned rule everywhere

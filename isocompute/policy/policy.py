@@ -41,6 +41,13 @@ from isocompute.policy.fallback import (
     uniform_utilities,
 )
 from isocompute.policy.features.prompt import PromptFeatures
+from isocompute.policy.latency import (
+    check_latency,
+    decide_latency,
+    fit_latency,
+    latency_units,
+    tokens_per_sample,
+)
 from isocompute.policy.learn.crossfit import (
     N_CALIBRATION,
     CrossFit,
@@ -60,7 +67,7 @@ from isocompute.policy.persistence import KIND, SCHEMA_VERSION, load_policy, sav
 from isocompute.policy.plans.arrays import allocate_plans, plan_stats
 from isocompute.policy.plans.fixed_rule import fixed_actions, fixed_plan_at, fixed_plan_scores
 from isocompute.policy.plans.menu import ladder_columns, menu_of
-from isocompute.policy.table_prep import prepare_table, task_groups  # noqa: F401  (task_groups: re-exported)
+from isocompute.policy.table_prep import check_arrays, prepare_table, task_groups  # noqa: F401  (task_groups: re-exported)
 from isocompute.solver.allocate import feasible_range
 from isocompute.solver.plans.plan import Plan
 
@@ -93,8 +100,10 @@ class Policy:
                                                                  sample_flops=sample_flops, model_flops=model_flops,
                                                                  arrays=arrays)
         full, table = len(table), prep.table
+        self.tokens_per_sample_ = tokens_per_sample(table)
+        latency = None if self.config.latency_range is None else latency_units(prep, self.config.wave_overhead)
         self.fit_arrays(table.prompts, prep.utility, costs, samples=prep.samples, waves=prep.waves, probe=probe,
-                        sample_flops=sample_flops, labels=labels, progress=progress)
+                        sample_flops=sample_flops, labels=labels, latency=latency, progress=progress)
         self.training_data_ = {"prompts_in_table": full, "dropped": len(prep.dropped),
                                "dropped_ids": prep.dropped[:20], "min_samples": prep.min_samples,
                                "ragged_prompts": prep.n_ragged, "summary": prep.summary()}
@@ -103,7 +112,7 @@ class Policy:
     def fit_arrays(self, prompts: Sequence[str], U: np.ndarray, C: np.ndarray, *, samples: np.ndarray | None = None,
                    waves: np.ndarray | None = None, probe: np.ndarray | None = None,
                    sample_flops: np.ndarray | None = None, labels: np.ndarray | None = None,
-                   progress: bool = False) -> Policy:
+                   latency: np.ndarray | None = None, progress: bool = False) -> Policy:
         """Fit from prompts and their utility and cost tables (N × P each, P = ``len(self.plans)``);
         ``progress`` shows a bar. ``samples`` / ``waves``: each plan's expected samples and waves per
         prompt (:func:`~isocompute.policy.plans.arrays.plan_arrays`), needed for adaptive plans; one-wave
@@ -114,10 +123,12 @@ class Policy:
         training prompt, needed only to price extra features in samples (unless the config declares
         ``feature_cost``). ``labels``: the utilities the learners imitate (N × A, default ``U``; e.g.
         shrunk ones, :mod:`isocompute.policy.learn.shrinkage`) — calibration, the learner choice and the
-        never-worse chain always score ``U``.
+        never-worse chain always score ``U``. ``latency``: each plan's expected latency per prompt in sample
+        lengths, wave overhead included — required exactly when the config has a ``latency_range``
+        (:mod:`isocompute.policy.latency`).
         """
         cfg = self.config
-        prompts, U, C = self._check_arrays(prompts, U, C)
+        prompts, U, C = check_arrays(cfg, len(self.plans), prompts, U, C)
         S, W = plan_stats(self.plans, U.shape, samples, waves)
         labels = U if labels is None else np.asarray(labels, dtype=np.float64)
         if labels.shape != U.shape:
@@ -127,6 +138,11 @@ class Policy:
         self._fit_features(prompts, sample_flops)
         C = C + self.probe_cost + self.feature_cost_
         self._check_reach(C)
+        if (cfg.latency_range is None) != (latency is None):
+            raise InputError("pass latency= (each plan's expected latency per prompt) exactly when the config has a "
+                             "latency_range (fit --latency-budgets).")
+        if latency is not None:
+            check_latency(cfg, latency, U.shape)
         X = self._with_probe(self.features_.transform(prompts), probe_col)
         self.action_costs_ = C.mean(axis=0)
         self.plan_utility_, self.plan_samples_, self.plan_waves_ = U.mean(axis=0), S.mean(axis=0), W.mean(axis=0)
@@ -150,6 +166,7 @@ class Policy:
                 self.learners_[name], held_out[name] = fit_learner(name, job, cfg, self.action_costs_, bar.update)
         self.default_learner_, self.selection_ = select_learner(held_out, U, C, cfg)
         self.fallback_ = {name: self._choose_rules(job, oof) for name, oof in held_out.items()}
+        self.latency_ = None if latency is None else fit_latency(self, job, latency)
         return self
 
     def _choose_rules(self, job: CrossFit, oof: Callable[[float], np.ndarray]) -> RuleChain:
@@ -167,20 +184,6 @@ class Policy:
         levels = {FIXED_PLAN: cfg.fixed_plan_level} if FIXED_PLAN in scores else None
         return choose_rules(scores, job.requested, level=cfg.fallback_level, margin=cfg.fallback_margin,
                             seed=cfg.seed, rule_levels=levels)
-
-    def _check_arrays(self, prompts: Sequence[str], U: Any, C: Any) -> tuple[list[str], np.ndarray, np.ndarray]:
-        """Prompts as a list and U, C as float arrays of shape (prompts × actions), or InputError."""
-        cfg = self.config
-        U, C = np.asarray(U, dtype=np.float64), np.asarray(C, dtype=np.float64)
-        prompts = list(prompts)
-        n, P = len(prompts), len(self.plans)
-        if U.shape != (n, P) or C.shape != U.shape:
-            raise InputError(f"utilities and costs must be (prompts × {'plans' if cfg.plans else 'actions'}) = "
-                             f"({n}, {P}); got {U.shape} and {C.shape}.")
-        if n < 4 * cfg.calibration_folds:
-            raise InputError(f"a policy with {cfg.calibration_folds} calibration folds needs at least "
-                             f"{4 * cfg.calibration_folds} prompts; the table has {n}. Sample more prompts.")
-        return prompts, U, C
 
     def _fit_features(self, prompts: list[str], sample_flops: np.ndarray | None) -> None:
         """Fit the features first: the extra blocks' cost is what their encoder spends on these prompts."""
@@ -352,7 +355,8 @@ class Policy:
         return batch_knob(self, X, u, route, budget, learner)
 
     def decide(self, prompts: Sequence[str], budget: float, *, probe: np.ndarray | None = None,
-               learner: str | None = None, match: str = "calibrated", model: str | None = None) -> Decision:
+               learner: str | None = None, match: str = "calibrated", model: str | None = None,
+               latency_budget: float | None = None) -> Decision:
         """Plans for ``prompts`` at mean cost ``budget`` per request (pure; features included).
 
         ``match="calibrated"`` (default): each prompt's action depends only on its text and the budget,
@@ -362,12 +366,16 @@ class Policy:
         reported then include the probe's. ``model`` pins a model: a single-model policy serves none by
         name (:attr:`models` is empty), so any name is an InputError; a multi-model policy
         (:class:`~isocompute.policy.multi.policy.MultiPolicy`) restricts its actions to that model.
+        ``latency_budget``: the mean latency per request in sample lengths, within the policy's
+        ``latency_range`` (:func:`isocompute.policy.latency.decide_latency`; the utility learner decides).
         """
         self._check_fitted()
         if model is not None:
             raise InputError(f"this policy serves one model and names none, so it cannot be pinned to {model!r}; "
                              "drop the model, or fit a multi-model policy (isocompute fit --outcomes NAME=TABLE …).")
         b = self.check_budget(budget)
+        if latency_budget is not None:
+            return decide_latency(self, prompts, b, latency_budget, probe=probe, match=match)
         name = learner or self.default_learner_
         if name not in self.learners_:
             raise InputError(f"learner {name!r} is not in this policy; it has {', '.join(self.learners_)}.")

@@ -53,3 +53,17 @@ def prepare_table(cfg: Any, table: Any, *, costs: np.ndarray | None, probe: np.n
         var = sampling_variance(table, cfg.actions, cfg.strategy, seed=cfg.seed)
         labels = shrink_utilities(prep.utility, var, task_groups(table))
     return prep, costs, probe, sample_flops, labels
+
+
+def check_arrays(cfg: Any, n_plans: int, prompts: Any, U: Any, C: Any) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Prompts as a list and U, C as float arrays of shape (prompts × plans), or InputError."""
+    U, C = np.asarray(U, dtype=np.float64), np.asarray(C, dtype=np.float64)
+    prompts = list(prompts)
+    n = len(prompts)
+    if U.shape != (n, n_plans) or C.shape != U.shape:
+        raise InputError(f"utilities and costs must be (prompts × {'plans' if cfg.plans else 'actions'}) = "
+                         f"({n}, {n_plans}); got {U.shape} and {C.shape}.")
+    if n < 4 * cfg.calibration_folds:
+        raise InputError(f"a policy with {cfg.calibration_folds} calibration folds needs at least "
+                         f"{4 * cfg.calibration_folds} prompts; the table has {n}. Sample more prompts.")
+    return prompts, U, C

@@ -142,7 +142,7 @@ def lagrangian_actions(utilities: object, costs: object, lam: float) -> np.ndarr
 
 
 def allocate(utilities: object, costs: object, budget: float, *, rounding: Rounding = "mix",
-             tol: float = 1e-12) -> Allocation:
+             tol: float = 1e-12, hulls: Hulls | None = None) -> Allocation:
     """Solve the budgeted allocation exactly (see the module docstring for the maths and an example).
 
     Parameters
@@ -156,6 +156,8 @@ def allocate(utilities: object, costs: object, budget: float, *, rounding: Round
         them greedily so the cost never exceeds it.
     tol : float
         Relative tolerance (on the total cost scale) for a budget that sits exactly on a breakpoint.
+    hulls : Hulls, optional
+        ``upper_hulls(utilities, costs)`` when the caller already built them (one table, many budgets).
 
     Raises
     ------
@@ -164,7 +166,7 @@ def allocate(utilities: object, costs: object, budget: float, *, rounding: Round
     """
     if rounding not in ("mix", "deterministic"):
         raise InputError(f"rounding must be 'mix' or 'deterministic', not {rounding!r}.")
-    hulls = upper_hulls(utilities, costs)
+    hulls = upper_hulls(utilities, costs) if hulls is None else hulls
     U, C = hulls.utilities, hulls.costs
     n, n_actions = U.shape
     budget = check_budget(budget, C)

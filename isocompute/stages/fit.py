@@ -98,6 +98,14 @@ class FitConfig:
         None, parse=parse_budget_range,
         help="budget range the policy serves: lo:hi in mean cost per request (a list spans its range); default: "
              "what the actions can spend, probe included (1:16 for actions 1…16 without one)")
+    latency_budgets: list[float] | None = option(
+        None, parse=parse_budget_range,
+        help="mean latency budgets the policy also serves, lo:hi in sample lengths (1.0 = waiting for one sample; "
+             "the table needs completion_tokens); requests then carry latency_budget beside budget. Default: no "
+             "latency constraint")
+    wave_overhead: float = option(
+        0.0, type=float, help="each wave's prefill and queueing time in sample lengths, added to a plan's latency "
+                              "per wave (with --latency-budgets)")
     out: Path = option(type=Path, help="artifact directory to write (replaced atomically)")
     learner: str = option("auto", choices=("classifier", "utility", "auto"),
                           help="auto fits both and keeps the one with the higher out-of-fold accuracy")
@@ -170,10 +178,10 @@ class FitConfig:
         self.out = Path(self.out)
         if several(self.outcomes, self.models) and (
                 self.probe_model is not None or self.features or self.shrinkage != "none" or self.min_samples
-                or self.ragged != "error" or self.strategy != "majority"):
+                or self.ragged != "error" or self.strategy != "majority" or self.latency_budgets is not None):
             raise InputError("with several models (--outcomes) the policy reads the prompt text only and votes by "
-                             "majority: drop --probe-model, --features, --shrinkage, --min-samples, --ragged and "
-                             "--strategy.")
+                             "majority: drop --probe-model, --features, --shrinkage, --min-samples, --ragged, "
+                             "--strategy and --latency-budgets.")
 
 
 @dataclass
@@ -208,7 +216,8 @@ def fit(cfg: FitConfig) -> FitResult:
         plans=parse_plans(cfg.plans, cfg.actions, cfg.strategy), plan_costs=cfg.plan_costs,
         fixed_plan_level=0.95 if cfg.fixed_plan_level is None else cfg.fixed_plan_level,
         fallback_level=cfg.fallback_level, fallback_margin=cfg.fallback_margin, min_samples=cfg.min_samples,
-        ragged=cfg.ragged, shrinkage=cfg.shrinkage,
+        ragged=cfg.ragged, shrinkage=cfg.shrinkage, wave_overhead=cfg.wave_overhead,
+        latency_range=None if cfg.latency_budgets is None else (min(cfg.latency_budgets), max(cfg.latency_budgets)),
     )
     if cfg.probe_cost is not None and cfg.probe_model is None:
         raise InputError("--probe-cost declares the cost of the probe feature; add --probe-model DIR to use one.")

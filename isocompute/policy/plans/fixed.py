@@ -33,6 +33,7 @@ import numpy as np
 
 from isocompute.errors import BudgetError, InputError
 from isocompute.solver.allocate import allocate
+from isocompute.solver.hull import upper_hulls
 
 
 @dataclass(frozen=True)
@@ -62,18 +63,28 @@ class FixedPlanChoice:
 
 def choose_fixed_plan(U: np.ndarray, C: np.ndarray, budget: float) -> FixedPlanChoice:
     """The best budget-matched mix of two plans on these prompts (see the module docstring)."""
+    return choose_fixed_plans(U, C, [budget])[0]
+
+
+def choose_fixed_plans(U: np.ndarray, C: np.ndarray, budgets: Sequence[float]) -> list[FixedPlanChoice]:
+    """:func:`choose_fixed_plan` at each of ``budgets``, on one hull of the plans' means."""
     U, C = _check(U, C)
     u_bar, c_bar = U.mean(axis=0), C.mean(axis=0)
     order = np.argsort(c_bar, kind="stable")
-    if not budget >= c_bar.min():
-        raise BudgetError(f"budget {budget:.6g} is below the cheapest plan's mean cost {c_bar.min():.6g} on "
-                          "these prompts; add cheaper plans (e.g. none@1) or raise the budget.")
-    # above the dearest plan the budget does not bind: the best plan that fits spends less
-    res = allocate(u_bar[order][None], c_bar[order][None], min(float(budget), float(c_bar.max())))
-    lo, hi = int(order[res.actions[0]]), int(order[res.actions_hi[0]])
-    mix = res.mix_prob if lo != hi else 0.0
-    return FixedPlanChoice(lo=lo, hi=hi, mix=float(mix), budget=float(budget), train_cost=float(res.mean_cost),
-                           train_utility=float(res.mean_utility))
+    row_u, row_c = u_bar[order][None], c_bar[order][None]
+    hulls = upper_hulls(row_u, row_c)
+    out = []
+    for budget in budgets:
+        if not budget >= c_bar.min():
+            raise BudgetError(f"budget {budget:.6g} is below the cheapest plan's mean cost {c_bar.min():.6g} on "
+                              "these prompts; add cheaper plans (e.g. none@1) or raise the budget.")
+        # above the dearest plan the budget does not bind: the best plan that fits spends less
+        res = allocate(row_u, row_c, min(float(budget), float(c_bar.max())), hulls=hulls)
+        lo, hi = int(order[res.actions[0]]), int(order[res.actions_hi[0]])
+        mix = res.mix_prob if lo != hi else 0.0
+        out.append(FixedPlanChoice(lo=lo, hi=hi, mix=float(mix), budget=float(budget),
+                                   train_cost=float(res.mean_cost), train_utility=float(res.mean_utility)))
+    return out
 
 
 @dataclass(frozen=True, eq=False)

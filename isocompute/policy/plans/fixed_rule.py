@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from isocompute.policy.fallback import mix_actions
-from isocompute.policy.plans.fixed import FixedPlanChoice, choose_fixed_plan
+from isocompute.policy.plans.fixed import FixedPlanChoice, choose_fixed_plan, choose_fixed_plans
 
 
 def _clip(budget: float, c_bar: np.ndarray) -> float:
@@ -43,8 +43,9 @@ def fixed_plan_scores(U: np.ndarray, C: np.ndarray, folds: Sequence[tuple[np.nda
     out = np.empty((len(budgets), U.shape[0]))
     for tr, ho in folds:
         u_bar, c_bar = U[tr].mean(axis=0), C[tr].mean(axis=0)
-        for bi, b in enumerate(budgets):
-            out[bi, ho] = choose_fixed_plan(u_bar[None], c_bar[None], _clip(b, c_bar)).utility(U[ho])
+        choices = choose_fixed_plans(u_bar[None], c_bar[None], [_clip(b, c_bar) for b in budgets])
+        for bi, choice in enumerate(choices):
+            out[bi, ho] = choice.utility(U[ho])
     return out
 
 
