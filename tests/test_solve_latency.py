@@ -149,6 +149,10 @@ def test_infeasible_latency_budget_names_the_least(table, tmp_path):
     (["--latency-budget", "-1"], "--latency-budget must be a finite number ≥ 0"),
     (["--latency-budget", "1", "--rounding", "deterministic"], "drop --rounding deterministic"),
     (["--latency-budget", "1", "--wave-overhead", "-0.5"], "--wave-overhead must be"),
+    (["--latency-budget", "1", "--decode-speed", "0"], "--decode-speed must be a finite number of tokens per second > 0"),
+    (["--latency-budget", "1", "--decode-speed", "-50"], "--decode-speed must be a finite number"),
+    (["--latency-budget", "1", "--decode-speed", "nan"], "--decode-speed must be a finite number"),
+    (["--decode-speed", "50"], "only --latency-budget computes; add --latency-budget"),
 ])
 def test_bad_options(table, tmp_path, capsys, argv, message):
     assert main(["solve", str(table), "--budget", "2", "--out", str(tmp_path / "o"), *argv]) == 2
@@ -173,3 +177,30 @@ def test_cli_prints_latency_and_plays_the_ladder_with_plans_none(table, tmp_path
     assert "mean latency / tokens" in printed and "mean latency" in printed and "μ*" in printed
     summary = json.loads((out / "summary.json").read_text())
     assert summary["plans"] == [f"none@{k}" for k in ACTIONS] and summary["mean_latency"] <= 1.2 + 1e-9
+
+
+@pytest.mark.parametrize("overhead", [0.0, 0.25])
+def test_decode_speed_gives_the_mean_latency_in_seconds(table, tmp_path, overhead):
+    plain, _ = _solve(table, tmp_path / "plain", latency_budget=1.5, wave_overhead=overhead)
+    timed, rows = _solve(table, tmp_path / "timed", latency_budget=1.5, wave_overhead=overhead, decode_speed=50.0)
+    per = timed["latency_unit_tokens"]
+    assert timed["decode_speed"] == 50.0 and "decode_speed" not in plain and "mean_latency_s" not in plain
+    assert {k: v for k, v in timed.items() if k not in ("decode_speed", "mean_latency_s", "uniform", "out")} == {
+        k: v for k, v in plain.items() if k not in ("uniform", "out")}  # seconds only add keys
+    assert timed["mean_latency_s"] == pytest.approx(timed["mean_latency"] * per / 50.0, rel=1e-12)
+    for u in timed["uniform"]:
+        assert u["mean_latency_s"] == pytest.approx(u["mean_latency"] * per / 50.0, rel=1e-12)
+    # none@1 waits one sample's mean length plus one wave's overhead: (1 + O) · per / speed seconds
+    assert timed["uniform"][0]["mean_latency_s"] == pytest.approx((1.0 + overhead) * per / 50.0)
+    params = json.loads((tmp_path / "timed" / "manifest.json").read_text())["params"]
+    assert params["decode_speed"] == 50.0 and "decode_speed" not in json.loads(
+        (tmp_path / "plain" / "manifest.json").read_text())["params"]
+
+
+def test_cli_prints_seconds_with_decode_speed(table, tmp_path, capsys):
+    out = tmp_path / "cli"
+    assert main(["solve", str(table), "--actions", "1,2,4,8", "--plans", "none", "--cost-unit", "tokens",
+                 "--budget", "2x", "--latency-budget", "1.2", "--decode-speed", "50", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert f"{summary['mean_latency_s']:.4g} s at 50 tokens/s" in printed and "mean latency (s)" in printed

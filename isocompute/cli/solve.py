@@ -83,14 +83,20 @@ def _print_table(summary: dict[str, Any]) -> None:
         t.add_row("latency budget (samples' waits)", f"{summary['latency_budget']:.6g} (+{summary['wave_overhead']:g}"
                                                      f" per wave; 1.0 = {summary['latency_unit_tokens']:.6g} tokens)")
         t.add_row("μ*", f"{summary['mu']:.6g}")
-        t.add_row("mean latency / tokens (expected)", f"{summary['mean_latency']:.4g} / {summary['mean_tokens']:.6g}")
+        secs = (f" ({summary['mean_latency_s']:.4g} s at {summary['decode_speed']:g} tokens/s)"
+                if "mean_latency_s" in summary else "")
+        t.add_row("mean latency / tokens (expected)",
+                  f"{summary['mean_latency']:.4g}{secs} / {summary['mean_tokens']:.6g}")
     console.print(t)
     u = Table(title="uniform k (same k for every prompt)")
-    for col in ("k", "mean cost", "mean utility", *(("mean latency", "mean tokens") if timed else ())):
+    secs = "mean_latency_s" in summary
+    for col in ("k", "mean cost", "mean utility", *(("mean latency", "mean tokens") if timed else ()),
+                *(("mean latency (s)",) if secs else ())):
         u.add_column(col, justify="right")
     for row in summary["uniform"]:
         u.add_row(str(row["k"]), f"{row['mean_cost']:.6g}", f"{row['mean_utility']:.4f}",
-                  *((f"{row['mean_latency']:.4g}", f"{row['mean_tokens']:.6g}") if timed else ()))
+                  *((f"{row['mean_latency']:.4g}", f"{row['mean_tokens']:.6g}") if timed else ()),
+                  *((f"{row['mean_latency_s']:.4g}",) if secs else ()))
     console.print(u)
     if summary["message"]:
         console.print(summary["message"])

@@ -2,15 +2,19 @@
 
 A channel is an (N, P) array over the table's prompts and plans — with token counts on the table,
 ``tokens`` (expected completion tokens generated, :attr:`isocompute.policy.plans.arrays.PlanArrays.tokens`)
-and ``latency`` (expected decode length until the plan's last wave ends, in the unit the caller chose: the
-report divides by one sample's mean completion length on the table, so 1.0 = waiting for one sample; no
-per-wave overhead). Every method's action probabilities P (n, P) are averaged over it per held-out prompt,
-(P · X).sum(axis=1), as its cost and waves are; a fixed baseline scores its chosen mix on it. Without token
-counts there are no channels and nothing here adds a key. Worked example: uniform at budget 2 plays
-``none@2`` everywhere, so its tokens are 2 × the mean completion length and its latency the mean over
-prompts of E[max of 2 lengths] / unit.
+and ``latency`` (:func:`latency_channel`: the expected decode length until the plan's last wave ends over
+one sample's mean completion length on the table, so 1.0 = waiting for one sample, plus the report's
+``--wave-overhead`` O per expected wave — solve's latency, ``L = latency_tokens / unit + O · waves``). Every
+method's action probabilities P (n, P) are averaged over it per held-out prompt, (P · X).sum(axis=1), as its
+cost and waves are, so a method's latency is its decode latency + O × its expected waves; a fixed baseline
+scores its chosen mix on it. Without token counts there are no channels and nothing here adds a key.
+:func:`add_seconds` turns every row's latency into seconds at a decode speed (``--decode-speed``).
 
-Ignores: serving effects (batching, queueing) and the wave overhead (``solve --wave-overhead`` has one).
+Worked example: uniform at budget 2 plays ``none@2`` everywhere, so its tokens are 2 × the mean completion
+length and its latency the mean over prompts of E[max of 2 lengths] / unit, + O (one wave); at unit = 1,735
+tokens, latency 1.3 and 50 tokens/s its ``latency_s`` is 1.3 × 1,735 / 50 = 45.1 s.
+
+Ignores: serving effects beyond the one overhead per wave (batching, a decode speed that varies with load).
 """
 
 from __future__ import annotations
@@ -21,6 +25,21 @@ from typing import Any
 import numpy as np
 
 CHANNELS = ("tokens", "latency")
+
+
+def latency_channel(latency_tokens: Any, waves: Any, unit: float, overhead: float = 0.0) -> np.ndarray:
+    """(N, P) latency in sample units: decode tokens until each wave ends over ``unit`` tokens, plus
+    ``overhead`` (same units) per expected wave."""
+    return np.asarray(latency_tokens, dtype=np.float64) / unit + overhead * np.asarray(waves, dtype=np.float64)
+
+
+def add_seconds(entries: list[dict[str, Any]], unit: float, speed: float) -> None:
+    """Every method row with a latency gets ``latency_s`` = latency × ``unit`` tokens / ``speed`` tokens
+    per second (in place; ``entries``: the summary's budgets)."""
+    for e in entries:
+        for row in e["methods"].values():
+            if row.get("latency") is not None:
+                row["latency_s"] = float(row["latency"]) * unit / speed
 
 
 def plan_channels(tokens: Any = None, latency: Any = None) -> dict[str, np.ndarray]:

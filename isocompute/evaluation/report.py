@@ -10,7 +10,8 @@
 * ``report.md`` — the same numbers as tables, with the significance of every gain spelled out
   ("not significant" when the 95% CI contains 0) and a warning when the sample is small.
 * ``accuracy.png`` (accuracy vs budget per method with bootstrap CI bands), ``accuracy_cost.png``
-  (accuracy vs realised cost, every method: :mod:`isocompute.evaluation.report_plans`), ``actions.png``
+  (accuracy vs realised cost, every method, or with token counts two panels, vs realised tokens and vs
+  latency: :mod:`isocompute.evaluation.report_plans`), ``actions.png``
   (oracle vs learned action histograms per budget), ``confusion.png`` (learned vs oracle actions at the
   reference budget: 4 if evaluated, else the middle one). Plan menus above eight plans are grouped by
   rule kind in the last two; a plan policy's report also has the section *Plans: fixed stopping rules

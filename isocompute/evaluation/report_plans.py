@@ -8,12 +8,14 @@ For a policy over plans (:mod:`isocompute.policy.plans.menu`) :func:`plans_secti
   :mod:`isocompute.evaluation.baselines`) and of all of them, and uniform — with accuracy, realised cost and
   expected waves (upstream requests per prompt, the latency a plan adds), and with token counts expected
   tokens generated and latency per prompt (in ``latency_unit_tokens``: 1.0 = one sample's mean length;
-  decode time only, no per-wave overhead);
+  decode time plus ``wave_overhead`` per expected wave), and in seconds with ``decode_speed``;
 * the policy's gain over the best fixed plan with its paired bootstrap 95% CI, the part no fixed rule has;
 * what each fixed rule plays at each budget.
 
 :func:`plot_accuracy_cost` draws accuracy against *realised* cost for every method (``accuracy_cost.png``),
-the fair axis when methods spend slightly different amounts. :func:`action_groups` lets the action plots
+the fair axis when methods spend slightly different amounts; when the rows have ``tokens`` and ``latency``
+(:func:`accuracy_cost_figure`) two panels side by side: accuracy vs realised tokens (log2 axis) and accuracy
+vs latency (in sample lengths, or seconds when the rows have ``latency_s``), same methods and legend. :func:`action_groups` lets the action plots
 group a large plan menu by rule kind. Ignores: one-wave reports (nothing here applies; the plot still
 draws).
 """
@@ -22,11 +24,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from isocompute.policy.plans.menu import FAMILY_BASELINES
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 ROWS = ("oracle", "learned", "fixed_plan", *(f"fixed_{f}" for f in FAMILY_BASELINES), "fixed_best", "uniform")
 LABELS = {"oracle": "oracle over plans (hindsight)", "learned": "policy as served", "fixed_plan": "policy's fixed plan",
@@ -55,15 +60,21 @@ def plans_section(report: dict[str, Any]) -> list[str]:
              f"baselines. Cost is the realised mean {unit} per prompt, waves the expected upstream requests per "
              "prompt (latency).", ""]
     timed = report.get("latency_unit_tokens") is not None
+    secs = timed and report.get("decode_speed") is not None
     if timed:
+        o = report.get("wave_overhead") or 0.0
         lines[-2] += (" Tokens: expected completion tokens generated per prompt; latency: expected decode time "
                       f"per prompt, 1.0 = one sample's mean length ({report['latency_unit_tokens']:.6g} tokens), "
-                      "with no per-wave overhead.")
+                      + (f"plus {o:g} per expected wave (prefill and queueing, `--wave-overhead`)." if o else
+                         "with no per-wave overhead.")
+                      + (f" Latency (s): the same at {report['decode_speed']:g} decode tokens per second "
+                         "(`--decode-speed`)." if secs else ""))
     for e in report["budgets"]:
         m = e["methods"]
         lines += [f"**Budget {e['budget']:.4g}**", "", "| method | accuracy [95% CI] | cost | waves | "
-                  + ("tokens | latency | " if timed else "") + "gain vs uniform |",
-                  "|---|---|---:|---:|" + ("---:|---:|" if timed else "") + "---:|"]
+                  + ("tokens | latency | " if timed else "") + ("latency (s) | " if secs else "")
+                  + "gain vs uniform |", "|---|---|---:|---:|" + ("---:|---:|" if timed else "")
+                  + ("---:|" if secs else "") + "---:|"]
         by = e.get("gain_vs_uniform_by_method", {})
         for name in ROWS:
             if name not in m:
@@ -73,6 +84,7 @@ def plans_section(report: dict[str, Any]) -> list[str]:
             lines.append(f"| {LABELS.get(name, name)} | {x['accuracy']:.4f} [{x['ci95'][0]:.4f}, {x['ci95'][1]:.4f}] | "
                          f"{x['cost']:.4g} | {x.get('waves', 1.0):.2f} | "
                          + (f"{_num(x.get('tokens'), '.4g')} | {_num(x.get('latency'), '.3f')} | " if timed else "")
+                         + (f"{_num(x.get('latency_s'), '.4g')} | " if secs else "")
                          + f"{_pct(g) if name != 'uniform' else '—'} |")
         for base, g in e.get("gain_vs_fixed", {}).items():
             sig = "" if g["significant"] else " (*not significant*: the CI contains 0)"
@@ -95,30 +107,57 @@ def plans_section(report: dict[str, Any]) -> list[str]:
 
 
 def plot_accuracy_cost(report: dict[str, Any], path: Path) -> None:
-    """Accuracy against realised cost, one line per method over the report's budgets."""
-    import matplotlib
+    """Write :func:`accuracy_cost_figure` to ``path`` (PNG)."""
+    accuracy_cost_figure(report).savefig(path, dpi=110)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def accuracy_cost_figure(report: dict[str, Any]) -> Figure:
+    """Accuracy against realised cost, one line per method over the report's budgets; when every plotted
+    method's rows have ``tokens`` and ``latency``, two panels instead: accuracy vs realised tokens and vs
+    latency (seconds when the rows have ``latency_s``), the legend on the first."""
+    from matplotlib.figure import Figure
 
     entries = report["budgets"]
-    fig, ax = plt.subplots(figsize=(7.5, 5))
     names = [m for m in (*ROWS, "heuristic", "random") if all(m in e["methods"] for e in entries)]
+    timed = [m for m in names if all(e["methods"][m].get(k) is not None for e in entries for k in ("tokens", "latency"))]
+    n = report["n_prompts"]
+    if not timed:
+        fig = Figure(figsize=(7.5, 5))
+        ax = fig.subplots()
+        _panel(ax, entries, names, "cost", f"realised cost (mean {report['cost_unit']} per prompt)", log2=True)
+        ax.set_title(f"accuracy vs cost, every method ({n} prompts, held out)")
+    else:
+        fig = Figure(figsize=(13, 5))
+        axes = fig.subplots(1, 2, sharey=True)
+        secs = all(e["methods"][m].get("latency_s") is not None for e in entries for m in timed)
+        o = report.get("wave_overhead") or 0.0
+        extra = f", overhead {o:g} per wave" if o else ""
+        unit = report.get("latency_unit_tokens")
+        label = (f"latency (s per prompt at {report.get('decode_speed', 0):g} tokens/s{extra})" if secs else
+                 f"latency (× one sample's mean length{'' if unit is None else f', {unit:.4g} tokens'}{extra})")
+        _panel(axes[0], entries, timed, "tokens", "realised tokens (mean completion tokens per prompt)", log2=True)
+        _panel(axes[1], entries, timed, "latency_s" if secs else "latency", label, log2=False)
+        ax = axes[0]
+        fig.suptitle(f"accuracy vs tokens and latency, every method ({n} prompts, held out)")
+    ax.set_ylabel("accuracy (mean utility)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def _panel(ax: Any, entries: list[dict[str, Any]], names: list[str], key: str, xlabel: str, *, log2: bool) -> None:
+    """One method line per name: accuracy against its rows' ``key`` (log2 x when every value is > 0)."""
+    xs = []
     for m in names:
-        cost = [e["methods"][m]["cost"] for e in entries]
+        x = np.array([np.nan if (v := e["methods"][m].get(key)) is None else v for e in entries], dtype=float)
         acc = [e["methods"][m]["accuracy"] for e in entries]
         style = "-" if m in ("learned", "oracle", "uniform", "fixed_best") else "--"
-        ax.plot(cost, acc, style, marker="o", ms=3, lw=1.6 if style == "-" else 1.0, label=LABELS.get(m, m))
-    if min(e["methods"]["uniform"]["cost"] for e in entries) > 0:
+        ax.plot(x, acc, style, marker="o", ms=3, lw=1.6 if style == "-" else 1.0, label=LABELS.get(m, m))
+        xs.append(x)
+    if log2 and xs and np.nanmin(np.concatenate(xs)) > 0:
         ax.set_xscale("log", base=2)
-    ax.set_xlabel(f"realised cost (mean {report['cost_unit']} per prompt)")
-    ax.set_ylabel("accuracy (mean utility)")
-    ax.set_title(f"accuracy vs cost, every method ({report['n_prompts']} prompts, held out)")
-    ax.legend(fontsize=7)
+    ax.set_xlabel(xlabel)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def action_groups(report: dict[str, Any]) -> tuple[list[str], np.ndarray]:

@@ -20,8 +20,13 @@ Adaptive-Consistency Beta and Dirichlet, Best-of-∞ Bayes factor, and the best 
 expected waves, and the policy's gain over the best fixed plan. With token counts on the table every method
 also has its expected ``tokens`` generated and ``latency`` per prompt (:mod:`isocompute.evaluation.channels`),
 latency in units of one sample's mean completion length on the kept prompts (report.json's
-``latency_unit_tokens``; 1.0 = waiting for one sample), decode time only: no per-wave overhead yet. The imitation ceiling (``label_reps``)
-redraws k-sample labels and is computed for one-wave actions only.
+``latency_unit_tokens``; 1.0 = waiting for one sample): decode time plus ``wave_overhead`` O (prefill and
+queueing, in the same unit, as ``solve --wave-overhead``) per expected wave, L = decode + O × waves, for
+the policy, the oracle, uniform and every fixed-plan baseline alike; report.json records ``wave_overhead``.
+With ``decode_speed`` (tokens per second) every row also has ``latency_s`` = L × latency_unit_tokens /
+decode_speed. Example: decode latency 1.2 and 2.5 expected waves at O = 0.1 give L = 1.45; at 1,735 tokens
+per sample and 50 tokens/s, 50.3 s. The imitation ceiling (``label_reps``) redraws k-sample labels, for
+one-wave actions only.
 
 A multi-model policy (``--outcomes NAME=TABLE … --policy DIR``): the tables go through the fit stage's
 pipeline (:func:`~isocompute.stages.inputs.load_estimates`) with the menu the policy was fitted on (stored
@@ -30,7 +35,7 @@ on each fold's training part and scores every method at every budget, on a grid 
 1-sample cost to the dearest model's 16-sample cost (``n_budgets`` log-spaced points), or ``budgets``; the
 artifact holds report.json, report.md and accuracy_flops.png. It always cross-validates and has no probe.
 
-Ignores: serving and latency (``bench/bench_policy.py``).
+Ignores: measured serving latency (``bench/bench_policy.py``); latency here is the plans' expectation.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from isocompute.errors import InputError
 from isocompute.stages.inputs import ModelInputs, load_estimates, model_flops_for, read_table, several
 from isocompute.stages.options import group, option
 from isocompute.stages.parsing import parse_budget_range, parse_seeds
+from isocompute.stages.solutions import check_latency_units
 
 __all__ = ["ReportConfig", "ReportResult", "report"]
 
@@ -77,10 +83,18 @@ class ReportConfig:
     models: ModelInputs = group(ModelInputs)
     n_budgets: int = option(10, type=int, help="several models: log-spaced budgets from the cheapest model's 1-sample "
                                                "cost to the dearest model's 16-sample cost")
+    wave_overhead: float = option(
+        0.0, type=float, help="latency added per wave (prefill, queueing) to every method's decode latency, in "
+                              "units of one sample's mean completion length, as solve's (needs token counts)")
+    decode_speed: float | None = option(
+        None, type=float, metavar="TOKENS_PER_S", help="decode tokens per second: every method's latency also in "
+        "seconds (latency_s = latency × latency_unit_tokens / speed; needs token counts)")
 
     def __post_init__(self) -> None:
         self.out, self.policy = Path(self.out), Path(self.policy)
-        several(self.outcomes, self.models)
+        check_latency_units(self.wave_overhead, self.decode_speed)
+        if several(self.outcomes, self.models) and (self.wave_overhead or self.decode_speed is not None):
+            raise InputError("a multi-model report has no latency; drop --wave-overhead and --decode-speed.")
 
 
 @dataclass
@@ -130,12 +144,17 @@ def report(cfg: ReportConfig) -> ReportResult:
     data = _data(cfg, policy)
     ev, seeds = _evaluate(cfg, policy, data, budgets)
     summary = summarise(ev, n_boot=cfg.bootstrap, seed=cfg.seed)
+    if cfg.decode_speed is not None:
+        from isocompute.evaluation.channels import add_seconds
+
+        add_seconds(summary["budgets"], data.latency_unit, cfg.decode_speed)
     if not pc.plans:
         _add_label_noise(cfg, policy, data, budgets, summary)
     rep = _assemble(cfg, policy, data, ev, seeds, budgets, summary)
     rep["targets"] = check_targets(summary)
     params = {"folds": ev.n_folds, "seeds": list(seeds), "budgets": [float(b) for b in budgets],
-              "holdout": bool(cfg.holdout), "bootstrap": cfg.bootstrap, "bootstrap_seed": cfg.seed}
+              "holdout": bool(cfg.holdout), "bootstrap": cfg.bootstrap, "bootstrap_seed": cfg.seed,
+              "wave_overhead": cfg.wave_overhead, "decode_speed": cfg.decode_speed}
     write_report(cfg.out, rep, inputs=data.inputs, params=params)
     return ReportResult(cfg.out, rep, policy, len(data.table), ev.mode)
 
@@ -162,14 +181,18 @@ def _data(cfg: ReportConfig, policy: Any) -> _Data:
     plan_kw: dict[str, Any] = {"waves": prep.waves}
     unit = None
     if pc.plans:
+        from isocompute.evaluation.channels import latency_channel
+
         plan_kw = {"samples": prep.samples, "waves": prep.waves}
         if prep.tokens is not None and prep.latency is not None:
             from isocompute.solver.costs import token_multiple_of
 
             unit = token_multiple_of(table.mean_completion_tokens)
-            plan_kw.update(tokens=prep.tokens, latency=prep.latency / unit)
-        if not cfg.holdout:
-            plan_kw["baselines"] = _baselines(policy, table, model, unit)
+            plan_kw.update(tokens=prep.tokens, latency=latency_channel(prep.latency, prep.waves, unit,
+                                                                       cfg.wave_overhead))
+    _check_timed(cfg, pc, unit)
+    if pc.plans and not cfg.holdout:
+        plan_kw["baselines"] = _baselines(policy, table, model, unit, cfg.wave_overhead)
     probe, probe_info = None, None
     if pc.probe is not None:
         probe, probe_info = _probe_values(cfg, pc.probe, table.prompts, prep.utility)
@@ -177,6 +200,15 @@ def _data(cfg: ReportConfig, policy: Any) -> _Data:
     elif cfg.probe_model is not None:
         raise InputError(f"the policy {cfg.policy} has no probe feature; drop --probe-model (or refit with it).")
     return _Data(table, inputs, prep, alt, plan_kw, probe, probe_info, unit)
+
+
+def _check_timed(cfg: ReportConfig, pc: Any, unit: float | None) -> None:
+    """InputError when --wave-overhead > 0 or --decode-speed asks for a latency this report has not."""
+    if unit is None and (cfg.wave_overhead or cfg.decode_speed is not None):
+        why = (f"{cfg.policy} has one-wave actions (fit --plans none), whose report has no latency; refit with "
+               "plans" if not pc.plans else f"it needs completion_tokens on every sample of {cfg.outcomes}, and "
+               "this table has none; re-import it with token counts")
+        raise InputError(f"--wave-overhead and --decode-speed apply to the report's latency: {why}, or drop them.")
 
 
 def _evaluate(cfg: ReportConfig, policy: Any, data: _Data, budgets: Any) -> tuple[Any, tuple[int, ...]]:
@@ -247,7 +279,9 @@ def _assemble(cfg: ReportConfig, policy: Any, data: _Data, ev: Any, seeds: tuple
             "extras": list(pc.feature_extras), "extra_components": pc.extra_components,
             "fitted_policy_cost": policy.feature_cost_, "declared": pc.feature_cost,
             "flops_per_request": policy.features_.extra_flops_per_prompt_},
-        **({} if data.latency_unit is None else {"latency_unit_tokens": data.latency_unit}),
+        **({} if data.latency_unit is None else {"latency_unit_tokens": data.latency_unit,
+                                                 "wave_overhead": float(cfg.wave_overhead)}),
+        **({} if cfg.decode_speed is None else {"decode_speed": float(cfg.decode_speed)}),
         **summary,
     }
 
@@ -276,17 +310,18 @@ def _alt_costs(cfg: ReportConfig, table: Any, policy: Any, model: Any, inputs: d
     return {"C_alt": flops.cost, "paid_alt": float(paid), "alt_unit": "flops"}
 
 
-def _baselines(policy: Any, table: Any, model: Any, unit: float | None = None) -> Any:
+def _baselines(policy: Any, table: Any, model: Any, unit: float | None = None, overhead: float = 0.0) -> Any:
     """The rule families' plan arrays on the policy's kept prompts (:mod:`isocompute.evaluation.baselines`),
-    with their tokens and latency (in ``unit`` tokens) when ``unit`` is given."""
+    with their tokens and latency (in ``unit`` tokens, + ``overhead`` per wave) when ``unit`` is given."""
     from isocompute.evaluation.baselines import FixedBaselines, baseline_plans
+    from isocompute.evaluation.channels import latency_channel
     from isocompute.policy.plans.arrays import plan_arrays
 
     pc = policy.config
     plans, columns = baseline_plans(policy.plans, pc.actions)
     arr = plan_arrays(table, plans, cost_unit=pc.cost_unit, model=model, ragged=pc.ragged)
     channels = {} if unit is None or arr.tokens is None or arr.latency is None else {
-        "tokens": arr.tokens, "latency": arr.latency / unit}
+        "tokens": arr.tokens, "latency": latency_channel(arr.latency, arr.waves, unit, overhead)}
     return FixedBaselines(plans, arr.utility, arr.cost, arr.waves, columns, channels)
 
 

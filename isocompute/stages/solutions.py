@@ -8,6 +8,10 @@ rule fired), summed over waves, plus ``overhead`` (same units) per wave::
 
     L[i, p] = latency_tokens[i, p] / per_sample + overhead · E[waves[i, p]]
 
+With ``decode_speed`` (``solve --decode-speed``, tokens per second) the summary also gives the mean latency
+in seconds, ``mean_latency_s = mean_latency · per_sample / decode_speed`` (the overhead counts as that many
+sample lengths of decode time), for the solution and every uniform none@k.
+
 :func:`latency_oracle` sorts each prompt's plans by its own cost (as
 :func:`~isocompute.policy.plans.arrays.allocate_plans` does), solves both budgets exactly with
 :func:`isocompute.solver.allocate_two.allocate_two` and maps the mixture back to plan indices. Before it,
@@ -34,14 +38,29 @@ if TYPE_CHECKING:
     import numpy as np
 
 
-def check_latency_options(latency_budget: float | None, rounding: str, wave_overhead: float) -> None:
-    """solve's checks of ``--latency-budget`` and ``--wave-overhead`` (InputError with the fix)."""
+def check_latency_options(latency_budget: float | None, rounding: str, wave_overhead: float,
+                          decode_speed: float | None = None) -> None:
+    """solve's checks of ``--latency-budget``, ``--wave-overhead`` and ``--decode-speed`` (InputError with the fix)."""
     if latency_budget is not None and not (math.isfinite(latency_budget) and latency_budget >= 0):
         raise InputError(f"--latency-budget must be a finite number ≥ 0; you passed {latency_budget!r}.")
     if latency_budget is not None and rounding != "mix":
         raise InputError("--latency-budget mixes plans at the boundary; drop --rounding deterministic.")
+    check_latency_units(wave_overhead, decode_speed)
+    if decode_speed is not None and latency_budget is None:
+        raise InputError("--decode-speed gives the solution's mean latency in seconds, which only --latency-budget "
+                         "computes; add --latency-budget (a large one, e.g. 1e9, leaves the solution as without it) "
+                         "or drop --decode-speed.")
+
+
+def check_latency_units(wave_overhead: float, decode_speed: float | None) -> None:
+    """``--wave-overhead`` (finite, ≥ 0, sample units per wave) and ``--decode-speed`` (finite tokens per
+    second > 0, or None), as solve and report take them (InputError with the fix)."""
     if not (math.isfinite(wave_overhead) and wave_overhead >= 0):
-        raise InputError(f"--wave-overhead must be a finite number ≥ 0; you passed {wave_overhead!r}.")
+        raise InputError(f"--wave-overhead must be a finite number ≥ 0 (one sample's mean completion length per "
+                         f"wave); you passed {wave_overhead!r}.")
+    if decode_speed is not None and not (math.isfinite(decode_speed) and decode_speed > 0):
+        raise InputError(f"--decode-speed must be a finite number of tokens per second > 0; you passed "
+                         f"{decode_speed!r}.")
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,17 +87,24 @@ class LatencySolution:
                 "lp_utility": r.dual_value, "n_prompts": r.n_prompts, "n_mixed": int(r.mixed.size),
                 "mix_prob": float(1.0 - r.weights[0]), "status": r.status, "message": r.message}
 
-    def fields(self) -> dict[str, Any]:
-        """The latency fields of the summary: budget, overhead, μ*, and the solution's mean latency and tokens."""
-        return {"latency_budget": self.latency_budget, "wave_overhead": self.overhead, "mu": self.res.mu,
-                "latency_unit_tokens": self.per_sample,
-                "mean_latency": float((self.probs * self.latency).sum(axis=1).mean()),
-                "mean_tokens": float((self.probs * self.tokens).sum(axis=1).mean())}
+    def fields(self, speed: float | None = None) -> dict[str, Any]:
+        """The latency fields of the summary: budget, overhead, μ*, and the solution's mean latency and tokens
+        (with ``speed`` tokens per second also ``decode_speed`` and the mean latency in seconds)."""
+        out = {"latency_budget": self.latency_budget, "wave_overhead": self.overhead, "mu": self.res.mu,
+               "latency_unit_tokens": self.per_sample,
+               "mean_latency": float((self.probs * self.latency).sum(axis=1).mean()),
+               "mean_tokens": float((self.probs * self.tokens).sum(axis=1).mean())}
+        return out if speed is None else {**out, "decode_speed": speed, **self._seconds(out, speed)}
 
-    def uniform(self, column: int) -> dict[str, float]:
+    def uniform(self, column: int, speed: float | None = None) -> dict[str, float]:
         """Mean latency and tokens of one plan played everywhere (the uniform ladder's none@k)."""
-        return {"mean_latency": float(self.latency[:, column].mean()),
-                "mean_tokens": float(self.tokens[:, column].mean())}
+        out = {"mean_latency": float(self.latency[:, column].mean()),
+               "mean_tokens": float(self.tokens[:, column].mean())}
+        return out if speed is None else {**out, **self._seconds(out, speed)}
+
+    def _seconds(self, out: dict[str, float], speed: float) -> dict[str, float]:
+        """``mean_latency_s``: the mean latency in seconds at ``speed`` decode tokens per second."""
+        return {"mean_latency_s": out["mean_latency"] * self.per_sample / speed}
 
 
 def latency_columns(arr: Any, overhead: float, per_sample: float) -> tuple[np.ndarray, np.ndarray]:

@@ -40,7 +40,8 @@ kind, each kind's and model's share and each model's uniform maj@k at the budget
 
 With ``latency_budget`` (plans; units of one sample's mean completion length, plus ``wave_overhead`` per
 wave) both budgets are solved exactly (:mod:`isocompute.stages.solutions`); summary.json then adds the
-mean latency and tokens of the solution and of each uniform none@k. Budgets are mean costs per prompt in the
+mean latency and tokens of the solution and of each uniform none@k, and with ``decode_speed`` (tokens per
+second) ``mean_latency_s``, the mean latency in seconds. Budgets are mean costs per prompt in the
 cost unit. Ignores: anything about features or policies (the fit stage).
 """
 
@@ -116,6 +117,9 @@ class SolveConfig:
                                "table (1.0 = waiting for one sample; needs token counts; plans only)")
     wave_overhead: float = option(0.0, type=float, help="with --latency-budget: latency added per wave (prefill, "
                                                         "queueing), in the same units")
+    decode_speed: float | None = option(
+        None, type=float, metavar="TOKENS_PER_S", help="with --latency-budget: decode tokens per second, to give "
+        "the mean latency in seconds too (mean_latency_s = mean_latency × latency_unit_tokens / speed)")
     out: Path = option(type=Path, help="artifact directory to write (replaced atomically)")
     models: ModelInputs = group(ModelInputs)
 
@@ -131,7 +135,7 @@ class SolveConfig:
             raise InputError(f"--cost-unit must be one of {', '.join(COST_UNITS)}; you passed {self.cost_unit!r}.")
         if self.rounding not in ("mix", "deterministic"):
             raise InputError(f"--rounding must be mix or deterministic; you passed {self.rounding!r}.")
-        check_latency_options(self.latency_budget, self.rounding, self.wave_overhead)
+        check_latency_options(self.latency_budget, self.rounding, self.wave_overhead, self.decode_speed)
         if self.model_config is not None and self.cost_unit != "flops":
             raise InputError("--model-config only matters with --cost-unit flops; add that or drop --model-config.")
 
@@ -262,18 +266,19 @@ def _solve_plans(cfg: SolveConfig, names: tuple[str, ...]) -> dict[str, Any]:
         "expected_samples": float((probs * arr.samples).sum(axis=1).mean()),
         "expected_waves": float((probs * arr.waves).sum(axis=1).mean()),
         "uniform": [{"k": int(k), "plan": names[j], "mean_cost": float(C[:, j].mean()),
-                     "mean_utility": float(U[:, j].mean()), **(sol.uniform(j) if sol else {})}
+                     "mean_utility": float(U[:, j].mean()), **(sol.uniform(j, cfg.decode_speed) if sol else {})}
                     for k, j in zip(cfg.actions, lad, strict=True)],
         "feasible_range": list(feasible_range(C)), "actions": [int(k) for k in cfg.actions],
         "strategy": cfg.strategy, "cost_unit": cfg.cost_unit, "rounding": cfg.rounding,
         "prompts_in_table": len(table), "dropped": len(arr.dropped), "min_samples": arr.min_samples,
-        "ragged_prompts": arr.n_ragged, **(sol.fields() if sol else {}),
+        "ragged_prompts": arr.n_ragged, **(sol.fields(cfg.decode_speed) if sol else {}),
     }
     front = None
     if cfg.budgets:
         order = by_cost(U, C)
         front = _frontier_json(frontier(order.utility, order.cost), cfg, summary["uniform"])
-    extra = {} if sol is None else {"latency_budget": cfg.latency_budget, "wave_overhead": cfg.wave_overhead}
+    extra = {} if sol is None else {"latency_budget": cfg.latency_budget, "wave_overhead": cfg.wave_overhead,
+                                    **({} if cfg.decode_speed is None else {"decode_speed": cfg.decode_speed})}
     return _write_artifact(cfg, inputs, summary, front, write, plans=list(names), **extra)
 
 
