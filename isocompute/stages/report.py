@@ -25,8 +25,8 @@ queueing, in the same unit, as ``solve --wave-overhead``) per expected wave, L =
 the policy, the oracle, uniform and every fixed-plan baseline alike; report.json records ``wave_overhead``.
 With ``decode_speed`` (tokens per second) every row also has ``latency_s`` = L × latency_unit_tokens /
 decode_speed. Example: decode latency 1.2 and 2.5 expected waves at O = 0.1 give L = 1.45; at 1,735 tokens
-per sample and 50 tokens/s, 50.3 s. The imitation ceiling (``label_reps``) redraws k-sample labels, for
-one-wave actions only.
+per sample and 50 tokens/s, 50.3 s. The ``reach`` block: :mod:`isocompute.evaluation.reach`. The
+imitation ceiling (``label_reps``) redraws k-sample labels, for one-wave actions only.
 
 A multi-model policy (``--outcomes NAME=TABLE … --policy DIR``): the tables go through the fit stage's
 pipeline (:func:`~isocompute.stages.inputs.load_estimates`) with the menu the policy was fitted on (stored
@@ -41,7 +41,6 @@ Ignores: measured serving latency (``bench/bench_policy.py``); latency here is t
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +53,7 @@ from isocompute.stages.solutions import check_latency_units
 __all__ = ["ReportConfig", "ReportResult", "report"]
 
 
-@dataclass(kw_only=True)
+@dataclasses.dataclass(kw_only=True)
 class ReportConfig:
     """One report: the options of ``isocompute report`` (each documented on its field). ``seeds`` and
     ``budgets`` keep their command-line spelling, which decides what they mean (``lo:hi`` is a grid)."""
@@ -83,21 +82,22 @@ class ReportConfig:
     models: ModelInputs = group(ModelInputs)
     n_budgets: int = option(10, type=int, help="several models: log-spaced budgets from the cheapest model's 1-sample "
                                                "cost to the dearest model's 16-sample cost")
-    wave_overhead: float = option(
-        0.0, type=float, help="latency added per wave (prefill, queueing) to every method's decode latency, in "
-                              "units of one sample's mean completion length, as solve's (needs token counts)")
+    wave_overhead: float | None = option(
+        None, type=float, help="latency added per wave (prefill, queueing) to every method's decode latency, in "
+                               "units of one sample's mean completion length, as solve's (needs token counts); "
+                               "default: the policy's own (fit --wave-overhead), else 0")
     decode_speed: float | None = option(
         None, type=float, metavar="TOKENS_PER_S", help="decode tokens per second: every method's latency also in "
         "seconds (latency_s = latency × latency_unit_tokens / speed; needs token counts)")
 
     def __post_init__(self) -> None:
         self.out, self.policy = Path(self.out), Path(self.policy)
-        check_latency_units(self.wave_overhead, self.decode_speed)
+        check_latency_units(self.wave_overhead or 0.0, self.decode_speed)
         if several(self.outcomes, self.models) and (self.wave_overhead or self.decode_speed is not None):
             raise InputError("a multi-model report has no latency; drop --wave-overhead and --decode-speed.")
 
 
-@dataclass
+@dataclasses.dataclass
 class ReportResult:
     """The report (what report.json holds), the policy it scored, the prompts scored, the mode
     (cross-validation or holdout), and for several models the report's markdown."""
@@ -110,7 +110,7 @@ class ReportResult:
     markdown: str | None = None
 
 
-@dataclass
+@dataclasses.dataclass
 class _Data:
     """The table's prompts the policy keeps, with every array the evaluation takes."""
 
@@ -134,6 +134,8 @@ def report(cfg: ReportConfig) -> ReportResult:
 
     policy = load_policy(cfg.policy)
     pc = policy.config
+    if cfg.wave_overhead is None:
+        cfg = dataclasses.replace(cfg, wave_overhead=pc.wave_overhead)
     if cfg.budgets is None:
         budgets = default_budgets(*pc.budget_range)
     else:
