@@ -23,7 +23,7 @@ from isocompute.policy.synthetic import synthetic_records
 from isocompute.solver.outcomes import from_records
 
 ACTIONS = (1, 2, 4, 8)
-MENU = tuple(p.name for p in resolve_plans("lead,parallel", ACTIONS))
+MENU = tuple(p.name for p in resolve_plans("lead+parallel", ACTIONS))
 
 
 def _records(n: int = 120, seed: int = 3) -> list[dict]:
@@ -224,6 +224,7 @@ def test_reach_block_against_a_direct_computation():
               "latency": np.full((1, 1, B, N), 0.5), "cost": np.zeros((1, 1, B, N))}
     ref = {"reference": "uniform@4", "column": 1, "accuracy": float(U[:, 1].mean()),
            "tokens": float(tokens[:, 1].mean()), "latency": float(latency[:, 1].mean())}
+    ref["max_latency"] = ref["latency"]
     out = reach_block(scores, [ref], {"utility": U, "tokens": tokens, "latency": latency}, np.arange(1, B + 1.0),
                       [1.5], n_boot=50)
     e = out[0]
@@ -243,7 +244,7 @@ def test_fit_and_report_write_latency_tables_and_the_reach_block(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in _records(90)))
     assert main(["fit", str(path), "--out", str(tmp_path / "pol"), "--actions", "1,2,4,8", "--n-rounds", "8",
-                 "--svd-components", "4", "--calibration-folds", "2", "--plans", "lead,parallel", "--cost-unit",
+                 "--svd-components", "4", "--calibration-folds", "2", "--plans", "lead+parallel", "--cost-unit",
                  "tokens", "--budgets", "1x:6x", "--latency-budgets", "1:2", "--wave-overhead", "0.05"]) == 0
     meta = json.loads((tmp_path / "pol" / "policy.json").read_text())
     assert meta["latency"]["levels"][0] == 1.0 and meta["config"]["wave_overhead"] == 0.05
@@ -252,11 +253,13 @@ def test_fit_and_report_write_latency_tables_and_the_reach_block(tmp_path):
     rep = json.loads((tmp_path / "rep" / "report.json").read_text())
     assert rep["wave_overhead"] == 0.05  # the policy's own overhead, by default
     names = [e["reference"] for e in rep["reach"]]
-    assert names == ["uniform@4", "uniform@8"]
+    assert names == ["uniform@4", "uniform@8", "uniform@4"]  # the last within one sample's wait
+    assert [e["max_latency"] for e in rep["reach"]][-1] == 1.0
     for e in rep["reach"]:
         assert set(e) >= {"reference", "accuracy", "tokens", "latency", "policy_tokens", "policy_latency", "ratio"}
-        assert 1.0 <= e["latency_budget"] <= 2.0
+        assert 1.0 <= e["latency_budget"] <= 2.0 and e["latency_budget"] == pytest.approx(
+            min(max(e["max_latency"], 1.0), 2.0))
         if e["ratio"] is not None:
             assert e["ratio"] == pytest.approx(e["policy_tokens"] / e["tokens"])
-            assert e["policy_latency"] <= e["latency"] * (1 + 1e-9)
+            assert e["policy_latency"] <= e["max_latency"] * (1 + 1e-9)
     assert "## Reach" in (tmp_path / "rep" / "report.md").read_text()

@@ -26,7 +26,13 @@ from typing import Any
 import numpy as np
 
 from isocompute.policy.plans.fixed import choose_fixed_plan
-from isocompute.policy.plans.menu import FAMILY_BASELINES, family_plans, ladder
+from isocompute.policy.plans.menu import (
+    FAMILY_BASELINES,
+    PARALLEL_BASELINES,
+    family_plans,
+    ladder,
+    parallel_family_plans,
+)
 from isocompute.solver.plans.plan import Plan
 
 BEST = "best"
@@ -48,7 +54,9 @@ class FixedBaselines:
 
 def baseline_plans(menu: Sequence[Plan], actions: Sequence[int]) -> tuple[tuple[Plan, ...], dict[str, np.ndarray]]:
     """(every plan any baseline uses, columns per baseline): each family with the ladder ``none@k``,
-    k ∈ actions, capped at the largest k; ``best`` = all of them and the policy's ``menu``."""
+    k ∈ actions, capped at the largest k — and, when the ``menu`` holds parallel-stop plans, each family
+    in that mode and short-m@k (:data:`~isocompute.policy.plans.menu.PARALLEL_BASELINES`); ``best`` = all
+    of them and the policy's ``menu``."""
     k_max = int(max(actions))
     index: dict[str, int] = {}
     plans: list[Plan] = []
@@ -62,6 +70,8 @@ def baseline_plans(menu: Sequence[Plan], actions: Sequence[int]) -> tuple[tuple[
 
     lad = ladder(actions)
     out = {fam: cols([*lad, *family_plans(fam, k_max)]) for fam in FAMILY_BASELINES}
+    if any(any(p.parallel) for p in menu):  # parallel-stop baselines where the policy may play such plans
+        out.update({name: cols([*lad, *parallel_family_plans(name, k_max)]) for name in PARALLEL_BASELINES})
     out[BEST] = cols([*lad, *menu, *plans])
     return tuple(plans), out
 

@@ -79,6 +79,7 @@ from isocompute.evaluation.summary import (  # noqa: F401  (re-exported: evaluat
     summarise,
 )
 from isocompute.policy.fallback import FIXED_PLAN, LEARNED, uniform_mix
+from isocompute.policy.latency import reachable_latency
 from isocompute.policy.learn.shrinkage import shrink_utilities
 from isocompute.policy.plans.arrays import allocate_plans
 from isocompute.policy.policy import LEARNERS, Policy, PolicyConfig
@@ -290,9 +291,10 @@ def _fold(c: dict[str, Any], job: tuple[int, int, int, np.ndarray, np.ndarray]) 
     config, prompts, U, C, pv, sf, waves, samples = (c["config"], c["prompts"], c["U"], c["C"], c["pv"], c["sf"],
                                                      c["waves"], c["samples"])
     labels = _fold_labels(config, U, c["label_var"], c["groups"], train)
-    refit = dataclasses.replace(c["refit"], seed=config.seed + 1000 * seed + f,
-                                budget_range=_reachable(c["refit"], C[train]))
     lat = None if config.latency_range is None else c["extra"]["latency"][train]
+    refit = dataclasses.replace(c["refit"], seed=config.seed + 1000 * seed + f,
+                                budget_range=_reachable(c["refit"], C[train]),
+                                latency_range=reachable_latency(config.latency_range, lat))
     pol = Policy(refit).fit_arrays(
         [prompts[i] for i in train], U[train], C[train], probe=None if pv is None else pv[train],
         sample_flops=None if sf is None else sf[train], labels=labels, latency=lat,

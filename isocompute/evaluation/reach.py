@@ -9,10 +9,12 @@ without latency budgets is evaluated without one — with its cost budgets swept
 geometric steps of the trained range. Pooled over folds and averaged over seeds, that gives per budget
 the accuracy, tokens and latency of the policy as served (its never-worse chain included).
 
-The entry's ``policy_tokens`` is the least mean tokens at which accuracy ≥ A_k − :data:`TOLERANCE` with
-realised latency ≤ L_k: the first budget of the sweep that gets there, linearly interpolated in
-(tokens, accuracy, latency) from the budget before it when that one also kept the latency (a hashed mix
-of the two budgets' decisions spends and scores in between). ``ratio`` = policy_tokens / T_k, null when
+A last entry asks the same of uniform@4's accuracy within one sample's wait (``max_latency`` 1.0, the
+policy served at latency budget 1.0). The entry's ``policy_tokens`` is the least mean tokens at which
+accuracy ≥ A_k − :data:`TOLERANCE` with realised latency ≤ its ``max_latency`` (L_k, or 1.0): the first
+budget of the sweep that gets there, linearly interpolated in (tokens, accuracy, latency) from the budget
+before it when that one also kept the latency (a hashed mix of the two budgets' decisions spends and
+scores in between); ``best_accuracy`` is the sweep's highest accuracy within that latency. ``ratio`` = policy_tokens / T_k, null when
 not reached; ``ratio_ci95`` is a paired bootstrap over prompts (the reference's numbers resampled with
 the policy's; a resample that does not reach counts as ∞, and a bound at ∞ is null).
 
@@ -36,6 +38,7 @@ from isocompute.policy.learn.learners import budget_grid
 REFERENCES = (4, 8, 16)
 TOLERANCE = 0.002  # accuracy within 0.2 pt of the reference's
 N_SWEEP = 17  # cost budgets swept per reference latency budget
+ONE_SAMPLE = 1.0  # the last entry's latency cap: waiting for one sample
 CHANNELS = ("utility", "tokens", "latency", "cost")
 
 
@@ -47,8 +50,11 @@ def reach_references(plans: Sequence[Any], tokens: np.ndarray, latency: np.ndarr
     for k in REFERENCES:
         if f"none@{k}" in names:
             j = names.index(f"none@{k}")
+            lat = float(latency[:, j].mean())
             out.append({"reference": f"uniform@{k}", "column": j, "accuracy": float(U[:, j].mean()),
-                        "tokens": float(tokens[:, j].mean()), "latency": float(latency[:, j].mean())})
+                        "tokens": float(tokens[:, j].mean()), "latency": lat, "max_latency": lat})
+    if out and out[0]["reference"] == f"uniform@{REFERENCES[0]}":  # uniform@4's accuracy in one sample's wait
+        out.append({**out[0], "max_latency": ONE_SAMPLE})
     return out
 
 
@@ -84,7 +90,7 @@ def reach_scores(policy: Any, prompts: Sequence[str], arrays: dict[str, np.ndarr
     out = {c: np.empty((len(references), budgets.size, rows.size)) for c in CHANNELS}
     for r, ref in enumerate(references):
         for bi, b in enumerate(budgets):
-            a = served_actions(policy, X, u, route, float(b), ref["latency"])
+            a = served_actions(policy, X, u, route, float(b), ref["max_latency"])
             for c in CHANNELS:
                 out[c][r, bi] = arrays[c][rows, a]
     return out
@@ -102,6 +108,11 @@ def _reach_point(acc: np.ndarray, tok: np.ndarray, lat: np.ndarray, target: floa
     return None
 
 
+def _best_within(acc: np.ndarray, lat: np.ndarray, max_latency: float) -> float | None:
+    ok = lat <= max_latency * (1 + 1e-9)
+    return float(acc[ok].max()) if ok.any() else None
+
+
 def reach_block(scores: dict[str, np.ndarray], references: list[dict], ref_arrays: dict[str, np.ndarray],
                 budgets: np.ndarray, latency_budgets: list[float | None], *, n_boot: int = 1000,
                 seed: int = 0) -> list[dict[str, Any]]:
@@ -115,21 +126,23 @@ def reach_block(scores: dict[str, np.ndarray], references: list[dict], ref_array
     for r, ref in enumerate(references):
         col = ref["column"]
         curves = [per[c][r].mean(axis=1) for c in ("utility", "tokens", "latency")]
-        hit = _reach_point(*curves, ref["accuracy"] - TOLERANCE, ref["latency"])
+        cap = ref["max_latency"]
+        hit = _reach_point(*curves, ref["accuracy"] - TOLERANCE, cap)
         ratios = []
         for rows in idx:
             ra, rt, rl = (float(ref_arrays[c][rows, col].mean()) for c in ("utility", "tokens", "latency"))
             h = _reach_point(*(per[c][r][:, rows].mean(axis=1) for c in ("utility", "tokens", "latency")),
-                             ra - TOLERANCE, rl)
+                             ra - TOLERANCE, rl if cap == ref["latency"] else cap)
             ratios.append(np.inf if h is None else h[0] / rt)
         capped = np.minimum(np.asarray(ratios), 1e300)  # ∞ (not reached) sorts last without NaNs
         lo, hi = (float(x) if x < 1e299 else np.inf for x in np.percentile(capped, (2.5, 97.5)))
         out.append({
             "reference": ref["reference"], "accuracy": ref["accuracy"], "tokens": ref["tokens"],
-            "latency": ref["latency"], "latency_budget": latency_budgets[r],
+            "latency": ref["latency"], "max_latency": cap, "latency_budget": latency_budgets[r],
             "policy_tokens": None if hit is None else hit[0], "policy_latency": None if hit is None else hit[1],
             "ratio": None if hit is None else hit[0] / ref["tokens"],
             "ratio_ci95": [None if not np.isfinite(lo) else lo, None if not np.isfinite(hi) else hi],
+            "best_accuracy": _best_within(curves[0], curves[2], cap),
             "sweep": {"budgets": budgets.tolist(), "accuracy": curves[0].tolist(), "tokens": curves[1].tolist(),
                       "latency": curves[2].tolist()}})
     return out
@@ -147,7 +160,7 @@ def reach_setup(config: Any, plans: Sequence[Any], U: np.ndarray, C: np.ndarray,
     if not refs:
         return None
     lo_hi = config.latency_range
-    latency_budgets = [None if lo_hi is None else float(np.clip(r["latency"], *lo_hi)) for r in refs]
+    latency_budgets = [None if lo_hi is None else float(np.clip(r["max_latency"], *lo_hi)) for r in refs]
     return {"references": refs, "budgets": sweep_budgets(config.budget_range), "arrays": arrays,
             "latency_budgets": latency_budgets}
 
@@ -175,7 +188,7 @@ def reach_section(report: dict[str, Any]) -> list[str]:
              f"Least mean tokens at which the policy as served reaches the reference's accuracy (within "
              f"{100 * TOLERANCE:.1f} pt) with mean latency ≤ the reference's, evaluated at that latency budget over "
              f"{N_SWEEP} budgets (latency in sample lengths).", "",
-             "| reference | accuracy | tokens | latency | latency budget | policy tokens | policy latency | ratio "
+             "| reference | accuracy | tokens | latency | latency ≤ | policy tokens | policy latency | ratio "
              "[95% CI] |", "|---|---:|---:|---:|---:|---:|---:|---|"]
 
     def num(x: Any, fmt: str) -> str:
@@ -185,6 +198,6 @@ def reach_section(report: dict[str, Any]) -> list[str]:
         lo, hi = e["ratio_ci95"]
         ratio = "not reached" if e["ratio"] is None else f"{e['ratio']:.3f} [{num(lo, '.3f')}, {num(hi, '.3f')}]"
         lines.append(f"| {e['reference']} | {e['accuracy']:.4f} | {e['tokens']:,.0f} | {e['latency']:.3f} | "
-                     f"{num(e['latency_budget'], '.3f')} | {num(e['policy_tokens'], ',.0f')} | "
+                     f"{e['max_latency']:.3f} | {num(e['policy_tokens'], ',.0f')} | "
                      f"{num(e['policy_latency'], '.3f')} | {ratio} |")
     return [*lines, ""]

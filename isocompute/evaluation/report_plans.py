@@ -28,15 +28,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from isocompute.policy.plans.menu import FAMILY_BASELINES
+from isocompute.policy.plans.menu import FAMILY_BASELINES, PARALLEL_BASELINES
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-ROWS = ("oracle", "learned", "fixed_plan", *(f"fixed_{f}" for f in FAMILY_BASELINES), "fixed_best", "uniform")
+ROWS = ("oracle", "learned", "fixed_plan", *(f"fixed_{f}" for f in (*FAMILY_BASELINES, *PARALLEL_BASELINES)),
+        "fixed_best", "uniform")
 LABELS = {"oracle": "oracle over plans (hindsight)", "learned": "policy as served", "fixed_plan": "policy's fixed plan",
           "fixed_best": "best fixed plan (all families)", "uniform": "uniform maj@k",
-          **{f"fixed_{f}": f"best {label}" for f, (label, _) in FAMILY_BASELINES.items()}}
+          **{f"fixed_{f}": f"best {label}" for f, (label, _) in FAMILY_BASELINES.items()},
+          **{f"fixed_{f}": f"best {label}" for f, (label, _, _) in PARALLEL_BASELINES.items()}}
 MAX_GROUPS = 8  # action plots show at most this many plans, else one bar per rule kind
 
 

@@ -37,10 +37,10 @@ import numpy as np
 from isocompute.evaluation.channels import method_means
 from isocompute.evaluation.reach import reach_block
 from isocompute.policy.config import LEARNERS
-from isocompute.policy.plans.menu import FAMILY_BASELINES
+from isocompute.policy.plans.menu import FAMILY_BASELINES, PARALLEL_BASELINES
 
 BASE_METHODS = ("oracle", "learned", "uniform", "heuristic", "random")
-FIXED_METHODS = ("fixed_plan", *(f"fixed_{f}" for f in FAMILY_BASELINES), "fixed_best")
+FIXED_METHODS = ("fixed_plan", *(f"fixed_{f}" for f in (*FAMILY_BASELINES, *PARALLEL_BASELINES)), "fixed_best")
 METHODS = (*BASE_METHODS, "oracle_lp", "learned_batch", *(f"learned_{name}" for name in LEARNERS),
            "learned_no_fallback", *FIXED_METHODS)
 

@@ -283,3 +283,14 @@ def tokens_per_sample(table: Any) -> float | None:
         return token_multiple_of(table.mean_completion_tokens)
     except InputError:
         return None
+
+
+def reachable_latency(latency_range: tuple[float, float] | None, latency: np.ndarray) -> tuple[float, float] | None:
+    """``latency_range`` with its bottom raised to the quickest plan's mean latency on these prompts: a
+    cross-validation refit's training part may wait a little longer than the whole table on its quickest
+    plan (as its budget range is clipped to what it can spend)."""
+    if latency_range is None:
+        return None
+    lo, hi = latency_range
+    quickest = float(np.asarray(latency).mean(axis=0).min())
+    return (max(lo, quickest), hi) if max(lo, quickest) < hi else (quickest, quickest * (1 + 1e-6))

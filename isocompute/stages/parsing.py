@@ -149,9 +149,12 @@ def parse_seeds(text: str) -> tuple[int, ...]:
     return seeds
 
 
-def parse_plans(text: str | None, actions: tuple[int, ...], strategy: str) -> tuple[str, ...]:
+def parse_plans(text: str | None, actions: tuple[int, ...], strategy: str, *,
+                parallel: bool = False) -> tuple[str, ...]:
     """``--plans SPEC`` → the menu's plan names (``()``: the one-wave actions). Without the flag:
-    ``default`` for majority voting, ``none`` for the other strategies (plans vote by majority)."""
+    ``default`` for majority voting, ``none`` for the other strategies (plans vote by majority).
+    ``parallel``: ``default`` also holds the parallel-stop plans (cost in tokens or FLOPs, or a latency
+    budget: :func:`isocompute.policy.plans.menu.resolve_plans`)."""
     from isocompute.policy.plans.menu import resolve_plans
 
     spec = text if text is not None else ("default" if strategy == "majority" else "none")
@@ -159,7 +162,7 @@ def parse_plans(text: str | None, actions: tuple[int, ...], strategy: str) -> tu
         return ()
     if strategy != "majority":
         raise InputError(f"plans vote by majority; --strategy {strategy} needs --plans none (k samples at once).")
-    return tuple(p.name for p in resolve_plans(spec, actions))
+    return tuple(p.name for p in resolve_plans(spec, actions, parallel=parallel))
 
 
 def parse_features(text: str | None) -> tuple[str, ...]:

@@ -145,7 +145,8 @@ def solve(cfg: SolveConfig) -> dict[str, Any]:
     ``out`` and the frontier's figures for one model)."""
     if cfg.models.model_outcomes:
         return _solve_models(cfg)
-    names = parse_plans(cfg.plans, tuple(cfg.actions), cfg.strategy)
+    names = parse_plans(cfg.plans, tuple(cfg.actions), cfg.strategy,
+                        parallel=cfg.cost_unit != "samples" or cfg.latency_budget is not None)
     if cfg.latency_budget is not None and not names:  # k samples at once: the one-wave ladder as plans
         names = tuple(f"none@{k}" for k in cfg.actions)
     if names:

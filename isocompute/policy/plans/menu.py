@@ -9,7 +9,10 @@ samples per prompt can play all of them:
     default       the default menu (:func:`default_menu`): the 30 plans of
                   :func:`isocompute.solver.plans.plan.default_plans` plus the lead rules m = 1, 2, 3 at every
                   k_max of :data:`K_MAX` (the fixed plans bench_fixed_plans found best on the real tables);
-                  with a largest action above 16, its one-sample-at-a-time rules also run to that many
+                  with a largest action above 16, its one-sample-at-a-time rules also run to that many;
+                  with ``parallel=True`` (fit/solve in cost unit tokens or flops, or under a latency
+                  budget) also the ``parallel`` menu below. In samples a parallel-stop wave of k starts
+                  k samples, as none@k does, and votes on fewer, so it is dominated there and left out
     lead, window, beta, dirichlet, bayes
                   one rule family over its baseline grid (:data:`FAMILY_BASELINES`); ``bayes`` is the
                   reconstruction of Best-of-∞ that the report's "Best-of-∞" row plays
@@ -41,7 +44,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from isocompute.errors import InputError
-from isocompute.solver.plans.plan import Plan, default_plans, parallel_plans, parse_plan, plan_family
+from isocompute.solver.plans.plan import (
+    PARALLEL,
+    Plan,
+    default_plans,
+    parallel_plans,
+    parse_plan,
+    plan_family,
+)
 
 K_MAX = (2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)  # lead rules' k_max grid
 _KS = (2, 4, 8, 12, 16)
@@ -51,6 +61,19 @@ FAMILY_BASELINES: dict[str, tuple[str, dict]] = {  # family → (label, plan_fam
     "beta": ("Adaptive-Consistency Beta", {"p": (0.6, 0.75, 0.9, 0.95, 0.99), "k_max": _KS}),
     "dirichlet": ("Adaptive-Consistency Dirichlet", {"p": (0.6, 0.75, 0.9, 0.95), "k_max": _KS}),
     "bayes": ("Best-of-∞ Bayes factor", {"B": (1.0, 3.0, 10.0, 30.0, 100.0), "k_max": _KS}),
+}
+# The same families with every wave parallel-stop (one wave of k_max, the rule checked at every finish,
+# the rest aborted when it fires), and short-m@k: report baselines where the menu holds parallel-stop plans.
+PARALLEL_BASELINES: dict[str, tuple[str, str, dict]] = {  # name → (label, family, plan_family arguments)
+    "lead_par": ("lead, parallel-stop", "lead", {"m": (1, 2, 3, 4, 5), "k_max": (4, 8, 12, 16)}),
+    "window_par": ("ESC window, parallel-stop", "window", {"w": (2, 3, 4), "k_max": (8, 12, 16)}),
+    "beta_par": ("Adaptive-Consistency Beta, parallel-stop", "beta", {"p": (0.75, 0.9, 0.95, 0.99),
+                                                                     "k_max": (4, 8, 16)}),
+    "dirichlet_par": ("Adaptive-Consistency Dirichlet, parallel-stop", "dirichlet", {"p": (0.75, 0.9, 0.95),
+                                                                                   "k_max": (8, 16)}),
+    "bayes_par": ("Best-of-∞ Bayes factor, parallel-stop", "bayes", {"B": (3.0, 10.0, 30.0, 100.0),
+                                                                    "k_max": (8, 16)}),
+    "short": ("short-m@k", "first", {"m": (1, 2, 3, 5), "k_max": (4, 8, 16)}),
 }
 MENU_FAMILIES: dict[str, tuple[str, dict]] = {  # families for --plans that are not report baselines
     "boinf": ("Best-of-∞ as published", {"B": (1.0, 3.0, 10.0, 30.0, 100.0), "k_max": _KS}),
@@ -96,6 +119,18 @@ def family_plans(family: str, k_max: int = 16) -> list[Plan]:
     return _capped(plan_family(family, **grid), k_max)
 
 
+def parallel_family_plans(name: str, k_max: int = 16) -> list[Plan]:
+    """One parallel-stop baseline family of :data:`PARALLEL_BASELINES` over its grid, capped at ``k_max``
+    (short-m@k keeps m ≤ k)."""
+    _, family, grid = PARALLEL_BASELINES[name]
+    grid = dict(grid)
+    grid["k_max"] = tuple(sorted({min(int(k), k_max) for k in grid["k_max"]}))
+    if family == "first":
+        return _capped([p for m in grid["m"] for p in plan_family("first", m=m, k_max=tuple(
+            k for k in grid["k_max"] if k >= m), mode=PARALLEL)], k_max)
+    return _capped(plan_family(family, **grid, mode=PARALLEL), k_max)
+
+
 def split_plan_names(text: str) -> list[str]:
     """"window:w=3@3x5,1,lead:m=2@1x8" → ["window:w=3@3x5,1", "lead:m=2@1x8"] (module docstring)."""
     names: list[str] = []
@@ -110,9 +145,9 @@ def split_plan_names(text: str) -> list[str]:
     return names
 
 
-def resolve_plans(spec: str, actions: Sequence[int]) -> tuple[Plan, ...]:
+def resolve_plans(spec: str, actions: Sequence[int], *, parallel: bool = False) -> tuple[Plan, ...]:
     """The menu named by ``spec`` (module docstring) for the uniform ladder ``actions``; ``none`` gives
-    the one-wave ladder alone."""
+    the one-wave ladder alone; ``parallel``: ``default`` includes the parallel-stop menu."""
     acts = [int(k) for k in actions]
     if not acts or any(b <= a for a, b in zip(acts, acts[1:], strict=False)) or acts[0] < 1:
         raise InputError(f"actions must be strictly increasing sample counts k ≥ 1, e.g. 1,2,4,8,16; got {acts}.")
@@ -122,17 +157,17 @@ def resolve_plans(spec: str, actions: Sequence[int]) -> tuple[Plan, ...]:
     if "@" in spec:
         menu = [parse_plan(name) for name in split_plan_names(spec)]
     else:
-        menu = [p for part in spec.split("+") for p in _named_menu(part.strip(), acts[-1])]
+        menu = [p for part in spec.split("+") for p in _named_menu(part.strip(), acts[-1], parallel)]
     out: dict[str, Plan] = {p.name: p for p in ladder(acts)}
     for p in menu:
         out.setdefault(p.name, p)
     return tuple(out.values())
 
 
-def _named_menu(name: str, k_max: int) -> list[Plan]:
+def _named_menu(name: str, k_max: int, parallel: bool = False) -> list[Plan]:
     """One named menu of :func:`resolve_plans` (``none`` is the ladder, which every menu holds anyway)."""
     if name == "default":
-        return default_menu(k_max)
+        return default_menu(k_max) + (_capped(parallel_plans(), k_max) if parallel else [])
     if name == "parallel":
         return _capped(parallel_plans(), k_max)
     if name in FAMILY_BASELINES or name in MENU_FAMILIES:
