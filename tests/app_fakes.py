@@ -37,6 +37,8 @@ class FakeDecision:
     rule: str = "learned"
     rule_evidence: dict | None = None
     model_actions: tuple = ()
+    latency_budget: float | None = None
+    expected_latency: np.ndarray | None = None
 
 
 def decision(plans, *, lam=None, extra_cost=0.0, rule="learned", evidence=None) -> FakeDecision:
@@ -66,6 +68,8 @@ class FakePolicy:
     feature_cost = 0.0
     sample_flops = None
     models = ()
+    tokens_per_sample = None
+    latency_range = None
 
     def __init__(self, plan: str | None = None, *, reads: bool = True, rule: str = "learned") -> None:
         self.calls: list[tuple[list[str], float]] = []
@@ -184,3 +188,21 @@ def serve_in_thread(app, port: int):
         thread.join(timeout=30)
 
     return stop
+
+
+def fit_tokens_policy():
+    """A small real policy in the tokens unit with latency budgets: fitted on a synthetic outcome table (every
+    sample has completion_tokens) over the default+parallel plan menu, budgets 1x–8x one sample's mean tokens
+    and latency budgets 1–2 sample lengths (a few seconds)."""
+    from isocompute.policy.latency import tokens_per_sample
+    from isocompute.policy.plans.menu import resolve_plans
+    from isocompute.policy.policy import Policy, PolicyConfig
+    from isocompute.policy.synthetic import synthetic_records
+    from isocompute.solver.outcomes import from_records
+
+    actions = (1, 2, 4, 8)
+    table = from_records(synthetic_records(120, 8, seed=0))
+    t = tokens_per_sample(table)
+    menu = tuple(p.name for p in resolve_plans("default+parallel", actions))
+    return Policy(PolicyConfig(actions=actions, plans=menu, cost_unit="tokens", budget_range=(t, 8 * t), n_rounds=8,
+                               calibration_folds=2, n_components=4, latency_range=(1.0, 2.0), seed=1)).fit(table)

@@ -198,7 +198,19 @@ BAD_REQUESTS = [
     ("/v1/completions", completion(budget=20), 400, r"outside the policy's calibrated range \[1, 16\]"),
     ("/v1/completions", completion(budget=0.5), 400, "outside the policy's calibrated range"),
     ("/v1/completions", completion(max_samples=0), 422, "max_samples: Input should be greater than or equal to 1"),
-    ("/v1/completions", completion(budget_unit="tokens"), 422, "budget_unit"),
+    ("/v1/completions", completion(budget_unit="joules"), 422, "budget_unit"),
+    ("/v1/completions", completion(budget=4, budget_unit="tokens"), 400,
+     r"budget 4 tokens \(≈ 0.0156 samples\) is outside the policy's calibrated range \[1, 16\] samples"),
+    ("/v1/completions", completion(budget="4x"), 400, "is for a policy whose cost unit is tokens; this policy's "
+                                                      "budgets are in samples: send a number"),
+    ("/v1/completions", completion(budget="4y"), 422, "budget: Input should be a positive number, or a positive "
+                                                      "number followed by x"),
+    ("/v1/completions", completion(budget="0x"), 422, "budget: Input should be a positive number"),
+    ("/v1/completions", completion(budget="4x", budget_unit="flops"), 400, "so it is in tokens; drop budget_unit"),
+    ("/v1/completions", completion(latency_budget=2), 400, "fitted without latency budgets; drop latency_budget"),
+    ("/v1/completions", completion(latency_budget=0), 422, "latency_budget: Input should be greater than 0"),
+    ("/v1/completions", completion(latency_budget="fast"), 422, "latency_budget: Input should be a valid number"),
+    ("/v1/route", {"prompt": "x", "latency_budget": 2}, 400, "fitted without latency budgets"),
     ("/v1/completions", {**completion(), "model": "gpt-4o"}, 404, "model 'gpt-4o' is not served here"),
     ("/v1/completions", completion("x" * 40_000), 400, "40000 characters; the limit is 32000"),
     ("/v1/completions", completion(""), 400, "prompt 0 is empty"),
@@ -327,3 +339,96 @@ def test_key_file(tmp_path):
 
 
 
+
+
+# ---- a tokens-unit policy with latency budgets (a small real fit) ------------------------------------------
+
+TWO = ["What is 12 + 7 * 3?", "What is 345 * 12 - 7?"]
+
+
+@pytest.fixture(scope="module")
+def tokens_policy():
+    from app_fakes import fit_tokens_policy
+
+    return fit_tokens_policy()
+
+
+def test_latency_budget_reaches_the_policy_and_is_reported(tokens_policy):
+    p, L = tokens_policy, 1.0
+    b = 4 * p.tokens_per_sample_
+    with make_client(policy=p, budget_control=False) as c:
+        r = c.post("/v1/completions", json=completion(TWO, budget="4x", latency_budget=L))
+        route = c.post("/v1/route", json={"prompt": TWO, "budget": "4x", "latency_budget": L})
+    assert r.status_code == 200 and route.status_code == 200, (r.text, route.text)
+    ref = p.decide(TWO, b, latency_budget=L)
+    assert ref.action_index.tolist() != p.decide(TWO, b).action_index.tolist()  # L changes the plans here
+    infos = [ch["isocompute"] for ch in r.json()["choices"]]
+    assert [i["action"] for i in infos] == ref.action_index.tolist()
+    assert [i["latency_budget"] for i in infos] == [L, L]
+    assert [i["expected_latency"] for i in infos] == pytest.approx(ref.expected_latency.tolist())
+    body = route.json()
+    assert [d["action"] for d in body["decisions"]] == ref.action_index.tolist()
+    assert [d["expected_latency"] for d in body["decisions"]] == pytest.approx(ref.expected_latency.tolist())
+    assert body["latency_budget"] == L and body["expected_latency"] == pytest.approx(float(ref.expected_latency.mean()))
+
+
+def test_without_a_latency_budget_decisions_are_unchanged(tokens_policy):
+    p = tokens_policy
+    with make_client(policy=p, budget_control=False) as c:
+        body = c.post("/v1/route", json={"prompt": TWO, "budget": "4x"}).json()
+    ref = p.decide(TWO, 4 * p.tokens_per_sample_)
+    assert [d["action"] for d in body["decisions"]] == ref.action_index.tolist()
+    assert [d["expected_cost"] for d in body["decisions"]] == ref.costs.tolist()
+    assert body["latency_budget"] is None and body["expected_latency"] is None
+    assert all(d["expected_latency"] is None for d in body["decisions"])
+
+
+def test_a_latency_budget_outside_the_range_is_a_400_naming_it(tokens_policy):
+    with make_client(policy=tokens_policy) as c:
+        r = c.post("/v1/completions", json=completion(budget="4x", latency_budget=5))
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "latency_budget" and err["code"] == "invalid_budget"
+    assert re.search(r"latency budget 5 is outside the range \[1, 2\] mean sample lengths", err["message"])
+
+
+def test_a_multiple_is_tokens_of_one_mean_sample_and_a_number_is_samples(tokens_policy):
+    p = tokens_policy
+    t = p.tokens_per_sample_
+    with make_client(policy=p, budget_control=False) as c:
+        x = c.post("/v1/completions", json=completion(budget="4x")).json()["isocompute"]
+        n = c.post("/v1/completions", json=completion(budget=4)).json()["isocompute"]
+        tok = c.post("/v1/route", json={"prompt": "What is 2 + 2?", "budget": 4 * t, "budget_unit": "tokens"}).json()
+    assert (x["budget"], x["budget_unit"], x["budget_written"]) == (pytest.approx(4 * t), "tokens", "4x")
+    assert x["policy_unit"] == "tokens" and x["internal_budget"] == pytest.approx(4 * t)
+    assert (n["budget"], n["budget_unit"], n["budget_written"]) == (4.0, "samples", None)
+    assert n["internal_budget"] == pytest.approx(4 * t)  # 4 samples of the policy's mean sample
+    assert (tok["budget_unit"], tok["budget_written"], tok["internal_budget"]) == ("tokens", None, pytest.approx(4 * t))
+
+
+def _mean_cost(metrics: str, unit: str) -> float:
+    [v] = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+           if line.startswith("isocompute_mean_cost{") and f'{unit}"' in line]
+    return v
+
+
+def test_a_tokens_budget_is_charged_the_completion_tokens_generated(tokens_policy):
+    engine = FakeEngine(("The answer is 33.", "The answer is 34."))  # every sample: 5 completion tokens
+    with make_client(engine, policy=tokens_policy) as c:
+        x = c.post("/v1/completions", json=completion(TWO[0], budget="4x")).json()
+        assert _mean_cost(c.get("/metrics").text, "tokens") == x["usage"]["completion_tokens"] == 5 * x["isocompute"]["k"]
+        n = c.post("/v1/completions", json=completion(TWO[0], budget=4)).json()
+        assert _mean_cost(c.get("/metrics").text, "samples") == n["isocompute"]["k"]  # a samples budget: samples
+
+
+def test_chat_takes_a_multiple_and_a_latency_budget(tokens_policy):
+    from isocompute.training.tiny import build_tokenizer
+
+    engine = FakeEngine()
+    engine.tokenizer = build_tokenizer()
+    with make_client(engine, tokens_policy) as c:
+        r = c.post("/v1/chat/completions", json={"model": "isocompute", "budget": "2x", "latency_budget": 1.5,
+                                                 "messages": [{"role": "user", "content": "What is 2+3?"}]})
+    assert r.status_code == 200, r.text
+    info = r.json()["isocompute"]
+    assert info["budget_written"] == "2x" and info["latency_budget"] == 1.5 and info["expected_latency"] is not None

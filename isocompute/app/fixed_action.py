@@ -67,6 +67,8 @@ class FixedActionPolicy:
     feature_extras: tuple[str, ...] = ()
     feature_cost = 0.0
     budget_range = (0.0, math.inf)
+    tokens_per_sample = None  # no outcome table: no "4x" budgets
+    latency_range = None  # and no latency budgets
 
     def __init__(self, action: Action, model_flops: Mapping[str, Any], *, prompt_tokens: int = 64,
                  completion_tokens: int = 256) -> None:

@@ -3,12 +3,13 @@
 For a request with prompts ``x_1 … x_P``, arriving with a deadline ``upstream_timeout_s`` away:
 
 1. **price** (:func:`isocompute.app.accounting.pricing.price_request`): the budget in samples and in the policy's
-   unit, checked against the server's and the policy's limits; the caps on samples and on waves per
-   prompt; the budget controller's key;
+   unit (``"4x"`` resolved to tokens), checked against the server's and the policy's limits, and the latency
+   budget against the policy's range; the caps on samples and on waves per prompt; the controller's key;
 2. **decide**: the key's :class:`~isocompute.app.accounting.budget_control.BudgetController` gives the internal
    budget ``b`` (the priced budget itself when control is off); when the rule serving ``b`` reads the
    prompt features (``policy.needs_features(b)``) the policy's probe runs, if it has one; then
-   ``policy.decide(texts, b)`` returns a plan per prompt, λ, the expected cost and the rule of the
+   ``policy.decide(texts, b)`` (``latency_budget=L`` when sent) returns a plan per prompt, λ, the expected
+   cost (and expected latency) and the rule of the
    never-worse chain that decided — the policy is reached only through
    :class:`~isocompute.app.serving_policy.ServingPolicy`; each plan is cut to the caps (``Plan.capped``);
 3. **run the plans** (:func:`isocompute.app.runner.plan_run.run_plans`): waves of samples upstream within the
@@ -20,8 +21,8 @@ For a request with prompts ``x_1 … x_P``, arriving with a deadline ``upstream_
    failed upstream (fewer returned, or ``finish_reason`` ``error``/``abort``) do not vote and the answer
    says ``partial``;
 5. **account**: what was actually spent — the samples the waves drew, not the plan's maximum (samples;
-   in FLOPs each wave's decodes plus the prompt's prefill, once per plan with ``prefix_caching``, else
-   once per wave) — goes to the controller, the metrics and the response.
+   in tokens their completion tokens; in FLOPs each wave's decodes plus the prompt's prefill, once per
+   plan with ``prefix_caching``, else once per wave) — goes to the controller, the metrics and the response.
 
 A policy with a probe feature needs one cheap model call per prompt before it can decide, and a policy
 with extra feature blocks computes them inside ``decide`` (:mod:`isocompute.app.runner.extras`). Both are part
@@ -230,7 +231,7 @@ class Gateway:
         prompts: list[str],
         *,
         principal: Principal,
-        budget: float | None,
+        budget: float | str | None,
         unit: str | None,
         max_samples: int | None,
         max_tokens: int,
@@ -240,27 +241,30 @@ class Gateway:
         policy_prompts: list[str] | None = None,
         max_waves: int | None = None,
         model: str | None = None,
+        latency_budget: float | None = None,
     ) -> Routing:
         """Decide a plan for every prompt (module docstring, steps 1–2). Raises BudgetError / PermissionDenied.
 
         ``policy_prompts`` (default ``prompts``) is the text the policy sees: for chat, the question
         without the chat template (see :func:`policy_text`). A probe policy's probe call happens here,
         after the budget checks (so a refused request costs no model call), and only when the rule
-        serving the budget reads it. ``model`` (from :meth:`check_model`) pins the decision to that model.
+        serving the budget reads it. ``model`` (from :meth:`check_model`) pins the decision to that model;
+        ``latency_budget`` (sample lengths, checked in pricing) goes to the policy only when sent.
         Raises EngineUnavailable (503) when an action names a model with no pool.
         """
         policy = self._loaded_policy()  # one policy for the whole request, whatever /admin/reload does
         texts = prompts if policy_prompts is None else policy_prompts
         plan = self._price(policy, principal, budget, unit, max_samples, max_waves, max_tokens, temperature,
-                           prompt_tokens)
+                           prompt_tokens, latency_budget)
         ctl = self._controller(plan, policy)
         internal = ctl.internal if self.settings.budget_control else plan.policy_budget
-        reads = policy.needs_features(internal)
+        lat: dict[str, Any] = {} if plan.latency_budget is None else {"latency_budget": plan.latency_budget}
+        reads = policy.needs_features(internal, **lat)
         probe = None
         if reads and policy.probe is not None:
             probe = await probe_call(self.backend, texts, policy.probe, plan, deadline, tokenizer=self.tokenizer,
                                      model_flops=self.model_flops)
-        decision, features = await self._decide(policy, texts, internal, probe, plan, reads, model)
+        decision, features = await self._decide(policy, texts, internal, probe, plan, reads, model, lat)
         routing = Routing.of(decision, plan, len(prompts), multi_model=bool(policy.models),
                              internal_budget=float(internal), controller=ctl, probe=probe, features=features)
         missing = missing_pools((m for a in routing.model_actions for m in a.models), self.pools)
@@ -269,16 +273,18 @@ class Gateway:
         self.ledger.export(routing)
         return routing
 
-    def _price(self, policy: ServingPolicy, principal: Principal, budget: float | None, unit: str | None,
+    def _price(self, policy: ServingPolicy, principal: Principal, budget: float | str | None, unit: str | None,
                max_samples: int | None, max_waves: int | None, max_tokens: int, temperature: float,
-               prompt_tokens: list[int] | None) -> BudgetPlan:
+               prompt_tokens: list[int] | None, latency_budget: float | None) -> BudgetPlan:
         s = self.settings
         resolved = budget_unit(budget, unit, s.default_budget_unit)
-        flops = (None if resolved == policy.cost_unit == "samples"
-                 else self._sample_flops(policy, prompt_tokens, max_tokens))
+        flops = (self._sample_flops(policy, prompt_tokens, max_tokens) if "flops" in (resolved, policy.cost_unit)
+                 else None)
         plan = price_request(budget, resolved, caller=principal.name, policy_range=policy.budget_range,
                              policy_unit=policy.cost_unit, sample_flops=flops, limits=s, max_samples=max_samples,
-                             temperature=temperature, max_tokens=max_tokens, max_waves=max_waves)
+                             temperature=temperature, max_tokens=max_tokens, max_waves=max_waves,
+                             tokens_per_sample=policy.tokens_per_sample, latency_budget=latency_budget,
+                             latency_range=policy.latency_range)
         principal.check_budget(plan.samples)
         return plan
 
@@ -296,11 +302,12 @@ class Gateway:
         return self.controllers.get(plan.key, make)
 
     async def _decide(self, policy: ServingPolicy, texts: list[str], internal: float, probe: ProbeCall | None,
-                      plan: BudgetPlan, reads: bool, model: str | None = None
+                      plan: BudgetPlan, reads: bool, model: str | None, lat: dict[str, Any]
                       ) -> tuple[PolicyDecision, FeatureCall | None]:
         """``policy.decide``; ``reads``: the serving rule reads the features (then the extra blocks are
-        computed, and paid for); ``model`` is passed only when a request pins one."""
-        pin: dict[str, Any] = {} if model is None else {"model": model}
+        computed, and paid for); ``model`` is passed only when a request pins one, ``lat`` (the latency
+        budget) only when it sends one."""
+        pin: dict[str, Any] = {**lat} if model is None else {"model": model, **lat}
 
         def decide() -> tuple[PolicyDecision, FeatureCall | None]:
             t0 = time.perf_counter()
@@ -373,7 +380,7 @@ class Gateway:
         completion_tokens = sum(c.completion_tokens for c in got)
         flops = self._flops(routing, i, prompt_tokens, run)
         self.ledger.count(run.drawn, len(run.wave_sizes), run.stopped or "plan_end")
-        self.ledger.charge(routing, i, run.drawn, flops)
+        self.ledger.charge(routing, i, run.drawn, flops, completion_tokens)
         info = answer_info(run, routing, i, picked, strategy=strategy, flops=flops)
         return Answer(chosen.text, chosen.finish_reason, prompt_tokens, completion_tokens, flops, info)
 

@@ -205,7 +205,8 @@ async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, caller: C
         routing = await gw.route(prompts, principal=caller, budget=req.budget, unit=req.budget_unit,
                                  max_samples=req.max_samples, max_waves=req.max_waves, max_tokens=max_tokens,
                                  temperature=temperature, deadline=deadline, prompt_tokens=counts,
-                                 policy_prompts=[policy_text(req.messages)], model=pin)
+                                 policy_prompts=[policy_text(req.messages)], model=pin,
+                                 latency_budget=req.latency_budget)
         [ans] = await gw.complete(prompts, routing, max_tokens=max_tokens, temperature=temperature, seed=seed,
                                   strategy=req.strategy, deadline=deadline, messages=req.messages)
         return ans
@@ -233,7 +234,8 @@ async def completions(req: CompletionRequest, gw: GatewayDep, caller: CallerDep,
     async def answer() -> list[Answer]:
         routing = await gw.route(prompts, principal=caller, budget=req.budget, unit=req.budget_unit,
                                  max_samples=req.max_samples, max_waves=req.max_waves, max_tokens=max_tokens,
-                                 temperature=temperature, deadline=deadline, prompt_tokens=counts, model=pin)
+                                 temperature=temperature, deadline=deadline, prompt_tokens=counts, model=pin,
+                                 latency_budget=req.latency_budget)
         return await gw.complete(prompts, routing, max_tokens=max_tokens, temperature=temperature, seed=seed,
                                  strategy=req.strategy, deadline=deadline)
 
@@ -262,14 +264,19 @@ async def route(req: RouteRequest, gw: GatewayDep, caller: CallerDep, request: R
     r = await unless_disconnected(request, gw.route(
         prompts, principal=caller, budget=req.budget, unit=req.budget_unit, max_samples=req.max_samples,
         max_waves=req.max_waves, max_tokens=max_tokens, temperature=temperature, deadline=deadline, prompt_tokens=counts,
-        policy_prompts=None if req.messages is None else [policy_text(req.messages)], model=pin))
+        policy_prompts=None if req.messages is None else [policy_text(req.messages)], model=pin,
+        latency_budget=req.latency_budget))
+    el = r.expected_latency
     return RouteResponse(
         model=gw.settings.served_model, budget=r.plan.budget, budget_unit=r.plan.unit,  # type: ignore[arg-type]
-        internal_budget=r.internal_budget, lambda_=r.lam, rule=r.rule, rule_evidence=r.rule_evidence,
+        budget_written=r.plan.written, internal_budget=r.internal_budget, latency_budget=r.latency_budget,
+        expected_latency=None if el is None else sum(el) / len(el),
+        lambda_=r.lam, rule=r.rule, rule_evidence=r.rule_evidence,
         decisions=[RouteDecision(action=r.actions[i], plan=r.plans[i].name, policy_plan=r.policy_plans[i].name,
                                  k=r.ks[i], policy_k=r.policy_ks[i], expected_cost=r.costs[i],
                                  expected_samples=None if r.expected_samples is None else r.expected_samples[i],
                                  expected_waves=None if r.expected_waves is None else r.expected_waves[i],
+                                 expected_latency=None if el is None else el[i],
                                  model_action=r.model_actions[i].name if r.model_actions else None)
                    for i in range(len(prompts))],
     )

@@ -43,7 +43,8 @@ class Routing:
     the internal budget handed to the policy and the key's controller; the probe call and the extra
     features when the serving rule reads them; a multi-model policy's action per prompt (``model_actions``,
     empty for a single-model policy, whose prompts run ``plans``; an action's caps apply across its
-    stages, :mod:`isocompute.app.runner.action_run`)."""
+    stages, :mod:`isocompute.app.runner.action_run`); under a latency budget the one the policy served
+    and each prompt's expected latency (sample lengths; None without one)."""
 
     plan: BudgetPlan
     plans: list[Plan]
@@ -63,6 +64,8 @@ class Routing:
     probe: ProbeCall | None = None
     features: FeatureCall | None = None
     model_actions: tuple[Action, ...] = ()
+    latency_budget: float | None = None
+    expected_latency: list[float] | None = None
 
     @classmethod
     def of(cls, decision: PolicyDecision, plan: BudgetPlan, n: int, *, multi_model: bool = False,
@@ -79,7 +82,9 @@ class Routing:
             raise RuntimeError(f"policy returned {len(policy_ks)} decisions for {n} prompts")
         plans = [p.capped(max_samples=plan.cap, max_waves=plan.wave_cap) for p in policy_plans]
         lam = None if decision.lam is None else float(decision.lam)
+        served = getattr(decision, "latency_budget", None)  # absent on a decision without latency budgets
         return cls(plan, plans, policy_plans, [p.max_samples for p in plans], policy_ks, actions, costs,
                    _floats(decision.expected_samples, n), _floats(decision.expected_waves, n), lam,
                    float(decision.expected_cost), decision.rule, decision.rule_evidence, **rest,
-                   model_actions=model_actions)
+                   model_actions=model_actions, latency_budget=None if served is None else float(served),
+                   expected_latency=_floats(getattr(decision, "expected_latency", None), n))

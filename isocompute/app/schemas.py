@@ -2,9 +2,12 @@
 
 Extensions (every request type):
 
-* ``budget`` — target mean cost per request under this key: samples (default unit) or FLOPs;
-  omitted → the server's ``default_budget``;
-* ``budget_unit`` — ``"samples"`` | ``"flops"``;
+* ``budget`` — target mean cost per request under this key: samples (default unit), tokens or FLOPs, or
+  (a tokens-unit policy only) a multiple of one sample's mean completion tokens on the policy's training
+  table written as a string, ``"4x"`` (resolved to tokens); omitted → the server's ``default_budget``;
+* ``budget_unit`` — ``"samples"`` | ``"tokens"`` | ``"flops"``;
+* ``latency_budget`` — target mean latency per request in sample lengths (1.0 = waiting for one
+  sample), for a policy fitted with latency budgets (``fit --latency-budgets``), within its range;
 * ``max_samples`` — hard cap on the samples drawn for this request, over all its waves (never exceeded,
   also not by budget control);
 * ``max_waves`` — hard cap on the waves (upstream calls) of this request's plan (the server's
@@ -28,16 +31,50 @@ waves, samples and FLOPs summing them.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import math
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
-BudgetUnit = Literal["samples", "flops"]
+BudgetUnit = Literal["samples", "tokens", "flops"]
 Strategy = Literal["majority", "best_of"]
 StopReason = Literal["rule", "plan_end", "cap", "deadline", "upstream_error"]
 StageStop = Literal["rule", "plan_end", "cap", "deadline", "upstream_error", "escalated"]
 
 _INT64 = 2**63
+
+
+def _positive(text: str) -> float | None:
+    try:
+        v = float(text)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) and v > 0 else None
+
+
+def _budget(v: Any) -> Any:
+    """A request's ``budget`` as sent: a positive finite number; a numeric string (its number, as pydantic's
+    lax mode reads it); or ``"4x"``, a positive number followed by x, kept as written (stripped)."""
+    if isinstance(v, str):
+        text = v.strip()
+        multiple = text[-1:] in ("x", "X")
+        b = _positive(text[:-1] if multiple else text)
+        if b is None:
+            raise PydanticCustomError("budget", "Input should be a positive number, or a positive number followed "
+                                                "by x (a multiple of one sample's mean tokens, e.g. \"4x\")")
+        return text if multiple else b
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        if not math.isfinite(v):
+            raise PydanticCustomError("finite_number", "Input should be a finite number")
+        if v <= 0:
+            raise PydanticCustomError("greater_than", "Input should be greater than 0")
+    return v
+
+
+Budget = Annotated[float | str, BeforeValidator(_budget)]
+"""A budget: a number in ``budget_unit``, or ``"4x"`` (a multiple of one sample's mean tokens)."""
+LatencyBudget = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 class _Open(BaseModel):
@@ -82,8 +119,9 @@ class ChatCompletionRequest(_Open):
     parallel_tool_calls: bool | None = None
     user: str | None = None
     # --- isocompute extensions -------------------------------------------------------------------
-    budget: float | None = Field(None, gt=0, allow_inf_nan=False)
+    budget: Budget | None = None
     budget_unit: BudgetUnit | None = None
+    latency_budget: LatencyBudget | None = None
     max_samples: int | None = Field(None, ge=1)
     max_waves: int | None = Field(None, ge=1)
     strategy: Strategy = "majority"
@@ -112,8 +150,9 @@ class CompletionRequest(_Open):
     top_p: float | None = Field(None, ge=0, le=1)
     user: str | None = None
     # --- isocompute extensions -------------------------------------------------------------------
-    budget: float | None = Field(None, gt=0, allow_inf_nan=False)
+    budget: Budget | None = None
     budget_unit: BudgetUnit | None = None
+    latency_budget: LatencyBudget | None = None
     max_samples: int | None = Field(None, ge=1)
     max_waves: int | None = Field(None, ge=1)
     strategy: Strategy = "majority"
@@ -128,8 +167,9 @@ class RouteRequest(_Open):
     messages: list[ChatMessage] | None = None
     temperature: float | None = Field(None, ge=0, le=2)  # 0 caps k at 1, as in a real request
     # --- isocompute extensions -------------------------------------------------------------------
-    budget: float | None = Field(None, gt=0, allow_inf_nan=False)
+    budget: Budget | None = None
     budget_unit: BudgetUnit | None = None
+    latency_budget: LatencyBudget | None = None
     max_samples: int | None = Field(None, ge=1)
     max_waves: int | None = Field(None, ge=1)
     # --- end of extensions -----------------------------------------------------------------------
@@ -214,9 +254,17 @@ class IsoComputeInfo(BaseModel):
     partial: bool = Field(description="true when fewer samples came back than were drawn, or a later wave "
                                       "failed; the vote used what arrived")
     lambda_: float | None = Field(None, alias="lambda", description="λ (price of one cost unit) of the decision")
-    budget: float
+    budget: float = Field(description="the target mean cost per request in budget_unit (a budget written as a "
+                                      "multiple, budget_written, resolved to tokens)")
     budget_unit: BudgetUnit
+    budget_written: str | None = Field(None, description="the budget as the request wrote it when it was a multiple "
+                                                         "of one sample's mean tokens (e.g. 4x); null for a number")
     internal_budget: float = Field(description="budget handed to the policy after online control")
+    latency_budget: float | None = Field(None, description="the mean latency budget served, in sample lengths (1.0 = "
+                                                           "waiting for one sample); null without one")
+    expected_latency: float | None = Field(None, description="the policy's expected latency of this prompt's plan "
+                                                             "(its mean over draws, sample lengths), under a "
+                                                             "latency budget")
     expected_cost: float | None = Field(None, description="the policy's expected cost of the action, in policy_unit")
     policy_unit: BudgetUnit = Field("samples", description="unit of the policy's budgets and expected costs")
     flops: float | None = None
@@ -283,6 +331,8 @@ class RouteDecision(BaseModel):
     expected_samples: float | None = None
     expected_waves: float | None = None
     expected_cost: float | None = None
+    expected_latency: float | None = Field(None, description="the plan's expected latency (sample lengths), under a "
+                                                             "latency budget")
     model_action: str | None = Field(None, description="a multi-model policy's action (stages on models)")
 
 
@@ -293,7 +343,11 @@ class RouteResponse(BaseModel):
     model: str
     budget: float
     budget_unit: BudgetUnit
+    budget_written: str | None = Field(None, description="the budget as written when it was a multiple (4x)")
     internal_budget: float
+    latency_budget: float | None = Field(None, description="the mean latency budget served (sample lengths)")
+    expected_latency: float | None = Field(None, description="mean over the prompts of their plans' expected "
+                                                             "latency (sample lengths), under a latency budget")
     lambda_: float | None = Field(None, alias="lambda")
     rule: str | None = None
     rule_evidence: dict[str, Any] | None = None

@@ -18,6 +18,15 @@ runs the plans; pricing and budget control do not depend on them.
 (and the probe): where a fallback rule serves it does not, and the gateway then neither calls the probe
 nor pays for it.
 
+**Latency budgets**: a policy fitted with them (``fit --latency-budgets LO:HI``) has a
+:attr:`ServingPolicy.latency_range` (mean latency per request in sample lengths, 1.0 = waiting for one
+sample; None: it serves none); ``decide(…, latency_budget=L)`` serves ``L`` beside the cost budget, and
+its decision's ``latency_budget`` (the one served) and ``expected_latency`` (per prompt) are set (None, or
+absent, otherwise). The gateway passes ``latency_budget`` to ``decide`` and ``needs_features`` only when
+a request sends one, so a policy without latency budgets needs no such parameter.
+:attr:`ServingPolicy.tokens_per_sample` is one sample's mean completion tokens on the training table:
+what a budget ``"4x"`` means for a tokens-unit policy, and the samples ↔ tokens conversion.
+
 :class:`FittedPolicy` adapts the project's own :class:`isocompute.policy.policy.Policy` (whose facts
 live on ``config`` and on fitted attributes) to the contract; :func:`as_serving_policy` picks the
 adapter, or accepts an object that already implements the contract, and says what is missing otherwise.
@@ -72,6 +81,8 @@ class PolicyDecision(Protocol):
     rule: str  # the never-worse chain's rule that decided: learned | fixed_plan | uniform
     rule_evidence: dict[str, Any] | None  # why that rule serves at this budget (JSON-able)
     model_actions: tuple[Action, ...]  # (N,) each prompt's multi-model action (read only when policy.models)
+    latency_budget: float | None  # the latency budget served (sample lengths); None (or absent) without one
+    expected_latency: np.ndarray | None  # (N,) each plan's expected latency under it; None (or absent) otherwise
 
 
 @runtime_checkable
@@ -85,7 +96,18 @@ class ServingPolicy(Protocol):
 
     @property
     def cost_unit(self) -> str:
-        """``samples`` or ``flops``: the unit of its budgets and costs."""
+        """``samples``, ``tokens`` or ``flops``: the unit of its budgets and costs."""
+        ...
+
+    @property
+    def tokens_per_sample(self) -> float | None:
+        """One sample's mean completion tokens on its training table (a budget ``"4x"`` of a tokens policy
+        is 4 of them); None when unknown."""
+        ...
+
+    @property
+    def latency_range(self) -> tuple[float, float] | None:
+        """Mean latency budgets (sample lengths) it serves; None when fitted without latency budgets."""
         ...
 
     @property
@@ -119,16 +141,16 @@ class ServingPolicy(Protocol):
         """The extra feature blocks' FLOPs for each text."""
         ...
 
-    def needs_features(self, budget: float) -> bool:
-        """Whether ``decide`` at ``budget`` reads the prompt features and the probe (False where a
-        fallback rule serves: then no probe is called and its cost is not paid)."""
+    def needs_features(self, budget: float, *, latency_budget: float | None = None) -> bool:
+        """Whether ``decide`` at ``budget`` (and ``latency_budget``, when sent) reads the prompt features
+        and the probe (False where a fallback rule serves: then no probe is called and its cost is not paid)."""
         ...
 
     def decide(self, texts: Sequence[str], budget: float, *, probe: np.ndarray | None = None,
-               model: str | None = None) -> PolicyDecision:
+               model: str | None = None, latency_budget: float | None = None) -> PolicyDecision:
         """Actions for ``texts`` at mean cost ``budget``; ``probe`` holds the probe's value per text
         exactly when :attr:`probe` is set; ``model`` (one of :attr:`models`) keeps only the actions whose
-        every stage is on that model."""
+        every stage is on that model; ``latency_budget`` (within :attr:`latency_range`) the mean latency."""
         ...
 
 
@@ -146,6 +168,11 @@ class FittedPolicy:
         self.sample_flops = self._sample_flops() if self.cost_unit == "flops" else None
         # a Policy from before several models has no models: it is a single-model policy
         self.models: tuple[str, ...] = tuple(policy.models) if hasattr(policy, "models") else ()
+        # a multi-model policy, or one from before latency budgets, has neither
+        tps = getattr(policy, "tokens_per_sample_", None)
+        self.tokens_per_sample = None if tps is None else float(tps)
+        latency = getattr(policy, "latency_", None)
+        self.latency_range = None if latency is None else (float(latency.range[0]), float(latency.range[1]))
 
     def _sample_flops(self) -> float:
         # the probe's and the extra features' costs are in every action's cost, not in a sample's
@@ -157,19 +184,24 @@ class FittedPolicy:
     def extra_flops(self, texts: Sequence[str]) -> Sequence[float]:
         return [float(f) for f in self.policy.features_.extra_flops(list(texts))]
 
-    def needs_features(self, budget: float) -> bool:
-        return bool(self.policy.needs_features(budget))
+    def needs_features(self, budget: float, *, latency_budget: float | None = None) -> bool:
+        # Policy.needs_features knows the cost budget's never-worse chain only; under a latency budget another
+        # chain decides, so the answer is "reads": the probe is then called (and paid) even where a fallback
+        # serves, never missing where the learned rule needs it
+        return True if latency_budget is not None else bool(self.policy.needs_features(budget))
 
     def decide(self, texts: Sequence[str], budget: float, *, probe: np.ndarray | None = None,
-               model: str | None = None) -> PolicyDecision:
+               model: str | None = None, latency_budget: float | None = None) -> PolicyDecision:
         kw: dict[str, Any] = {} if probe is None else {"probe": probe}
         if model is not None:  # only a multi-model Policy takes it (the gateway pins only to its models)
             kw["model"] = model
+        if latency_budget is not None:  # only a Policy fitted with latency budgets serves one
+            kw["latency_budget"] = latency_budget
         return self.policy.decide(texts, budget, **kw)
 
 
-_CONTRACT = ("budget_range", "cost_unit", "probe", "feature_extras", "feature_cost", "sample_flops", "models",
-             "extra_flops", "needs_features", "decide")
+_CONTRACT = ("budget_range", "cost_unit", "tokens_per_sample", "latency_range", "probe", "feature_extras",
+             "feature_cost", "sample_flops", "models", "extra_flops", "needs_features", "decide")
 _POLICY_MEMBERS = ("config", "budget_range", "feature_cost_", "action_costs_", "actions", "features_",
                    "needs_features", "decide")
 

@@ -49,7 +49,7 @@ class Settings(BaseSettings):
     action: str | None = None
     served_model: str = "isocompute"
     default_budget: float = Field(4.0, gt=0, allow_inf_nan=False)
-    default_budget_unit: Literal["samples", "flops"] = "samples"
+    default_budget_unit: Literal["samples", "tokens", "flops"] = "samples"
     max_samples: int = Field(64, ge=1)
     max_waves: int = Field(32, ge=1)
     max_budget: float = Field(64.0, gt=0, allow_inf_nan=False)

@@ -10,10 +10,13 @@ Once a prompt's plan (or multi-model action) has run and been voted on, the gate
 * :meth:`Ledger.charge`: its cost, in the request's unit, observed by the key's
   :class:`~isocompute.app.accounting.budget_control.BudgetController`, then :meth:`Ledger.export` of the key's gauges.
 
-The cost charged for prompt i, with ``d`` samples drawn and ``c_probe``, ``c_extra`` the declared costs
-of its probe call and extra features (0 when the serving rule did not read them)::
+The cost charged for prompt i, with ``d`` samples drawn, ``m`` the completion tokens its samples
+generated (those that came back, failed ones included: what the upstream reported) and ``c_probe``,
+``c_extra`` the costs of its probe call and extra features in the request's unit (0 when the serving
+rule did not read them; :meth:`BudgetPlan.charge`: a tokens budget pays the probe's generated tokens)::
 
     samples budget:  cost = d + c_probe + c_extra
+    tokens budget:   cost = m + c_probe + c_extra
     FLOP budget:     cost = usage.flops                          (measured; probe and extras included)
                      cost = d · F_sample + c_probe + c_extra     (no FLOP model: the request's conversion)
 
@@ -58,12 +61,15 @@ class Ledger:
         self.metrics.flops.inc(flops)
         return flops
 
-    def charge(self, routing: Routing, i: int, drawn: int, flops: float | None) -> None:
-        """Charge the key's controller what prompt ``i`` cost, in the request's unit (module docstring)."""
+    def charge(self, routing: Routing, i: int, drawn: int, flops: float | None, tokens: int) -> None:
+        """Charge the key's controller what prompt ``i`` cost, in the request's unit (module docstring):
+        ``drawn`` samples, ``tokens`` their completion tokens, ``flops`` their FLOPs (None: unknown)."""
         plan, pr, fe = routing.plan, routing.probe, routing.features
         paid = (0.0 if pr is None else pr.costs[i]) + (0.0 if fe is None else fe.costs[i])
         if plan.unit == "samples":
             cost = float(drawn) + paid
+        elif plan.unit == "tokens":
+            cost = float(tokens) + paid
         else:
             cost = flops if flops is not None else plan.in_request_unit(float(drawn), "samples") + paid
         if not math.isfinite(cost):

@@ -123,7 +123,8 @@ class ActionAnswers:
         known = [f for f in stage_flops if f is not None]
         flops = book.paid_flops(routing, i, sum(known)) if len(known) == len(costs) else None
         book.count(run.drawn, len(run.wave_sizes), run.stopped)
-        book.charge(routing, i, run.drawn, flops)
+        completion_tokens = sum(c.completion_tokens for c in costs)
+        book.charge(routing, i, run.drawn, flops, completion_tokens)
         info = action_info(run, routing, i, picked, strategy=strategy, flops=flops, stage_flops=stage_flops)
-        return Answer(chosen.text, chosen.finish_reason, sum(c.prompt_tokens for c in costs),
-                      sum(c.completion_tokens for c in costs), flops, info)
+        return Answer(chosen.text, chosen.finish_reason, sum(c.prompt_tokens for c in costs), completion_tokens,
+                      flops, info)

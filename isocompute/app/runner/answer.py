@@ -112,12 +112,14 @@ def answer_info(run: PlanRun, routing: Routing, i: int, picked: Picked, *, strat
 def _routing_info(routing: Routing, i: int, *, strategy: str, flops: float | None) -> dict[str, Any]:
     """The fields of prompt ``i``'s ``isocompute`` object that come from its routing (the policy's
     decision, budget, probe) and its FLOPs, the same for a plan and a multi-model action."""
-    pr, es, ew = routing.probe, routing.expected_samples, routing.expected_waves
+    pr, es, ew, el = routing.probe, routing.expected_samples, routing.expected_waves, routing.expected_latency
     return dict(
         action=routing.actions[i], policy_k=routing.policy_ks[i],
         expected_samples=None if es is None else es[i], expected_waves=None if ew is None else ew[i],
         rule=routing.rule, rule_evidence=routing.rule_evidence, strategy=strategy,
         lambda_=routing.lam, budget=routing.plan.budget, budget_unit=routing.plan.unit,
+        budget_written=routing.plan.written, latency_budget=routing.latency_budget,
+        expected_latency=None if el is None else el[i],
         internal_budget=routing.internal_budget, expected_cost=routing.costs[i],
         policy_unit=routing.plan.policy_unit, flops=flops,
         probe=None if pr is None else ProbeInfo(name=pr.name, value=pr.values[i], tokens=pr.tokens[i],

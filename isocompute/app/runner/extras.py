@@ -8,9 +8,9 @@
   ``decide`` on this machine; here only their FLOPs and cost are read.
 
 Each is priced per prompt in the request's budget unit with :meth:`~isocompute.app.accounting.pricing.BudgetPlan.charge`:
-its analytic FLOPs for a FLOP budget when the model's config is known, else its declared cost (in the
-policy's unit, converted). Example: a declared probe cost of 0.25 samples under a 2e9-FLOP budget with
-5e8 FLOPs per sample and no model config → 1.25e8 FLOPs.
+its analytic FLOPs for a FLOP budget when the model's config is known, the probe's generated tokens for a
+tokens budget, else its declared cost (in the policy's unit, converted). Example: a declared probe cost of
+0.25 samples under a 2e9-FLOP budget with 5e8 FLOPs per sample and no model config → 1.25e8 FLOPs.
 
 Ignores: reusing the probe's greedy answer as a sample (it is not), and itemising the extra feature
 blocks in the response (only their FLOPs and cost are counted).
@@ -73,9 +73,9 @@ async def probe_call(backend: Backend, texts: list[str], spec: ProbeFeature, pla
     flops: list[float | None] = [None] * len(texts)
     if model_flops is not None:
         flops = [float(f) for f in probe_flops(model_flops, res.prompt_tokens, res.completion_tokens)]
-    declared = float(spec.cost)
-    return ProbeCall(spec.name, [float(v) for v in res.values], [int(m) for m in res.completion_tokens],
-                     flops, [plan.charge(declared, f) for f in flops], declared)
+    declared, tokens = float(spec.cost), [int(m) for m in res.completion_tokens]
+    return ProbeCall(spec.name, [float(v) for v in res.values], tokens, flops,
+                     [plan.charge(declared, f, m) for f, m in zip(flops, tokens, strict=True)], declared)
 
 
 def feature_call(policy: ServingPolicy, texts: list[str], plan: BudgetPlan) -> FeatureCall | None:
