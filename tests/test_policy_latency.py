@@ -263,3 +263,21 @@ def test_fit_and_report_write_latency_tables_and_the_reach_block(tmp_path):
             assert e["ratio"] == pytest.approx(e["policy_tokens"] / e["tokens"])
             assert e["policy_latency"] <= e["max_latency"] * (1 + 1e-9)
     assert "## Reach" in (tmp_path / "rep" / "report.md").read_text()
+    methods = rep["budgets"][0]["methods"]
+    assert {"fixed_lead_par", "fixed_short", "fixed_lead"} <= set(methods)  # both modes, and short-m@k
+
+
+def test_default_menu_holds_parallel_stop_plans_where_they_are_not_dominated():
+    from isocompute.policy.plans.menu import PARALLEL_BASELINES, parallel_family_plans
+    from isocompute.solver.plans.plan import parallel_plans
+    from isocompute.stages.parsing import parse_plans
+
+    plain_plans = resolve_plans("default", (1, 2, 4, 8, 16))
+    assert not any(any(p.parallel) for p in plain_plans)  # in samples they are dominated: none
+    plain = {p.name for p in plain_plans}
+    par = {p.name for p in resolve_plans("default", (1, 2, 4, 8, 16), parallel=True)}
+    assert par == plain | {p.name for p in parallel_plans()}
+    assert set(parse_plans(None, (1, 2, 4, 8, 16), "majority", parallel=True)) == par
+    for name in PARALLEL_BASELINES:
+        ps = parallel_family_plans(name, 8)
+        assert ps and all(all(p.parallel) and p.max_samples <= 8 for p in ps), name

@@ -185,10 +185,10 @@ class FittedPolicy:
         return [float(f) for f in self.policy.features_.extra_flops(list(texts))]
 
     def needs_features(self, budget: float, *, latency_budget: float | None = None) -> bool:
-        # Policy.needs_features knows the cost budget's never-worse chain only; under a latency budget another
-        # chain decides, so the answer is "reads": the probe is then called (and paid) even where a fallback
-        # serves, never missing where the learned rule needs it
-        return True if latency_budget is not None else bool(self.policy.needs_features(budget))
+        # under a latency budget the chain of that latency level decides (a single-model policy's only)
+        if latency_budget is None:
+            return bool(self.policy.needs_features(budget))
+        return bool(self.policy.needs_features(budget, latency_budget=latency_budget))
 
     def decide(self, texts: Sequence[str], budget: float, *, probe: np.ndarray | None = None,
                model: str | None = None, latency_budget: float | None = None) -> PolicyDecision:

@@ -164,9 +164,15 @@ def fit_latency(policy: Any, job: CrossFit, latency: np.ndarray) -> LatencyTable
     return LatencyTables(plan_latency, NUS.copy(), tuple(cals), lat_table, levels, chains)
 
 
-def check_latency(cfg: Any, latency: Any, shape: tuple[int, int]) -> np.ndarray:
-    """``latency`` as an (N, P) float array (InputError unless finite and of the utilities' ``shape``), or
-    BudgetError when ``cfg.latency_range`` starts below the quickest plan's mean latency."""
+def check_latency(cfg: Any, latency: Any, shape: tuple[int, int]) -> np.ndarray | None:
+    """``latency`` as an (N, P) float array (InputError unless given exactly with ``cfg.latency_range``,
+    finite and of the utilities' ``shape``), or BudgetError when the range starts below the quickest plan's
+    mean latency."""
+    if (cfg.latency_range is None) != (latency is None):
+        raise InputError("pass latency= (each plan's expected latency per prompt) exactly when the config has a "
+                         "latency_range (fit --latency-budgets).")
+    if latency is None:
+        return None
     lat = np.asarray(latency, dtype=np.float64)
     if lat.shape != shape or not np.isfinite(lat).all():
         raise InputError(f"latency must be finite, one value per training prompt and plan, shape {shape}; got "
@@ -236,6 +242,16 @@ def latency_actions(policy: Any, X: np.ndarray | None, u: np.ndarray, route: np.
     return a, LEARNED, lam, choice
 
 
+def rule_at(policy: Any, budget: float, latency_budget: Any) -> str:
+    """The rule of the never-worse chain that serves at (``budget``, ``latency_budget``)."""
+    t: LatencyTables | None = getattr(policy, "latency_", None)
+    if t is None:
+        raise BudgetError("this policy was fitted without latency budgets; drop latency_budget, or re-fit with "
+                          "--latency-budgets LO:HI (sample lengths, e.g. 1:8).")
+    L = t.check(latency_budget)
+    return t.chains[t.level(L)].at(budget).rule
+
+
 def decide_latency(policy: Any, prompts: Any, budget: float, latency_budget: Any, *, probe: Any = None,
                    match: str = "calibrated") -> Any:
     """:meth:`Policy.decide <isocompute.policy.policy.Policy.decide>` under a latency budget too: the
@@ -255,7 +271,7 @@ def decide_latency(policy: Any, prompts: Any, budget: float, latency_budget: Any
     L = t.check(latency_budget)
     prompts = list(prompts)
     u, route = policy.prompt_keys(prompts)
-    learned = t.chains[t.level(L)].at(budget).rule == LEARNED
+    learned = rule_at(policy, budget, L) == LEARNED
     X = policy.features(prompts, probe) if learned else None
     a, rule, lam, choice = latency_actions(policy, X, u, route, budget, L)
     d = make_decision(policy, a, budget, LEARNER, rule=rule, evidence=choice.evidence(), match=match, knob=lam,

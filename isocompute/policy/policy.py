@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from isocompute.errors import BudgetError, InputError
+from isocompute.policy import latency as latency_budgets
 from isocompute.policy.config import (  # noqa: F401  (re-exported: the policy's public names)
     COST_UNITS,
     EXTRA_PACKAGES,
@@ -41,13 +42,6 @@ from isocompute.policy.fallback import (
     uniform_utilities,
 )
 from isocompute.policy.features.prompt import PromptFeatures
-from isocompute.policy.latency import (
-    check_latency,
-    decide_latency,
-    fit_latency,
-    latency_units,
-    tokens_per_sample,
-)
 from isocompute.policy.learn.crossfit import (
     N_CALIBRATION,
     CrossFit,
@@ -100,8 +94,9 @@ class Policy:
                                                                  sample_flops=sample_flops, model_flops=model_flops,
                                                                  arrays=arrays)
         full, table = len(table), prep.table
-        self.tokens_per_sample_ = tokens_per_sample(table)
-        latency = None if self.config.latency_range is None else latency_units(prep, self.config.wave_overhead)
+        self.tokens_per_sample_ = latency_budgets.tokens_per_sample(table)
+        latency = None if self.config.latency_range is None else latency_budgets.latency_units(
+            prep, self.config.wave_overhead)
         self.fit_arrays(table.prompts, prep.utility, costs, samples=prep.samples, waves=prep.waves, probe=probe,
                         sample_flops=sample_flops, labels=labels, latency=latency, progress=progress)
         self.training_data_ = {"prompts_in_table": full, "dropped": len(prep.dropped),
@@ -138,11 +133,7 @@ class Policy:
         self._fit_features(prompts, sample_flops)
         C = C + self.probe_cost + self.feature_cost_
         self._check_reach(C)
-        if (cfg.latency_range is None) != (latency is None):
-            raise InputError("pass latency= (each plan's expected latency per prompt) exactly when the config has a "
-                             "latency_range (fit --latency-budgets).")
-        if latency is not None:
-            check_latency(cfg, latency, U.shape)
+        latency_budgets.check_latency(cfg, latency, U.shape)
         X = self._with_probe(self.features_.transform(prompts), probe_col)
         self.action_costs_ = C.mean(axis=0)
         self.plan_utility_, self.plan_samples_, self.plan_waves_ = U.mean(axis=0), S.mean(axis=0), W.mean(axis=0)
@@ -166,7 +157,7 @@ class Policy:
                 self.learners_[name], held_out[name] = fit_learner(name, job, cfg, self.action_costs_, bar.update)
         self.default_learner_, self.selection_ = select_learner(held_out, U, C, cfg)
         self.fallback_ = {name: self._choose_rules(job, oof) for name, oof in held_out.items()}
-        self.latency_ = None if latency is None else fit_latency(self, job, latency)
+        self.latency_ = None if latency is None else latency_budgets.fit_latency(self, job, latency)
         return self
 
     def _choose_rules(self, job: CrossFit, oof: Callable[[float], np.ndarray]) -> RuleChain:
@@ -276,9 +267,11 @@ class Policy:
             raise InputError(f"learner {name!r} is not in this policy; it has {', '.join(self.learners_)}.")
         return self.fallback_[name].at(self.check_budget(budget))
 
-    def needs_features(self, budget: float, learner: str | None = None) -> bool:
-        """Whether a decision at ``budget`` reads the prompt features (and the probe): only where the
-        learned rule serves (the fixed plan and uniform read none)."""
+    def needs_features(self, budget: float, learner: str | None = None, latency_budget: float | None = None) -> bool:
+        """Whether a decision at ``budget`` (and ``latency_budget``) reads the prompt features (and the
+        probe): only where the learned rule serves (the fixed plan and uniform read none)."""
+        if latency_budget is not None:
+            return latency_budgets.rule_at(self, self.check_budget(budget), latency_budget) == LEARNED
         return self.rule_at(budget, learner).rule == LEARNED
 
     @property
@@ -375,7 +368,7 @@ class Policy:
                              "drop the model, or fit a multi-model policy (isocompute fit --outcomes NAME=TABLE …).")
         b = self.check_budget(budget)
         if latency_budget is not None:
-            return decide_latency(self, prompts, b, latency_budget, probe=probe, match=match)
+            return latency_budgets.decide_latency(self, prompts, b, latency_budget, probe=probe, match=match)
         name = learner or self.default_learner_
         if name not in self.learners_:
             raise InputError(f"learner {name!r} is not in this policy; it has {', '.join(self.learners_)}.")
