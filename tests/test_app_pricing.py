@@ -214,7 +214,9 @@ def test_a_tokens_policy_with_latency_budgets_serves_through_the_contract(tokens
     plain = sp.decide(texts, b)
     assert plain.action_index.tolist() == p.decide(texts, b).action_index.tolist() and plain.latency_budget is None
     assert plain.action_index.tolist() != d.action_index.tolist()  # the latency budget changes the plans here
-    assert sp.needs_features(b, latency_budget=1.0) is True  # under a latency budget: always "reads"
+    # under a latency budget that level's chain says whether the learned rule (which reads features) serves
+    assert sp.needs_features(b, latency_budget=1.0) is (d.rule == "learned")
+    assert sp.needs_features(b, latency_budget=1.0) is (p.latency_.chains[p.latency_.level(1.0)].at(b).rule == "learned")
 
 
 def test_the_latency_budget_reaches_decide_only_when_sent(tokens_fitted):
