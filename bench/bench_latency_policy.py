@@ -13,6 +13,9 @@ read back and checked against the issue's targets:
    (uniform@k, k = 1 … 16, and mixes of adjacent ones; means over the held-out prompts, no CI here);
 4. realised tokens within ±5% of the budget at the report's budgets (no latency budget).
 
+``--no-prompt`` runs every table with its prompt text removed (every ``prompt`` empty, as in dumps that ship
+only answers): the budget must hold there too.
+
     python -m isocompute import boinf analysis_math500_gpt-oss-20b.jsonl --problems math500_test.jsonl \\
         --out /tmp/lat/gpt-oss-20b.jsonl        # likewise Qwen3-14B, Phi-4-reasoning
     python bench/bench_latency_policy.py /tmp/lat/*.jsonl --out /tmp/latbench
@@ -109,6 +112,16 @@ def check_table(path: Path, out: Path, args: argparse.Namespace) -> dict:
     return out_row
 
 
+def without_prompts(table: Path, out: Path) -> Path:
+    """A copy of ``table`` in ``out`` whose every ``prompt`` is empty (as in dumps that ship only answers)."""
+    path = out / f"{table.stem}-no-prompt.jsonl"
+    with table.open() as f, path.open("w") as g:
+        for line in f:
+            if line.strip():
+                g.write(json.dumps({**json.loads(line), "prompt": ""}) + "\n")
+    return path
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("tables", type=Path, nargs="+")
@@ -117,9 +130,11 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--latency-hi", type=float, default=4.0)
     ap.add_argument("--wave-overhead", type=float, default=0.0)
+    ap.add_argument("--no-prompt", action="store_true", help="run every table with its prompt text removed instead")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = [check_table(p, args.out, args) for p in args.tables]
+    tables = [without_prompts(p, args.out) for p in args.tables] if args.no_prompt else args.tables
+    rows = [check_table(p, args.out, args) for p in tables]
     (args.out / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")
     print(f"\nsummary → {args.out / 'summary.json'}")
 
