@@ -8,9 +8,9 @@ For a request with prompts ``x_1 … x_P``, arriving with a deadline ``upstream_
 2. **decide**: the key's :class:`~isocompute.app.accounting.budget_control.BudgetController` gives the internal
    budget ``b`` (the priced budget itself when control is off); when the rule serving ``b`` reads the
    prompt features (``policy.needs_features(b)``) the policy's probe runs, if it has one; then
-   ``policy.decide(texts, b)`` (``latency_budget=L`` when sent) returns a plan per prompt, λ, the expected
-   cost (and expected latency) and the rule of the
-   never-worse chain that decided — the policy is reached only through
+   ``policy.decide(texts, b)`` (with ``latency_budget=l`` when ``L`` is sent: the internal latency budget of
+   the key's :class:`~isocompute.app.accounting.latency_control.LatencyController`) returns a plan per prompt,
+   λ, the expected cost (and latency) and the rule of the never-worse chain that decided — the policy is reached only through
    :class:`~isocompute.app.serving_policy.ServingPolicy`; each plan is cut to the caps (``Plan.capped``);
 3. **run the plans** (:func:`isocompute.app.runner.plan_run.run_plans`): waves of samples upstream within the
    deadline, each prompt's answers merged into equivalence classes (:mod:`isocompute.app.runner.voting`) and
@@ -22,7 +22,8 @@ For a request with prompts ``x_1 … x_P``, arriving with a deadline ``upstream_
    says ``partial``;
 5. **account**: what was actually spent — the samples the waves drew, not the plan's maximum (samples;
    in tokens their completion tokens; in FLOPs each wave's decodes plus the prompt's prefill, once per
-   plan with ``prefix_caching``, else once per wave) — goes to the controller, the metrics and the response.
+   plan with ``prefix_caching``, else once per wave) — goes to the controller, the metrics and the response;
+   under a latency budget the realised latency too (:mod:`isocompute.app.accounting.latency_control`).
 
 A policy with a probe feature needs one cheap model call per prompt before it can decide, and a policy
 with extra feature blocks computes them inside ``decide`` (:mod:`isocompute.app.runner.extras`). Both are part
@@ -55,6 +56,7 @@ import numpy as np
 
 from isocompute.app.accounting.auth import Principal
 from isocompute.app.accounting.budget_control import BudgetController, ControllerBank
+from isocompute.app.accounting.latency_control import LatencyControl
 from isocompute.app.accounting.ledger import Ledger
 from isocompute.app.accounting.metrics import Metrics
 from isocompute.app.accounting.pricing import BudgetPlan, budget_unit, price_request
@@ -63,7 +65,7 @@ from isocompute.app.errors import ModelNotFound
 from isocompute.app.readiness import UpstreamHealth
 from isocompute.app.routing import Routing
 from isocompute.app.runner.action_answers import ActionAnswers
-from isocompute.app.runner.answer import Answer, Verifier, answer_info, pick_sample, plan_flops
+from isocompute.app.runner.answer import Answer, Verifier, answer_info, pick_sample, plan_flops, wave_tokens
 from isocompute.app.runner.execute import Backend, Deadline
 from isocompute.app.runner.extras import FeatureCall, ProbeCall, feature_call, probe_call
 from isocompute.app.runner.plan_run import SEED_MODULUS, PlanRun, run_plans
@@ -124,8 +126,9 @@ class Gateway:
         self.health: UpstreamHealth | PoolsHealth = (
             PoolsHealth({**self.pools, DEFAULT: default}) if self.pools else self.backend.health)
         self.policy: ServingPolicy | None = None if policy is None else self._check_pools(as_serving_policy(policy))
-        self.controllers = ControllerBank(max_keys=settings.control_max_keys,
-                                          on_evict=lambda key: metrics.forget(self._labels.pop(key, "")))
+        self.latency = LatencyControl(settings)  # a key's μ controller goes when its λ controller does
+        self.controllers = ControllerBank(max_keys=settings.control_max_keys, on_evict=lambda key: (
+            metrics.forget(self._labels.pop(key, "")), self.latency.drop(key)))
         self._labels: dict[Any, str] = {}
         self.ledger = Ledger(metrics, self.controllers)
         self.voter = Voter(settings.answer_kind, timeout_s=settings.vote_timeout_s, grader=grader)
@@ -258,7 +261,8 @@ class Gateway:
                            prompt_tokens, latency_budget)
         ctl = self._controller(plan, policy)
         internal = ctl.internal if self.settings.budget_control else plan.policy_budget
-        lat: dict[str, Any] = {} if plan.latency_budget is None else {"latency_budget": plan.latency_budget}
+        lr = self.latency.route(plan, policy)
+        lat: dict[str, Any] = {} if lr is None else {"latency_budget": lr.internal}
         reads = policy.needs_features(internal, **lat)
         probe = None
         if reads and policy.probe is not None:
@@ -266,7 +270,8 @@ class Gateway:
                                      model_flops=self.model_flops)
         decision, features = await self._decide(policy, texts, internal, probe, plan, reads, model, lat)
         routing = Routing.of(decision, plan, len(prompts), multi_model=bool(policy.models),
-                             internal_budget=float(internal), controller=ctl, probe=probe, features=features)
+                             internal_budget=float(internal), controller=ctl, probe=probe, features=features,
+                             latency_control=lr)
         missing = missing_pools((m for a in routing.model_actions for m in a.models), self.pools)
         if missing:
             raise EngineUnavailable(missing_pools_message(missing, self.pools, "this request's actions"))
@@ -381,7 +386,8 @@ class Gateway:
         flops = self._flops(routing, i, prompt_tokens, run)
         self.ledger.count(run.drawn, len(run.wave_sizes), run.stopped or "plan_end")
         self.ledger.charge(routing, i, run.drawn, flops, completion_tokens)
-        info = answer_info(run, routing, i, picked, strategy=strategy, flops=flops)
+        info = answer_info(run, routing, i, picked, strategy=strategy, flops=flops,
+                           latency=self.ledger.time(routing, wave_tokens(run)))
         return Answer(chosen.text, chosen.finish_reason, prompt_tokens, completion_tokens, flops, info)
 
     def _flops(self, routing: Routing, i: int, prompt_tokens: int, run: PlanRun) -> float | None:

@@ -270,6 +270,7 @@ async def route(req: RouteRequest, gw: GatewayDep, caller: CallerDep, request: R
     return RouteResponse(
         model=gw.settings.served_model, budget=r.plan.budget, budget_unit=r.plan.unit,  # type: ignore[arg-type]
         budget_written=r.plan.written, internal_budget=r.internal_budget, latency_budget=r.latency_budget,
+        internal_latency_budget=None if r.latency_control is None else r.latency_control.internal,
         expected_latency=None if el is None else sum(el) / len(el),
         lambda_=r.lam, rule=r.rule, rule_evidence=r.rule_evidence,
         decisions=[RouteDecision(action=r.actions[i], plan=r.plans[i].name, policy_plan=r.policy_plans[i].name,

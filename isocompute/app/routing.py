@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from isocompute.app.accounting.budget_control import BudgetController
+from isocompute.app.accounting.latency_control import LatencyRoute
 from isocompute.app.accounting.pricing import BudgetPlan
 from isocompute.app.runner.extras import FeatureCall, ProbeCall
 from isocompute.app.serving_policy import PolicyDecision
@@ -43,8 +44,9 @@ class Routing:
     the internal budget handed to the policy and the key's controller; the probe call and the extra
     features when the serving rule reads them; a multi-model policy's action per prompt (``model_actions``,
     empty for a single-model policy, whose prompts run ``plans``; an action's caps apply across its
-    stages, :mod:`isocompute.app.runner.action_run`); under a latency budget the one the policy served
-    and each prompt's expected latency (sample lengths; None without one)."""
+    stages, :mod:`isocompute.app.runner.action_run`); under a latency budget the request's (served through
+    the internal latency budget of ``latency_control``, the key's μ controller) and each prompt's expected
+    latency (sample lengths; None without one)."""
 
     plan: BudgetPlan
     plans: list[Plan]
@@ -66,6 +68,7 @@ class Routing:
     model_actions: tuple[Action, ...] = ()
     latency_budget: float | None = None
     expected_latency: list[float] | None = None
+    latency_control: LatencyRoute | None = None
 
     @classmethod
     def of(cls, decision: PolicyDecision, plan: BudgetPlan, n: int, *, multi_model: bool = False,
@@ -83,6 +86,8 @@ class Routing:
         plans = [p.capped(max_samples=plan.cap, max_waves=plan.wave_cap) for p in policy_plans]
         lam = None if decision.lam is None else float(decision.lam)
         served = getattr(decision, "latency_budget", None)  # absent on a decision without latency budgets
+        if served is not None and plan.latency_budget is not None:
+            served = plan.latency_budget  # the request's; the policy served the internal one
         return cls(plan, plans, policy_plans, [p.max_samples for p in plans], policy_ks, actions, costs,
                    _floats(decision.expected_samples, n), _floats(decision.expected_waves, n), lam,
                    float(decision.expected_cost), decision.rule, decision.rule_evidence, **rest,

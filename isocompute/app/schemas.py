@@ -265,6 +265,11 @@ class IsoComputeInfo(BaseModel):
     expected_latency: float | None = Field(None, description="the policy's expected latency of this prompt's plan "
                                                              "(its mean over draws, sample lengths), under a "
                                                              "latency budget")
+    internal_latency_budget: float | None = Field(None, description="latency budget handed to the policy after "
+                                                                    "online control (sample lengths); null without one")
+    latency: float | None = Field(None, description="this prompt's realised latency in sample lengths: each wave's "
+                                                    "longest completion, summed, over one sample's mean tokens (plus "
+                                                    "the policy's per-wave overhead); null without a latency budget")
     expected_cost: float | None = Field(None, description="the policy's expected cost of the action, in policy_unit")
     policy_unit: BudgetUnit = Field("samples", description="unit of the policy's budgets and expected costs")
     flops: float | None = None
@@ -346,6 +351,8 @@ class RouteResponse(BaseModel):
     budget_written: str | None = Field(None, description="the budget as written when it was a multiple (4x)")
     internal_budget: float
     latency_budget: float | None = Field(None, description="the mean latency budget served (sample lengths)")
+    internal_latency_budget: float | None = Field(None, description="latency budget handed to the policy after "
+                                                                    "online control (sample lengths)")
     expected_latency: float | None = Field(None, description="mean over the prompts of their plans' expected "
                                                              "latency (sample lengths), under a latency budget")
     lambda_: float | None = Field(None, alias="lambda")

@@ -25,7 +25,9 @@ its decision's ``latency_budget`` (the one served) and ``expected_latency`` (per
 absent, otherwise). The gateway passes ``latency_budget`` to ``decide`` and ``needs_features`` only when
 a request sends one, so a policy without latency budgets needs no such parameter.
 :attr:`ServingPolicy.tokens_per_sample` is one sample's mean completion tokens on the training table:
-what a budget ``"4x"`` means for a tokens-unit policy, and the samples ↔ tokens conversion.
+what a budget ``"4x"`` means for a tokens-unit policy, and the samples ↔ tokens conversion. An optional
+``wave_overhead`` (not part of the contract; 0 when absent) is each wave's overhead in sample lengths
+that the policy's latencies include: the latency controller adds it to a prompt's realised latency.
 
 :class:`FittedPolicy` adapts the project's own :class:`isocompute.policy.policy.Policy` (whose facts
 live on ``config`` and on fitted attributes) to the contract; :func:`as_serving_policy` picks the
@@ -173,6 +175,7 @@ class FittedPolicy:
         self.tokens_per_sample = None if tps is None else float(tps)
         latency = getattr(policy, "latency_", None)
         self.latency_range = None if latency is None else (float(latency.range[0]), float(latency.range[1]))
+        self.wave_overhead = float(getattr(config, "wave_overhead", 0.0) or 0.0)  # optional (latency control)
 
     def _sample_flops(self) -> float:
         # the probe's and the extra features' costs are in every action's cost, not in a sample's

@@ -133,6 +133,10 @@ class ControllerBank:
         """True while ``controller`` is still the one kept for ``key`` (not evicted meanwhile)."""
         return self._items.get(key) is controller
 
+    def drop(self, key: Hashable) -> None:
+        """Forget ``key``'s controller, if kept (``on_evict`` is not called: the caller is dropping it)."""
+        self._items.pop(key, None)
+
     def clear(self) -> None:
         """Forget every key (after a policy reload the old internal budgets mean nothing)."""
         for key in list(self._items):

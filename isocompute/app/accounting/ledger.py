@@ -8,7 +8,10 @@ Once a prompt's plan (or multi-model action) has run and been voted on, the gate
 * :meth:`Ledger.paid_flops`: the FLOPs of its samples plus its probe call's and extra features' FLOPs,
   added to ``isocompute_flops_total`` — the figure ``usage.flops`` reports;
 * :meth:`Ledger.charge`: its cost, in the request's unit, observed by the key's
-  :class:`~isocompute.app.accounting.budget_control.BudgetController`, then :meth:`Ledger.export` of the key's gauges.
+  :class:`~isocompute.app.accounting.budget_control.BudgetController`, then :meth:`Ledger.export` of the key's gauges;
+* :meth:`Ledger.time`: under a latency budget, its realised latency (sample lengths, from each wave's
+  completion tokens: :func:`~isocompute.app.accounting.latency_control.realised_latency`), observed by the
+  key's :class:`~isocompute.app.accounting.latency_control.LatencyController`.
 
 The cost charged for prompt i, with ``d`` samples drawn, ``m`` the completion tokens its samples
 generated (those that came back, failed ones included: what the upstream reported) and ``c_probe``,
@@ -77,6 +80,17 @@ class Ledger:
         routing.controller.observe(cost)
         self.export(routing)
 
+    def time(self, routing: Routing, waves: list[list[int]]) -> float | None:
+        """The prompt's realised latency from its waves' completion tokens, observed by the key's latency
+        controller and exported; None without a latency budget (nothing is observed then)."""
+        lr = routing.latency_control
+        latency = None if lr is None else lr.realised(waves)
+        if lr is None or latency is None or not math.isfinite(latency):
+            return latency
+        lr.controller.observe(latency)
+        self.export(routing)
+        return latency
+
     def export(self, routing: Routing) -> None:
         """The key's gauges — unless its controller was evicted while the request awaited (then its labels
         were removed, and re-creating them would grow the label set without bound)."""
@@ -89,3 +103,8 @@ class Ledger:
         st = routing.controller.state()
         if st.mean_cost is not None:
             self.metrics.mean_cost.labels(plan.label).set(st.mean_cost)
+        if routing.latency_control is not None:
+            self.metrics.internal_latency_budget.labels(plan.label).set(routing.latency_control.internal)
+            lat = routing.latency_control.controller.state().mean_cost
+            if lat is not None:
+                self.metrics.mean_latency.labels(plan.label).set(lat)

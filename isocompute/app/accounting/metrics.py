@@ -15,6 +15,9 @@ isocompute_flops_total                 counter    FLOPs spent (prefill once + ev
 isocompute_lambda                      gauge      budget_key: λ of the last decision
 isocompute_internal_budget             gauge      budget_key: the controller's internal budget
 isocompute_mean_cost                   gauge      budget_key: realised mean cost per request
+isocompute_internal_latency_budget     gauge      budget_key: the latency controller's internal latency budget
+                                                  (sample lengths; keys with a latency budget only)
+isocompute_mean_latency                gauge      budget_key: realised mean latency per prompt (sample lengths)
 isocompute_upstream_errors_total       counter    kind (timeout, circuit_open, unavailable, misconfigured,
                                                   bad_response, partial), pool
 =====================================  =========  ====================================================
@@ -64,12 +67,17 @@ class Metrics:
                                      ["budget_key"], registry=r)
         self.mean_cost = Gauge("isocompute_mean_cost", "Realised mean cost per request", ["budget_key"],
                                registry=r)
+        self.internal_latency_budget = Gauge("isocompute_internal_latency_budget",
+                                             "Latency controller's internal latency budget (sample lengths)",
+                                             ["budget_key"], registry=r)
+        self.mean_latency = Gauge("isocompute_mean_latency", "Realised mean latency per prompt (sample lengths)",
+                                  ["budget_key"], registry=r)
         self.upstream_errors = Counter("isocompute_upstream_errors", "Upstream failures", ["kind", "pool"],
                                        registry=r)
 
     def forget(self, budget_key: str) -> None:
         """Drop a budget key's gauge labels (after the controller bank evicted it)."""
-        for g in (self.lam, self.internal_budget, self.mean_cost):
+        for g in (self.lam, self.internal_budget, self.mean_cost, self.internal_latency_budget, self.mean_latency):
             try:
                 g.remove(budget_key)
             except KeyError:

@@ -30,7 +30,7 @@ from isocompute.app.runner.plan_run import PlanRun
 from isocompute.app.schemas import IsoComputeInfo, ProbeInfo, StageInfo
 
 __all__ = ["Answer", "Picked", "StageCost", "Verifier", "action_info", "answer_info", "pick_sample", "plan_flops",
-           "stage_costs"]
+           "stage_costs", "wave_tokens"]
 
 
 class Verifier(Protocol):
@@ -81,22 +81,29 @@ def pick_sample(run: PlanRun, strategy: str, *, tie_break: Any, seed: int | None
     return Picked(ok[vote.index], None if cls is None else run.votes.representatives[int(cls)], vote.tied)
 
 
-def plan_flops(model: Any, prompt_tokens: int, run: PlanRun, *, prefix_caching: bool) -> float:
-    """FLOPs of ``run``'s samples that came back (module docstring)."""
-    from isocompute.flops import request_flops
-
+def wave_tokens(run: PlanRun) -> list[list[int]]:
+    """Per wave of ``run``, the completion tokens of its samples that came back."""
     waves, start = [], 0
     for n in run.wave_sizes:
         waves.append([c.completion_tokens for c in run.samples[start:start + n] if c is not None])
         start += n
+    return waves
+
+
+def plan_flops(model: Any, prompt_tokens: int, run: PlanRun, *, prefix_caching: bool) -> float:
+    """FLOPs of ``run``'s samples that came back (module docstring)."""
+    from isocompute.flops import request_flops
+
+    waves = wave_tokens(run)
     if prefix_caching:
         return float(request_flops(model, prompt_tokens, [m for w in waves for m in w]))
     return float(sum(request_flops(model, prompt_tokens, w) for w in waves))
 
 
 def answer_info(run: PlanRun, routing: Routing, i: int, picked: Picked, *, strategy: str,
-                flops: float | None) -> IsoComputeInfo:
-    """Prompt ``i``'s ``isocompute`` object (fields documented on :class:`IsoComputeInfo`)."""
+                flops: float | None, latency: float | None = None) -> IsoComputeInfo:
+    """Prompt ``i``'s ``isocompute`` object (fields documented on :class:`IsoComputeInfo`); ``latency`` its
+    realised latency under a latency budget."""
     assert run.votes is not None
     received = len(run.usable)
     return IsoComputeInfo(
@@ -105,7 +112,7 @@ def answer_info(run: PlanRun, routing: Routing, i: int, picked: Picked, *, strat
         stop_statistic=run.statistic, stop_detail=run.detail, k=run.drawn,
         answer=picked.answer, votes=run.votes.as_dict(), votes_complete=run.votes.complete,
         samples_received=received, partial=received < run.drawn or run.stopped in ("deadline", "upstream_error"),
-        **_routing_info(routing, i, strategy=strategy, flops=flops),
+        latency=latency, **_routing_info(routing, i, strategy=strategy, flops=flops),
     )
 
 
@@ -120,6 +127,7 @@ def _routing_info(routing: Routing, i: int, *, strategy: str, flops: float | Non
         lambda_=routing.lam, budget=routing.plan.budget, budget_unit=routing.plan.unit,
         budget_written=routing.plan.written, latency_budget=routing.latency_budget,
         expected_latency=None if el is None else el[i],
+        internal_latency_budget=None if routing.latency_control is None else routing.latency_control.internal,
         internal_budget=routing.internal_budget, expected_cost=routing.costs[i],
         policy_unit=routing.plan.policy_unit, flops=flops,
         probe=None if pr is None else ProbeInfo(name=pr.name, value=pr.values[i], tokens=pr.tokens[i],
