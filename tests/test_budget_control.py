@@ -161,8 +161,11 @@ def test_bank_is_lru_bounded_and_reports_evictions():
     assert bank.get(("k", 4.0), make(4.0)) is a  # a becomes most recent
     bank.get(("k", 2.0), make(2.0))
     assert evicted == [("k", 8.0)] and len(bank) == 2
+    bank.drop(("k", 2.0))  # dropped by its owner: no eviction callback
+    bank.drop(("k", 99.0))  # not kept: nothing happens
+    assert len(bank) == 1 and evicted == [("k", 8.0)] and not bank.holds(("k", 2.0), a)
     bank.clear()
-    assert len(bank) == 0 and set(evicted) == {("k", 8.0), ("k", 4.0), ("k", 2.0)}
+    assert len(bank) == 0 and set(evicted) == {("k", 8.0), ("k", 4.0)}
 
 
 @pytest.mark.parametrize(

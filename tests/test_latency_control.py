@@ -201,3 +201,18 @@ def test_control_off_hands_the_latency_budget_itself_and_still_reports(tokens_po
                  for _ in range(5)]
     assert [i["internal_latency_budget"] for i in infos] == [1.5] * 5
     assert all(i["latency"] is not None and math.isfinite(i["latency"]) and i["latency"] > 1.5 for i in infos)
+
+
+def test_an_evicted_key_loses_its_latency_controller_too(tokens_policy):
+    """The λ bank's eviction drops the key's μ controller: the key comes back with a fresh one."""
+    p = tokens_policy
+    with make_client(LongEngine(round(2 * p.tokens_per_sample_)), policy=p, control_max_keys=1) as c:
+        def post(L):
+            return c.post("/v1/completions", json=completion(budget="2x", latency_budget=L)).json()["isocompute"]
+
+        moved = [post(1.5) for _ in range(4)][-1]
+        post(2.0)  # evicts the key of 1.5
+        back = post(1.5)
+        metrics = c.get("/metrics").text
+    assert moved["internal_latency_budget"] < 1.5 and back["internal_latency_budget"] == 1.5
+    assert ":lat2" not in metrics and metrics.count("isocompute_internal_latency_budget{") == 1
