@@ -10,8 +10,9 @@ For a request with prompts ``x_1 … x_P``, arriving with a deadline ``upstream_
    prompt features (``policy.needs_features(b)``) the policy's probe runs, if it has one; then
    ``policy.decide(texts, b)`` (with ``latency_budget=l`` when ``L`` is sent: the internal latency budget of
    the key's :class:`~isocompute.app.accounting.latency_control.LatencyController`) returns a plan per prompt,
-   λ, the expected cost (and latency) and the rule of the never-worse chain that decided — the policy is reached only through
-   :class:`~isocompute.app.serving_policy.ServingPolicy`; each plan is cut to the caps (``Plan.capped``);
+   λ, the expected cost (and latency) and the rule of the never-worse chain that decided — the policy is
+   reached only through :class:`~isocompute.app.serving_policy.ServingPolicy`; each plan is cut to the caps
+   (``Plan.capped``);
 3. **run the plans** (:func:`isocompute.app.runner.plan_run.run_plans`): waves of samples upstream within the
    deadline, each prompt's answers merged into equivalence classes (:mod:`isocompute.app.runner.voting`) and
    its stopping rule checked between waves;
