@@ -195,6 +195,17 @@ class ProbeInfo(BaseModel):
     flops: float | None = Field(None, description="FLOPs of this probe call (in flops and usage.flops)")
 
 
+class WaveInfo(BaseModel):
+    """One wave as it ran (completion tokens include aborted samples' partial tokens)."""
+
+    mode: Literal["wait", "parallel-stop"]
+    started: int = Field(description="samples asked for")
+    finished: int = Field(description="samples that came back complete")
+    aborted: int = Field(description="samples aborted when the rule fired mid-wave (paid, not voting)")
+    tokens: int = Field(description="completion tokens generated in the wave")
+    ended: Literal["rule", "finished"] = Field(description="rule: stopped mid-wave; finished: every sample ended")
+
+
 class StageInfo(BaseModel):
     """One stage of a multi-model action as it ran (a plan on one model's pool)."""
 
@@ -228,6 +239,8 @@ class IsoComputeInfo(BaseModel):
     policy_plan: str = Field(description="the plan the policy chose, before caps")
     waves: int = Field(description="waves run: upstream calls of n = wave size")
     wave_sizes: list[int] = Field(description="samples drawn in each wave")
+    wave_runs: list[WaveInfo] = Field(default_factory=list, description="each wave as it ran, all stages in order")
+    tokens: int = Field(0, description="completion tokens generated, every wave (= usage.completion_tokens)")
     stopped: StopReason = Field(description="why sampling stopped: rule (the plan's stopping rule fired), plan_end "
                                             "(no waves left), cap (max_samples / max_waves cut the plan), deadline "
                                             "or upstream_error (a later wave failed; the vote used the waves before)")
