@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
@@ -39,9 +39,6 @@ from isocompute.engines.base import REQUEST_DEADLINE, Completion, OnFinish, Upst
 from isocompute.engines.openai_replies import Retryable, describe
 from isocompute.engines.upstream_calls import attempt_budget, open_stream
 from isocompute.errors import EngineUnavailable
-
-if TYPE_CHECKING:
-    from isocompute.engines.vllm_http import VLLMHTTPEngine
 
 __all__ = ["ChoiceState", "read_chunk", "stream_completions"]
 
@@ -120,8 +117,10 @@ async def _read(r: httpx.Response, n: int, on_finish: OnFinish) -> WaveStream:
     return WaveStream([s.completion(prompt_tokens) for s in states], order, False)
 
 
-async def stream_completions(engine: VLLMHTTPEngine, body: dict[str, Any], on_finish: OnFinish) -> WaveStream:
-    """Stream ``body`` (``n`` choices of one prompt) through ``engine``'s balancer (module docstring)."""
+async def stream_completions(engine: Any, body: dict[str, Any], on_finish: OnFinish) -> WaveStream:
+    """Stream ``body`` (``n`` choices of one prompt) through ``engine``'s balancer (module docstring);
+    ``engine`` is a :class:`~isocompute.engines.vllm_http.VLLMHTTPEngine` (its pool, client, semaphore and
+    retry settings; not imported here, which would make an import circle)."""
     n = int(body.get("n", 1))
     body = {**body, "stream": True, "stream_options": STREAM_OPTIONS}
     engine.pool.fail_fast()
