@@ -87,3 +87,22 @@ def test_a_waiting_wave_then_a_parallel_one():
     # wave 2's samples (all 12) finish at 2, 4, 6, …: after 12, 7 the lead reaches 3 at its third finish
     assert modes == [("wait", "finished", 0), ("parallel-stop", "rule", 3)]
     assert info["stopped"] == "rule" and info["votes"] == {"12": 4, "7": 1}
+
+
+def test_the_transformers_engine_replays_its_batch(engine):
+    async def go():
+        whole = (await engine.generate(["1+1="], 4, 12, 1.0, 3))[0]
+        seen = []
+
+        async def first(j, c):
+            seen.append(c)
+            return True
+
+        return whole, await engine.stream_wave("1+1=", 4, 12, 1.0, 3, first), seen
+
+    whole, ws, [done] = asyncio.run(go())
+    [j] = ws.finish_order
+    assert done == whole[j] and done.completion_tokens == min(c.completion_tokens for c in whole)
+    assert [c.completion_tokens for c in ws.completions] == [min(c.completion_tokens, done.completion_tokens)
+                                                             for c in whole]
+    assert ws.aborted == 3 and ws.stopped
