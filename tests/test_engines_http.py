@@ -661,3 +661,26 @@ def test_a_streamed_wave_is_retried_at_its_start_and_stops_when_told():
     assert finished == [(0, 1, "stop"), (1, 2, "stop")] and ws.stopped and ws.finish_order == [0, 1]
     assert [(c.completion_tokens, c.finish_reason) for c in ws.completions] == [
         (1, "stop"), (2, "stop"), (1, "abort"), (1, "abort")]  # what each had streamed at the stop
+
+
+def test_a_stream_that_ends_before_its_choices_finish_is_a_bad_response():
+    from isocompute.engines.base import UpstreamBadResponse
+
+    async def cut(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": MODEL}]})
+        return httpx.Response(200, content=sse_body(3, "p").split(b"\n\n")[0] + b"\n\ndata: [DONE]\n\n")
+
+    eng = VLLMHTTPEngine(["http://a:1"], transport=httpx.MockTransport(cut))
+
+    async def never(j, c):
+        return False
+
+    async def go():
+        try:
+            return await eng.stream_wave("p", 3, 8, 1.0, None, never)
+        finally:
+            await eng.aclose()
+
+    with pytest.raises(UpstreamBadResponse, match="1 of 3 choices finished"):
+        asyncio.run(go())
