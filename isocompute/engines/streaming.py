@@ -147,7 +147,7 @@ async def stream_completions(engine: Any, body: dict[str, Any], on_finish: OnFin
                     async with asyncio.timeout_at(end):
                         out = await _read(r, n, on_finish)
                 except TimeoutError:
-                    engine.pool.failed(up, "the stream stalled", epoch)
+                    engine.pool.failed(up, "the stream stalled", epoch, hard=False)  # slow: a strike
                     raise EngineUnavailable(f"{up.url} streamed no end within {budget:.3g} s") from None
                 except httpx.HTTPError as e:
                     engine.pool.failed(up, describe(e), epoch, hard=True)
