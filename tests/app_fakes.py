@@ -105,6 +105,9 @@ class FakeEngine:
     across a prompt's calls with ``continuing`` (a plan's waves then walk down the script); records
     (prompts, n) and the seed per call.
 
+    ``lengths``: completion tokens of sample j (``lengths[j % len(lengths)]``; 5 for every sample without),
+    so a parallel-stop wave's replay (engines.base.replay_finishes) finishes them in that order.
+
     Failures: ``fail`` is raised, and ``delay`` slept, by request calls number ``fail_after`` / ``slow_after``
     (0-based) and later — so a plan's first wave can succeed and a later one fail or hang.
     """
@@ -113,9 +116,10 @@ class FakeEngine:
 
     def __init__(self, script=("The answer is 12.",), *, drop: int = 0, fail: Exception | None = None,
                  delay: float = 0.0, wrong_count: bool = False, continuing: bool = False, fail_after: int = 0,
-                 slow_after: int = 0):
+                 slow_after: int = 0, lengths=(5,)):
         self.script, self.drop, self.fail, self.delay, self.wrong_count = script, drop, fail, delay, wrong_count
         self.continuing, self.fail_after, self.slow_after = continuing, fail_after, slow_after
+        self.lengths = tuple(lengths)
         self.all_calls: list[tuple[list[str], int]] = []
         self.seeds: list[int | None] = []  # per request call
         self.drawn: dict[str, int] = {}  # samples handed out per prompt (continuing)
@@ -145,7 +149,8 @@ class FakeEngine:
             script = self.script[p] if isinstance(self.script, dict) else self.script
             start = self.drawn.get(p, 0) if self.continuing else 0
             m = max(n - self.drop, 0)
-            out.append([Completion(script[(start + j) % len(script)], 10, 5) for j in range(m)])
+            out.append([Completion(script[(start + j) % len(script)], 10, self.lengths[(start + j) % len(self.lengths)])
+                        for j in range(m)])
             self.drawn[p] = start + m
         return out[:-1] if self.wrong_count else out
 

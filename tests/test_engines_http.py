@@ -66,6 +66,8 @@ class FakeVLLM:
         finally:
             self.inflight[host] -= 1
         n = body.get("n", 1) + self.choices_delta
+        if body.get("stream"):
+            return httpx.Response(200, content=sse_body(n, body["prompt"]), headers={"content-type": "text/event-stream"})
         # choice j has j + 1 tokens, the last being EOS (id 2)
         choices = [
             {"index": j, "text": f"{body['prompt']}#{j}", "finish_reason": "stop",
@@ -74,6 +76,20 @@ class FakeVLLM:
         ]
         usage = {"prompt_tokens": len(body["prompt"]) + 1, "completion_tokens": n * (n + 1) // 2}
         return httpx.Response(200, json={"choices": choices, "usage": usage, "model": body["model"]})
+
+
+def sse_body(n: int, prompt: str) -> bytes:
+    """A vLLM-style stream of ``n`` choices, choice j of j + 1 tokens (one per step, the last EOS), with
+    continuous usage; the total usage and [DONE] at the end."""
+    lines = []
+    for step in range(n):
+        for j in range(step, n):
+            chunk = {"choices": [{"index": j, "text": "x", "token_ids": [7 if step < j else 2],
+                                  "finish_reason": "stop" if step == j else None}],
+                     "usage": {"prompt_tokens": len(prompt) + 1, "completion_tokens": step + 1}}
+            lines.append(f"data: {json.dumps(chunk)}\n\n")
+    lines += ['data: {"choices": [], "usage": {}}\n\n', "data: [DONE]\n\n"]
+    return "".join(lines).encode()
 
 
 def engine_for(fake: FakeVLLM, urls: list[str], **kw) -> VLLMHTTPEngine:
@@ -600,3 +616,71 @@ def test_an_upstream_that_stops_answering_is_shut_after_a_few_deadlines():
     rounds, hung = run(go())
     assert sum(r.count("timeout") for r in rounds) == 3 and rounds[-3:] == [["ok", "ok"]] * 3, rounds
     assert hung["up"] is False and "no answer within" in hung["last_error"]
+
+
+def test_sse_chunks_count_each_choice_from_its_token_ids_or_its_usage():
+    from isocompute.engines.base import UpstreamBadResponse
+    from isocompute.engines.streaming import ChoiceState, read_chunk
+
+    states = [ChoiceState(), ChoiceState()]
+    lines = ['data: {"choices":[{"index":0,"text":"4","token_ids":[7],"finish_reason":null}],'
+             '"usage":{"prompt_tokens":5,"completion_tokens":1}}', "",
+             'data: {"choices":[{"index":1,"text":"","finish_reason":null}],"usage":{"prompt_tokens":5,'
+             '"completion_tokens":3}}',
+             'data: {"choices":[{"index":0,"text":"2","token_ids":[8,9],"finish_reason":"stop"}]}',
+             'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":6}}', "data: [DONE]"]
+    out = [read_chunk(line, states) for line in lines]
+    assert [o[0] for o in out] == [[], [], [], [0], [], []]
+    assert out[0][1] == 5 and out[-1][2] is True
+    assert states[0].tokens == 3 and states[0].completion(5).text == "42"  # token ids: 1 + 2
+    assert states[1].tokens == 3 and states[1].finish_reason is None  # no ids: the continuous usage
+    assert states[1].completion(5, "abort").finish_reason == "abort"
+    with pytest.raises(UpstreamBadResponse):
+        read_chunk('data: {"choices":[{"index":5}]}', states)
+
+
+def test_a_streamed_wave_is_retried_at_its_start_and_stops_when_told():
+    fake = FakeVLLM()
+    fake.fail.update({"a:1": ["500"], "b:1": ["500"]})  # the start fails once on each: the third attempt streams
+    eng = engine_for(fake, ["http://a:1", "http://b:1"])
+    finished = []
+
+    async def stop_at_second(j, c):
+        finished.append((j, c.completion_tokens, c.finish_reason))
+        return len(finished) == 2
+
+    async def go():
+        try:
+            return await eng.stream_wave("p", 4, 8, 1.0, 5, stop_at_second)
+        finally:
+            await eng.aclose()
+
+    ws = asyncio.run(go())
+    assert len(fake.calls) == 3 and not fake.fail["a:1"] and not fake.fail["b:1"]
+    assert all(b["stream"] and b["stream_options"]["continuous_usage_stats"] for _, b in fake.calls)
+    assert finished == [(0, 1, "stop"), (1, 2, "stop")] and ws.stopped and ws.finish_order == [0, 1]
+    assert [(c.completion_tokens, c.finish_reason) for c in ws.completions] == [
+        (1, "stop"), (2, "stop"), (1, "abort"), (1, "abort")]  # what each had streamed at the stop
+
+
+def test_a_stream_that_ends_before_its_choices_finish_is_a_bad_response():
+    from isocompute.engines.base import UpstreamBadResponse
+
+    async def cut(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": MODEL}]})
+        return httpx.Response(200, content=sse_body(3, "p").split(b"\n\n")[0] + b"\n\ndata: [DONE]\n\n")
+
+    eng = VLLMHTTPEngine(["http://a:1"], transport=httpx.MockTransport(cut))
+
+    async def never(j, c):
+        return False
+
+    async def go():
+        try:
+            return await eng.stream_wave("p", 3, 8, 1.0, None, never)
+        finally:
+            await eng.aclose()
+
+    with pytest.raises(UpstreamBadResponse, match="1 of 3 choices finished"):
+        asyncio.run(go())

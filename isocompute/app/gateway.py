@@ -375,7 +375,7 @@ class Gateway:
             self.metrics.upstream_errors.labels("bad_response", self.backend.pool).inc()
             raise UpstreamBadResponse(f"upstream {self.engine.name} returned no usable sample of {run.drawn}; "
                                       "check the upstream server and retry")
-        if len(ok) < run.drawn:
+        if run.lost:
             self.metrics.upstream_errors.labels("partial", self.backend.pool).inc()
         picked = pick_sample(run, strategy, tie_break=self.settings.tie_break, seed=seed, prompt=prompt,
                              verifier=self.verifier)

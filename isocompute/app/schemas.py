@@ -10,10 +10,8 @@ Extensions (every request type):
   sample), for a policy fitted with latency budgets (``fit --latency-budgets``), within its range;
 * ``max_samples`` — hard cap on the samples drawn for this request, over all its waves (never exceeded,
   also not by budget control);
-* ``max_waves`` — hard cap on the waves (upstream calls) of this request's plan (the server's
-  ``max_waves`` is the most it may ask);
-* ``strategy`` — ``"majority"`` (plurality vote over extracted answers) | ``"best_of"`` (highest verifier
-  score; only when the server has a verifier).
+* ``max_waves`` — hard cap on the waves of this request's plan (at most the server's ``max_waves``);
+* ``strategy`` — ``"majority"`` (plurality vote) | ``"best_of"`` (highest verifier score, with a verifier).
 
 OpenAI fields the gateway cannot honour are refused with 400 when they would change the answer's form
 (``stream``, ``n`` > 1, ``logprobs``, ``tools``, ``echo``, ``suffix``, ``best_of`` > 1, a non-text
@@ -21,12 +19,10 @@ OpenAI fields the gateway cannot honour are refused with 400 when they would cha
 ``user``, …). Unknown fields are accepted and logged. ``seed`` is reduced modulo 2**31 before it reaches
 an engine, so every back-end accepts it.
 
-Responses follow OpenAI; the first choice carries the aggregated answer (the text of one sample that
-gave the winning answer); ``usage`` adds ``flops``; ``isocompute`` (top level, and on each choice of a
-multi-prompt completion) reports the decision, the plan as it ran (waves, samples, why it stopped) and
-the vote over answer classes; for a multi-model action also the action's name, its final vote and each
-stage that ran (:class:`StageInfo`: model, plan, waves, samples, why it stopped, FLOPs), the top-level
-waves, samples and FLOPs summing them.
+Responses follow OpenAI; the first choice carries the aggregated answer (one sample that gave it);
+``usage`` adds ``flops``; ``isocompute`` (top level, and per choice of a multi-prompt completion): the
+decision, the plan as it ran (:class:`WaveInfo` per wave), the vote over answer classes; for a multi-model
+action each stage that ran (:class:`StageInfo`), the top-level figures summing them.
 """
 
 from __future__ import annotations
@@ -195,6 +191,17 @@ class ProbeInfo(BaseModel):
     flops: float | None = Field(None, description="FLOPs of this probe call (in flops and usage.flops)")
 
 
+class WaveInfo(BaseModel):
+    """One wave as it ran (completion tokens include aborted samples' partial tokens)."""
+
+    mode: Literal["wait", "parallel-stop"]
+    started: int = Field(description="samples asked for")
+    finished: int = Field(description="samples that came back complete")
+    aborted: int = Field(description="samples aborted when the rule fired mid-wave (paid, not voting)")
+    tokens: int = Field(description="completion tokens generated in the wave")
+    ended: Literal["rule", "finished"] = Field(description="rule: stopped mid-wave; finished: every sample ended")
+
+
 class StageInfo(BaseModel):
     """One stage of a multi-model action as it ran (a plan on one model's pool)."""
 
@@ -228,6 +235,8 @@ class IsoComputeInfo(BaseModel):
     policy_plan: str = Field(description="the plan the policy chose, before caps")
     waves: int = Field(description="waves run: upstream calls of n = wave size")
     wave_sizes: list[int] = Field(description="samples drawn in each wave")
+    wave_runs: list[WaveInfo] = Field(default_factory=list, description="each wave as it ran, all stages in order")
+    tokens: int = Field(0, description="completion tokens generated, every wave (= usage.completion_tokens)")
     stopped: StopReason = Field(description="why sampling stopped: rule (the plan's stopping rule fired), plan_end "
                                             "(no waves left), cap (max_samples / max_waves cut the plan), deadline "
                                             "or upstream_error (a later wave failed; the vote used the waves before)")

@@ -21,7 +21,7 @@ serve the model asked for).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -37,7 +37,8 @@ class Completion:
     """One sampled completion.
 
     ``finish_reason`` follows OpenAI: ``"stop"`` (an end token or stop string) or ``"length"``
-    (``max_tokens`` reached).
+    (``max_tokens`` reached); ``"abort"`` marks a sample of a streamed wave stopped before it finished
+    (:func:`stream_wave`): its text and tokens are what it had generated then.
     """
 
     text: str
@@ -124,3 +125,58 @@ class Engine(Protocol):
         Raises :class:`isocompute.errors.EngineUnavailable` when the back-end cannot serve it.
         """
         ...
+
+
+OnFinish = Callable[[int, Completion], Awaitable[bool]]
+"""Called as each sample of a streamed wave finishes, with its index in the wave and its completion;
+returns whether to stop the wave (abort the samples still decoding)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WaveStream:
+    """One prompt's streamed wave: ``completions`` in index order (the aborted ones with
+    ``finish_reason == "abort"`` and the tokens generated until the stop), the finished indices in
+    finish order, and whether ``on_finish`` stopped it (False: every sample finished)."""
+
+    completions: list[Completion]
+    finish_order: list[int]
+    stopped: bool
+
+    @property
+    def aborted(self) -> int:
+        return sum(c.finish_reason == "abort" for c in self.completions)
+
+    @property
+    def tokens(self) -> int:
+        return sum(c.completion_tokens for c in self.completions)
+
+
+async def replay_finishes(comps: list[Completion], on_finish: OnFinish) -> WaveStream:
+    """A wave generated whole, replayed as if its samples had decoded in lock-step: they finish in order
+    of their completion tokens (ties by index); when ``on_finish`` says stop after a sample of L tokens,
+    each sample not yet finished is aborted at ``min(its tokens, L)`` tokens with empty text (it would
+    have had L tokens then, or finished at L in the same step as the stopper; its partial text is not
+    known here and never votes). Exact for lock-step decoding; an approximation of a real server's
+    interleaving."""
+    order = sorted(range(len(comps)), key=lambda j: (comps[j].completion_tokens, j))
+    out = list(comps)
+    for pos, j in enumerate(order):
+        if await on_finish(j, comps[j]) and pos + 1 < len(order):
+            at = comps[j].completion_tokens
+            for r in order[pos + 1:]:
+                c = comps[r]
+                out[r] = Completion("", c.prompt_tokens, min(c.completion_tokens, at), "abort")
+            return WaveStream(out, order[: pos + 1], True)
+    return WaveStream(out, order, False)
+
+
+async def stream_wave(engine: Engine, prompt: str, n: int, max_tokens: int, temperature: float,
+                      seed: int | None, on_finish: OnFinish) -> WaveStream:
+    """``n`` samples of ``prompt``, ``on_finish`` called as each finishes, the rest aborted when it says
+    stop: the engine's own ``stream_wave`` where it has one (vllm-http streams and closes the request;
+    the transformers engine replays), else ``generate`` and :func:`replay_finishes`."""
+    own = getattr(engine, "stream_wave", None)
+    if own is not None:
+        return await own(prompt, n, max_tokens, temperature, seed, on_finish)
+    [comps] = await engine.generate([prompt], n, max_tokens, temperature, seed)
+    return await replay_finishes(list(comps), on_finish)

@@ -5,6 +5,7 @@ object, raising :class:`~isocompute.engines.openai_replies.Retryable` with the k
 no answer in time; ``down``: nobody accepts the connection; ``dead``: refused, reset or closed
 mid-answer; statuses per :func:`~isocompute.engines.openai_replies.check_status`) and
 :class:`~isocompute.engines.base.UpstreamBadResponse` for a reply that cannot be read.
+:func:`open_stream` starts a streamed one (``stream: true``) the same way and returns the open response.
 :func:`check_upstream` is the readiness check (one real 1-token completion); :func:`fetch_model_entry`
 reads ``/v1/models``; :func:`attempt_budget` is how long the next attempt may take before the caller's
 deadline. :class:`~isocompute.engines.vllm_http.VLLMHTTPEngine` balances and retries over these.
@@ -27,7 +28,7 @@ from isocompute.errors import InputError
 
 __all__ = [
     "DEADLINE_MARGIN_S", "attempt_budget", "base_url", "check_upstream", "fetch_model_entry", "fetch_model_name",
-    "post_completions",
+    "open_stream", "post_completions",
 ]
 
 DEADLINE_MARGIN_S = 0.05  # end an attempt this long before the caller's deadline, to count its timeout
@@ -109,3 +110,29 @@ async def post_completions(client: httpx.AsyncClient, url: str, body: dict[str, 
         raise UpstreamBadResponse(f"upstream {url} sent a completions reply this engine cannot read "
                                   f"(a JSON {type(data).__name__}, not an object)")
     return data
+
+
+async def open_stream(client: httpx.AsyncClient, url: str, body: dict[str, Any], budget: float) -> httpx.Response:
+    """Start a streamed ``/v1/completions`` request within ``budget`` seconds: the response, open, once
+    its status says success (the caller reads its lines and closes it); failures sorted as in
+    :func:`post_completions`."""
+    r: httpx.Response | None = None
+    try:
+        async with asyncio.timeout(budget):
+            r = await client.send(client.build_request("POST", f"{url}/v1/completions", json=body), stream=True)
+            if r.status_code >= 400:
+                await r.aread()
+    except TimeoutError:
+        if r is not None:
+            await r.aclose()
+        raise Retryable(f"no answer within {budget:.3g} s", "slow") from None
+    except httpx.ConnectTimeout as e:
+        raise Retryable(describe(e), "down") from e
+    except httpx.TimeoutException as e:
+        raise Retryable(describe(e), "slow") from e
+    except httpx.TransportError as e:
+        raise Retryable(describe(e), "dead") from e
+    if r.status_code >= 400:
+        await r.aclose()
+        check_status(url, r, body.get("model"))
+    return r

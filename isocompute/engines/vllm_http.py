@@ -37,7 +37,10 @@ one engine within one event loop and ``await aclose()`` at the end.
 ``request(body)`` sends any completions body through the same balancer and retries and returns the raw
 JSON (the entropy probe, :mod:`isocompute.engines.probe`, asks for ``logprobs`` that way).
 
-Ignores: streaming, chat completions (prompts arrive already templated), logprobs in ``generate``, stop
+``stream_wave(prompt, n, …, on_finish)`` streams one prompt's wave and closes the request when
+``on_finish`` says stop (:mod:`isocompute.engines.streaming`).
+
+Ignores: chat completions (prompts arrive already templated), logprobs in ``generate``, stop
 strings.
 """
 
@@ -54,12 +57,16 @@ import httpx
 from isocompute.engines.base import (
     REQUEST_DEADLINE,
     Completion,
+    OnFinish,
+    WaveStream,
     check_generate_args,
     gather_or_cancel,
+    replay_finishes,
 )
 from isocompute.engines.circuit import Upstream, UpstreamPool
 from isocompute.engines.openai_replies import Retryable, describe, parse_completions, split_evenly
 from isocompute.engines.probe import TOP_LOGPROBS, ProbeResult, completion_logprobs_entropy
+from isocompute.engines.streaming import stream_completions
 from isocompute.engines.upstream_calls import (
     DEADLINE_MARGIN_S,  # noqa: F401
     attempt_budget,
@@ -167,6 +174,22 @@ class VLLMHTTPEngine:
             for i, p in enumerate(prompts)
         ]
         return [comps * (n // n_req) for comps in await gather_or_cancel(tasks)]
+
+    async def stream_wave(self, prompt: str, n: int, max_tokens: int, temperature: float, seed: int | None,
+                          on_finish: OnFinish) -> WaveStream:
+        """``n`` samples of ``prompt`` in one streamed request, ``on_finish`` called as each finishes; the
+        request is closed (vLLM aborts it) when it returns True. Greedy: one sample, replayed ``n`` times."""
+        check_generate_args(n, max_tokens, temperature)
+        if temperature == 0:
+            [comps] = await self.generate([prompt], n, max_tokens, temperature, seed)
+            return await replay_finishes(list(comps), on_finish)
+        body: dict[str, Any] = {"model": await self._model_name(), "prompt": prompt, "n": n,
+                                "max_tokens": max_tokens, "temperature": temperature}
+        if seed is not None:
+            body["seed"] = seed
+        if self.return_token_ids:
+            body["return_token_ids"] = True
+        return await stream_completions(self, body, on_finish)
 
     async def aclose(self) -> None:
         await self.pool.aclose()

@@ -12,6 +12,8 @@ isocompute_samples_total               counter    samples requested upstream
 isocompute_waves                       histogram  waves (upstream calls) per prompt's plan
 isocompute_plan_stops_total            counter    reason (rule, plan_end, cap, deadline, upstream_error)
 isocompute_flops_total                 counter    FLOPs spent (prefill once + every decode)
+isocompute_aborted_samples_total       counter    pool: samples of parallel-stop waves aborted by the rule
+isocompute_waves_stopped_total         counter    pool: parallel-stop waves the rule stopped mid-wave
 isocompute_lambda                      gauge      budget_key: λ of the last decision
 isocompute_internal_budget             gauge      budget_key: the controller's internal budget
 isocompute_mean_cost                   gauge      budget_key: realised mean cost per request
@@ -62,6 +64,10 @@ class Metrics:
                                registry=r)
         self.stops = Counter("isocompute_plan_stops", "Plans stopped, by reason", ["reason"], registry=r)
         self.flops = Counter("isocompute_flops", "FLOPs spent upstream", registry=r)
+        self.aborted_samples = Counter("isocompute_aborted_samples", "Samples aborted when a parallel-stop "
+                                       "wave's rule fired", ["pool"], registry=r)
+        self.waves_stopped = Counter("isocompute_waves_stopped", "Parallel-stop waves stopped mid-wave",
+                                     ["pool"], registry=r)
         self.lam = Gauge("isocompute_lambda", "λ of the last decision", ["budget_key"], registry=r)
         self.internal_budget = Gauge("isocompute_internal_budget", "Controller's internal budget",
                                      ["budget_key"], registry=r)

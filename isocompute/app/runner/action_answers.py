@@ -112,7 +112,7 @@ class ActionAnswers:
             raise UpstreamBadResponse(f"the pools of {', '.join(run.action.models)} returned no usable sample of "
                                       f"{run.drawn}; check those upstream servers and retry")
         for pool in dict.fromkeys(self.pools[st.model].backend.pool for st in run.stages
-                                  if len(st.run.usable) < st.run.drawn):
+                                  if st.run.lost):
             m.upstream_errors.labels("partial", pool).inc()
         picked = pick_sample(final, strategy, tie_break=self.settings.tie_break, seed=seed, prompt=prompt,
                              verifier=self.verifier, weights=run.weights)

@@ -27,10 +27,10 @@ from isocompute.app.routing import Routing
 from isocompute.app.runner.action_run import ActionRun
 from isocompute.app.runner.aggregate import Vote, best_of, majority_vote, weighted_vote
 from isocompute.app.runner.plan_run import PlanRun
-from isocompute.app.schemas import IsoComputeInfo, ProbeInfo, StageInfo
+from isocompute.app.schemas import IsoComputeInfo, ProbeInfo, StageInfo, WaveInfo
 
 __all__ = ["Answer", "Picked", "StageCost", "Verifier", "action_info", "answer_info", "pick_sample", "plan_flops",
-           "stage_costs", "wave_tokens"]
+           "stage_costs", "wave_infos", "wave_tokens"]
 
 
 class Verifier(Protocol):
@@ -109,11 +109,18 @@ def answer_info(run: PlanRun, routing: Routing, i: int, picked: Picked, *, strat
     return IsoComputeInfo(
         plan=run.plan.name, policy_plan=run.policy_plan.name,
         waves=len(run.wave_sizes), wave_sizes=run.wave_sizes, stopped=run.stopped,  # type: ignore[arg-type]
+        wave_runs=wave_infos([run]), tokens=sum(w.tokens for w in run.wave_runs),
         stop_statistic=run.statistic, stop_detail=run.detail, k=run.drawn,
         answer=picked.answer, votes=run.votes.as_dict(), votes_complete=run.votes.complete,
-        samples_received=received, partial=received < run.drawn or run.stopped in ("deadline", "upstream_error"),
+        samples_received=received, partial=run.lost > 0 or run.stopped in ("deadline", "upstream_error"),
         latency=latency, **_routing_info(routing, i, strategy=strategy, flops=flops),
     )
+
+
+def wave_infos(runs: Sequence[PlanRun]) -> list[WaveInfo]:
+    """Every wave of ``runs`` (a plan's, or an action's stages' in order) as the response shows it."""
+    return [WaveInfo(mode=w.mode, started=w.started, finished=w.finished, aborted=w.aborted,  # type: ignore[arg-type]
+                     tokens=w.tokens, ended=w.ended) for r in runs for w in r.wave_runs]
 
 
 def _routing_info(routing: Routing, i: int, *, strategy: str, flops: float | None) -> dict[str, Any]:
@@ -165,6 +172,7 @@ def action_info(run: ActionRun, routing: Routing, i: int, picked: Picked, *, str
     assert final is not None and final.votes is not None
     last = run.stages[-1].run
     received = sum(len(st.run.usable) for st in run.stages)
+    lost = sum(st.run.lost for st in run.stages)
     stages = [StageInfo(model=st.model, plan=st.run.plan.name, policy_plan=st.stage.plan.name,
                         waves=len(st.run.wave_sizes), wave_sizes=st.run.wave_sizes, samples=st.run.drawn,
                         samples_received=len(st.run.usable), stopped=st.stopped,  # type: ignore[arg-type]
@@ -175,9 +183,11 @@ def action_info(run: ActionRun, routing: Routing, i: int, picked: Picked, *, str
     return IsoComputeInfo(
         plan=run.action.name, policy_plan=run.action.name,
         waves=len(run.wave_sizes), wave_sizes=run.wave_sizes, stopped=run.stopped,  # type: ignore[arg-type]
+        wave_runs=wave_infos([st.run for st in run.stages]),
+        tokens=sum(w.tokens for st in run.stages for w in st.run.wave_runs),
         stop_statistic=last.statistic, stop_detail=last.detail, k=run.drawn,
         answer=picked.answer, votes=final.votes.as_dict(), votes_complete=final.votes.complete,
-        samples_received=received, partial=received < run.drawn or failed,
+        samples_received=received, partial=lost > 0 or failed,
         model_action=run.action.name, vote=run.action.vote, stages=stages,
         **_routing_info(routing, i, strategy=strategy, flops=flops),
     )

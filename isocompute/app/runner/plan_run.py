@@ -4,10 +4,14 @@ Each prompt of a request has a plan (:class:`isocompute.solver.plans.plan.Plan`:
 stopping rule), already cut to the request's caps (``Plan.capped(max_samples=…, max_waves=…)``).
 :func:`run_plans` runs the prompts in lock-step rounds. Round r sends every prompt still sampling its
 r-th wave (:func:`isocompute.app.runner.execute.run_wave`: one ``generate(n = wave size)`` call per distinct
-size, so prompts with the same wave share a call), then merges each prompt's answers so far into
+size, so prompts with the same wave share a call; a *parallel-stop* wave instead streams one request per
+prompt, its rule checked at every finish and the rest aborted when it fires —
+:mod:`isocompute.app.runner.parallel_wave`), then merges each prompt's answers so far into
 classes (:class:`isocompute.app.runner.voting.Voter`) and asks the plan (:meth:`Plan.step` — the very code the
 offline plan estimators enumerate) whether to stop. A sample that failed or never came back is drawn
-but has no answer (``None``): it is paid for and does not vote, as in the estimators.
+but has no answer (``None``): it is paid for and does not vote, as in the estimators; so is an aborted
+sample (its partial tokens are charged). ``PlanRun.wave_runs`` records each wave
+(:class:`~isocompute.app.runner.parallel_wave.WaveRecord`).
 
 Why a prompt stops (``PlanRun.stopped``):
 
@@ -27,7 +31,8 @@ the upstream returned no tokens to count. Only a failure of the *first* wave is 
 
 **Seeds**: wave 0 gets the request's seed (so a one-wave plan samples exactly as before plans), wave
 r > 0 ``blake2b(f"{seed}/{r}") mod 2³¹`` — a replay with the same seed draws the same waves, and no two
-waves share a random stream. No seed: every wave is unseeded.
+waves share a random stream; the k-th prompt streaming a parallel-stop wave of n gets that seed + k·n (as
+one ``generate`` call seeds its prompts). No seed: every wave is unseeded.
 
 **The deadline** is the request's one :class:`~isocompute.app.runner.execute.Deadline`: every wave and every
 merge of answers runs within it; a client that disconnects cancels the task, and with it the wave in
@@ -51,15 +56,15 @@ from dataclasses import dataclass, field
 
 from isocompute.app.errors import UpstreamTimeout
 from isocompute.app.runner.execute import Backend, Deadline, run_wave
+from isocompute.app.runner.parallel_wave import FAILED_REASONS, StreamOutcome, WaveRecord, stream_prompt
 from isocompute.app.runner.voting import Voter
-from isocompute.engines.base import Completion
+from isocompute.engines.base import Completion, gather_or_cancel
 from isocompute.errors import EngineUnavailable
-from isocompute.solver.plans.plan import Plan
+from isocompute.solver.plans.plan import Plan, PlanStep
 from isocompute.tasks.answers.equivalence import Votes
 
-__all__ = ["FAILED_REASONS", "SEED_MODULUS", "PlanRun", "derived_seed", "run_plans", "wave_seed"]
+__all__ = ["FAILED_REASONS", "SEED_MODULUS", "PlanRun", "derived_seed", "run_plans", "wave_seed"]  # FAILED_REASONS: parallel_wave
 
-FAILED_REASONS = frozenset({"error", "abort"})
 SEED_MODULUS = 2**31
 
 
@@ -93,6 +98,7 @@ class PlanRun:
     stopped: str | None = None
     statistic: float | None = None
     detail: str | None = None
+    wave_runs: list[WaveRecord] = field(default_factory=list)
 
     @property
     def drawn(self) -> int:
@@ -103,6 +109,16 @@ class PlanRun:
     def usable(self) -> list[int]:
         """Indices of the samples that came back and did not fail."""
         return [j for j, c in enumerate(self.samples) if c is not None and c.finish_reason not in FAILED_REASONS]
+
+    @property
+    def lost(self) -> int:
+        """Samples drawn that did not come back or failed (aborted ones were stopped, not lost)."""
+        return sum(c is None or c.finish_reason == "error" for c in self.samples)
+
+    @property
+    def next_parallel(self) -> bool:
+        """Whether the next wave is parallel-stop."""
+        return self.plan.parallel[len(self.wave_sizes)]
 
     @property
     def next_wave(self) -> int | None:
@@ -116,6 +132,17 @@ class PlanRun:
         self.answers += [None if c.finish_reason in FAILED_REASONS else extract(c.text) for c in got]
         self.answers += [None] * (wave - len(got))
         self.wave_sizes.append(wave)
+        mode = self.plan.modes[len(self.wave_sizes) - 1]
+        self.wave_runs.append(WaveRecord.of(mode, wave, got, stopped=False))
+
+    def stopped_mid_wave(self, votes: Votes, step: PlanStep) -> None:
+        """The plan's rule fired mid-wave (``step``, from :meth:`Plan.on_finish`); ``votes`` over every
+        sample drawn, the aborted ones voting None."""
+        self.votes, self.stopped = votes, "rule"
+        prob = float(step.decision.prob)
+        self.statistic = prob if math.isfinite(prob) else None
+        last = self.wave_runs[-1]
+        self.wave_runs[-1] = WaveRecord(last.mode, last.started, last.finished, last.aborted, last.tokens, "rule")
 
     def check(self, votes: Votes) -> None:
         """The plan's step on the merged classes of every sample so far."""
@@ -154,12 +181,13 @@ async def run_plans(
                 runs[i].stop("deadline", f"no time left for wave {wave + 1} within the request's "
                                          f"{deadline.seconds:g} s deadline")
             break
-        ns = [runs[i].next_wave or 0 for i in active]
+        par = [i for i in active if runs[i].next_parallel]
+        wait = [i for i in active if i not in par]
         t0 = time.perf_counter()
         try:
-            out = await backend.call(
-                run_wave(backend.engine, [prompts[i] for i in active], ns, max_tokens=max_tokens,
-                         temperature=temperature, seed=wave_seed(seed, wave)),
+            waited, streamed = await backend.call(
+                _round(backend, prompts, runs, wait, par, voter=voter, extract=extract, max_tokens=max_tokens,
+                       temperature=temperature, seed=wave_seed(seed, wave), deadline_at=deadline.at),
                 deadline=deadline, what="the sampling call" if wave == 0 else f"wave {wave + 1} of the sampling")
         except EngineUnavailable as e:
             if wave == 0:
@@ -169,11 +197,38 @@ async def run_plans(
                 runs[i].stop(reason, str(e))
             break
         backend.metrics.upstream_latency.labels(backend.pool).observe(time.perf_counter() - t0)
-        for i, n, comps in zip(active, ns, out, strict=True):
-            runs[i].add(n, comps, extract)
+        for i, comps in zip(wait, waited, strict=True):
+            runs[i].add(runs[i].next_wave or 0, comps, extract)
+        for i, out in zip(par, streamed, strict=True):
+            runs[i].add(runs[i].next_wave or 0, out.completions, extract)
         votes = await voter.classes([runs[i].answers for i in active], deadline.at)
+        mid = {i: out for i, out in zip(par, streamed, strict=True) if out.step is not None}
         for i, v in zip(active, votes, strict=True):
-            runs[i].check(v)
+            if i in mid:
+                runs[i].stopped_mid_wave(v, mid[i].step)  # type: ignore[arg-type]
+                backend.metrics.waves_stopped.labels(backend.pool).inc()
+                backend.metrics.aborted_samples.labels(backend.pool).inc(runs[i].wave_runs[-1].aborted)
+            else:
+                runs[i].check(v)
         active = [i for i in active if runs[i].stopped is None]
         wave += 1
     return runs
+
+
+async def _round(backend: Backend, prompts: list[str], runs: list[PlanRun], wait: list[int], par: list[int], *,
+                 voter: Voter, extract: Callable[[str], str | None], max_tokens: int, temperature: float,
+                 seed: int | None, deadline_at: float) -> tuple[list[list[Completion]], list[StreamOutcome]]:
+    """One round: the waiting waves (:func:`run_wave`) and the parallel-stop ones (one stream per prompt)."""
+    async def waiting() -> list[list[Completion]]:
+        if not wait:
+            return []
+        return await run_wave(backend.engine, [prompts[i] for i in wait], [runs[i].next_wave or 0 for i in wait],
+                              max_tokens=max_tokens, temperature=temperature, seed=seed)
+
+    streams = [stream_prompt(backend.engine, prompts[i], runs[i].next_wave or 0, runs[i].plan, runs[i].answers,
+                             voter=voter, extract=extract, max_tokens=max_tokens, temperature=temperature,
+                             seed=None if seed is None else seed + k * (runs[i].next_wave or 0),
+                             deadline_at=deadline_at)
+               for k, i in enumerate(par)]
+    waited, *streamed = await gather_or_cancel([waiting(), *streams])
+    return waited, streamed

@@ -1,0 +1,87 @@
+"""A parallel-stop wave of one prompt, run as one stream: the vote updated at every finish, the wave aborted
+when the plan's rule fires.
+
+:func:`stream_prompt` asks the engine for the wave's ``n`` samples through
+:func:`isocompute.engines.base.stream_wave` (vllm-http: ONE streamed request with n = the wave, closed on
+stop, so vLLM aborts the rest; in-process engines: the whole batch replayed in length order). At each
+finish but the wave's last, the sample's answer is extracted, every answer finished so far (earlier waves'
+and this wave's, in finish order) is merged into classes (:class:`~isocompute.app.runner.voting.Voter`) and
+:meth:`isocompute.solver.plans.plan.Plan.on_finish` decides: ``"rule"`` stops the wave. The wave's last
+finish is not checked here: the round checks it with :meth:`Plan.step`, as it checks a waiting wave.
+
+The samples come back in finish order, the aborted ones after them (``finish_reason == "abort"``, their
+partial tokens counted: they are paid for and do not vote). :class:`WaveRecord` is what the response's
+``isocompute.wave_runs`` shows of each wave.
+
+Worked example: ``first:m=2@8s`` — samples finish at 7 and 9 tokens; at the second finish the rule fires,
+the six others are aborted at about 9 tokens each: started 8, finished 2, aborted 6, tokens ≈ 7 + 9 + 6·9.
+
+Ignores: checking a waiting wave's rule before it completes (the plan says to wait).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from isocompute.app.runner.voting import Voter
+from isocompute.engines.base import Completion, Engine, stream_wave
+from isocompute.solver.plans.plan import Plan, PlanStep
+from isocompute.tasks.answers.equivalence import Votes
+
+__all__ = ["FAILED_REASONS", "StreamOutcome", "WaveRecord", "stream_prompt"]
+
+FAILED_REASONS = frozenset({"error", "abort"})
+
+
+@dataclass(frozen=True, slots=True)
+class WaveRecord:
+    """One wave as it ran: its mode, samples started, finished (came back complete), aborted, their
+    completion tokens (aborted partials included) and why it ended (``rule``: stopped mid-wave;
+    ``finished``: every sample ended)."""
+
+    mode: str
+    started: int
+    finished: int
+    aborted: int
+    tokens: int
+    ended: str
+
+    @classmethod
+    def of(cls, mode: str, started: int, comps: list[Completion], *, stopped: bool) -> WaveRecord:
+        aborted = sum(c.finish_reason == "abort" for c in comps)
+        return cls(mode, started, len(comps) - aborted, aborted, sum(c.completion_tokens for c in comps),
+                   "rule" if stopped else "finished")
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOutcome:
+    """A streamed wave: its samples in finish order, the aborted after them; the step that stopped it
+    mid-wave and the vote then (None when it ran to its end)."""
+
+    completions: list[Completion]
+    step: PlanStep | None
+    votes: Votes | None
+
+
+async def stream_prompt(engine: Engine, prompt: str, n: int, plan: Plan, earlier: list[str | None], *,
+                        voter: Voter, extract: Callable[[str], str | None], max_tokens: int, temperature: float,
+                        seed: int | None, deadline_at: float) -> StreamOutcome:
+    """Run one prompt's parallel-stop wave of ``n`` (module docstring); ``earlier``: its answers so far."""
+    answers = list(earlier)
+    stop: dict[str, object] = {}
+
+    async def on_finish(j: int, c: Completion) -> bool:
+        answers.append(None if c.finish_reason in FAILED_REASONS else extract(c.text))
+        if len(answers) >= len(earlier) + n:
+            return False  # the wave's last finish: the round's Plan.step checks it
+        [votes] = await voter.classes([answers], deadline_at)
+        step = plan.on_finish(votes.classes, running=True)
+        if step.stop:
+            stop.update(step=step, votes=votes)
+        return step.stop
+
+    ws = await stream_wave(engine, prompt, n, max_tokens, temperature, seed, on_finish)
+    done = set(ws.finish_order)
+    order = ws.finish_order + [j for j in range(len(ws.completions)) if j not in done]
+    return StreamOutcome([ws.completions[j] for j in order], stop.get("step"), stop.get("votes"))  # type: ignore[arg-type]

