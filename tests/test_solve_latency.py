@@ -204,3 +204,12 @@ def test_cli_prints_seconds_with_decode_speed(table, tmp_path, capsys):
     printed = capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
     assert f"{summary['mean_latency_s']:.4g} s at 50 tokens/s" in printed and "mean latency (s)" in printed
+
+
+@pytest.mark.parametrize("argv", [["--latency-budget", "1"], ["--wave-overhead", "0.1"], ["--decode-speed", "50"]])
+def test_several_models_refuse_latency_options(table, tmp_path, capsys, argv):
+    out = tmp_path / "o"
+    code = main(["solve", "--outcomes", f"a={table}", "--outcomes", f"b={table}", "--budget", "1e12", "--out", str(out),
+                 *argv])
+    assert code == 2 and "without latency; drop --latency-budget" in capsys.readouterr().err
+    assert not out.exists()

@@ -128,6 +128,9 @@ class SolveConfig:
         if self.outcomes is not None:
             self.outcomes = Path(self.outcomes)
         if several(self.outcomes, self.models):
+            if self.latency_budget is not None or self.wave_overhead or self.decode_speed is not None:
+                raise InputError("several models are solved under one FLOP budget, without latency; drop "
+                                 "--latency-budget, --wave-overhead and --decode-speed.")
             return
         if self.strategy not in STRATEGIES:
             raise InputError(f"--strategy must be one of {', '.join(STRATEGIES)}; you passed {self.strategy!r}.")
