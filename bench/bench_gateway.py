@@ -199,6 +199,12 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait(10)
 
 
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) the process ``pid`` has used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def gateway_times(url: str) -> tuple[float, float, float]:
     """(requests, Σ request seconds, Σ upstream seconds) of /v1/completions from the gateway's /metrics."""
     count = total = upstream = 0.0
@@ -294,9 +300,9 @@ def main() -> int:
         gw_url = f"http://127.0.0.1:{port}"
         wait_ready(gw_url, gw, work / "gateway.log")
         served = httpx.get(f"{srv.url}/v1/models").json()["data"][0]["id"]
-        before = gateway_times(gw_url)
+        before, cpu0 = gateway_times(gw_url), process_cpu(gw.pid)
         res = asyncio.run(compare(f"{srv.url}/v1/completions", f"{gw_url}/v1/completions", served, args))
-        after = gateway_times(gw_url)
+        after, cpu1 = gateway_times(gw_url), process_cpu(gw.pid)
         seq = asyncio.run(compare(f"{srv.url}/v1/completions", f"{gw_url}/v1/completions", served,
                                   argparse.Namespace(**{**vars(args), "concurrency": 1, "rounds": 2,
                                                         "requests": args.sequential})))
@@ -326,6 +332,9 @@ def main() -> int:
     inside = ((after[1] - before[1]) - (after[2] - before[2])) / max(n_gw, 1) * 1e3
     print(f"inside the gateway (request time − upstream call, from its /metrics): mean {inside:.2f} ms "
           f"over {n_gw:.0f} requests")
+    gw_cpu = (cpu1 - cpu0) / max(n_gw, 1) * 1e3
+    print(f"gateway process CPU per request (vllm-http upstream, k=1, concurrency {args.concurrency}): "
+          f"{gw_cpu:.2f} ms  (target ≤ 2 ms)")
     s50 = {k: float(np.percentile(v[1], 50) * 1e3) for k, v in seq.items()}
     print(f"concurrency 1: p50 direct {s50['direct']:.2f} ms, via gateway {s50['gateway']:.2f} ms, "
           f"added {s50['gateway'] - s50['direct']:.2f} ms")

@@ -13,18 +13,23 @@ For a request with prompts ``x_1 … x_P``, arriving with a deadline ``upstream_
    λ, the expected cost (and latency) and the rule of the never-worse chain that decided — the policy is
    reached only through :class:`~isocompute.app.serving_policy.ServingPolicy`; each plan is cut to the caps
    (``Plan.capped``);
-3. **run the plans** (:func:`isocompute.app.runner.plan_run.run_plans`): waves of samples upstream within the
-   deadline, each prompt's answers merged into equivalence classes (:mod:`isocompute.app.runner.voting`) and
-   its stopping rule checked between waves;
+3. **run** (:class:`isocompute.app.runner.answers.Answers`, the one runner — a single-model plan is a
+   one-stage action, cascades and ensembles are more stages): waves of samples upstream within the
+   deadline (a parallel-stop wave streamed, and closed — aborted upstream — when its rule fires), each
+   prompt's answers merged into equivalence classes (:mod:`isocompute.app.runner.voting`) and its stopping
+   rule checked between waves and, in a parallel-stop wave, at every finish;
 4. **vote**: the plurality over answer classes (ties: ``tie_break``, by default a seeded random pick —
    the offline estimators give t tied classes 1/t of the credit each, and a uniform pick is the
    unbiased match) or best-of under the verifier; the winning sample's text is the answer. Samples that
-   failed upstream (fewer returned, or ``finish_reason`` ``error``/``abort``) do not vote and the answer
-   says ``partial``;
-5. **account**: what was actually spent — the samples the waves drew, not the plan's maximum (samples;
-   in tokens their completion tokens; in FLOPs each wave's decodes plus the prompt's prefill, once per
-   plan with ``prefix_caching``, else once per wave) — goes to the controller, the metrics and the response;
-   under a latency budget the realised latency too (:mod:`isocompute.app.accounting.latency_control`).
+   failed upstream (fewer returned, or ``finish_reason`` ``error``/``abort``) do not vote; lost ones make
+   the answer ``partial``;
+5. **charge** (:meth:`isocompute.app.accounting.ledger.Ledger.book`): what was actually spent — the samples
+   the waves drew, not the plan's maximum (samples; in tokens their completion tokens, aborted samples'
+   partial tokens included; in FLOPs each wave's decodes plus the prompt's prefill, once per plan with
+   ``prefix_caching``, else once per wave) — goes to the controller, the metrics and the response; under a
+   latency budget the realised latency too (:mod:`isocompute.app.accounting.latency_control`).
+
+Each route is validate → one call (:meth:`Gateway.answer`, or :meth:`Gateway.route` for a dry run) → respond.
 
 A policy with a probe feature needs one cheap model call per prompt before it can decide, and a policy
 with extra feature blocks computes them inside ``decide`` (:mod:`isocompute.app.runner.extras`). Both are part
@@ -36,13 +41,11 @@ decide worker thread, off the event loop (the encoder takes milliseconds per pro
 policy decides inline (~0.5 ms).
 
 **Several models** (:mod:`isocompute.app.runner.pools`): the gateway holds a pool per model name besides the
-default one. A multi-model policy's decision carries an action per prompt (``model_actions``); steps 3–5
-are then :class:`isocompute.app.runner.action_answers.ActionAnswers`' (each stage on its model's pool, the
-vote over the last stage or all of them, the stages summed). A request's ``model`` naming one of
-``policy.models`` pins the decision to actions on that model alone. Step 5's booking (metrics, the
-key's controller and gauges) is :class:`isocompute.app.accounting.ledger.Ledger`'s for both paths.
+default one. A multi-model policy's decision carries an action per prompt (``model_actions``), each stage
+on its model's pool, the vote over the last stage or all of them, the stages summed. A request's ``model``
+naming one of ``policy.models`` pins the decision to actions on that model alone.
 
-Ignores: streaming and stop strings.
+Ignores: streaming responses and stop strings.
 """
 
 from __future__ import annotations
@@ -64,12 +67,12 @@ from isocompute.app.accounting.pricing import BudgetPlan, budget_unit, price_req
 from isocompute.app.chat import policy_text, render_chat
 from isocompute.app.errors import ModelNotFound
 from isocompute.app.readiness import UpstreamHealth
-from isocompute.app.routing import Routing
-from isocompute.app.runner.action_answers import ActionAnswers
-from isocompute.app.runner.answer import Answer, Verifier, answer_info, pick_sample, plan_flops, wave_tokens
+from isocompute.app.routing import Ask, Routing
+from isocompute.app.runner.answer import Answer, Verifier
+from isocompute.app.runner.answers import Answers
 from isocompute.app.runner.execute import Backend, Deadline
 from isocompute.app.runner.extras import FeatureCall, ProbeCall, feature_call, probe_call
-from isocompute.app.runner.plan_run import SEED_MODULUS, PlanRun, run_plans
+from isocompute.app.runner.plan_run import SEED_MODULUS
 from isocompute.app.runner.pools import (
     DEFAULT,
     POOL_LABEL,
@@ -84,10 +87,11 @@ from isocompute.app.runner.voting import Voter
 from isocompute.app.schemas import ChatMessage
 from isocompute.app.serving_policy import PolicyDecision, ServingPolicy, as_serving_policy
 from isocompute.app.settings import Settings
-from isocompute.engines.base import Engine, UpstreamBadResponse
+from isocompute.engines.base import Engine
 from isocompute.errors import EngineUnavailable, InputError
 
-__all__ = ["Answer", "FeatureCall", "Gateway", "ProbeCall", "Routing", "Verifier", "policy_text", "render_chat"]
+__all__ = ["Answer", "Ask", "FeatureCall", "Gateway", "ProbeCall", "Routing", "Verifier", "policy_text",
+           "render_chat"]
 
 
 class Gateway:
@@ -131,10 +135,11 @@ class Gateway:
         self.controllers = ControllerBank(max_keys=settings.control_max_keys, on_evict=lambda key: (
             metrics.forget(self._labels.pop(key, "")), self.latency.drop(key)))
         self._labels: dict[Any, str] = {}
-        self.ledger = Ledger(metrics, self.controllers)
+        flops_of = {name: p.model_flops for name, p in {**self.pools, DEFAULT: default}.items()}
+        self.ledger = Ledger(metrics, self.controllers, flops_of, prefix_caching=settings.prefix_caching)
         self.voter = Voter(settings.answer_kind, timeout_s=settings.vote_timeout_s, grader=grader)
-        self.actions = ActionAnswers(self.pools, default, settings=settings, voter=self.voter, extract=extract,
-                                     verifier=verifier, ledger=self.ledger)
+        self.answers = Answers(self.pools, default, settings=settings, voter=self.voter, extract=extract,
+                               verifier=verifier, ledger=self.ledger)
         self._decide_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="isocompute-decide")
 
     def close(self) -> None:
@@ -200,7 +205,7 @@ class Gateway:
     def check_prompts(self, prompts: Sequence[str], max_tokens: int) -> list[int] | None:
         """Reject empty, too many or over-long prompts (400); return token counts when a tokenizer is known.
         The context checked is the default pool's; a multi-model action's other models are checked before
-        it runs (:meth:`ActionAnswers.check_context`)."""
+        it runs (:meth:`Answers.check_context`)."""
         s = self.settings
         if not prompts:
             raise InputError("prompt is empty; send a non-empty string or list of strings")
@@ -230,36 +235,28 @@ class Gateway:
 
     # ---- routing --------------------------------------------------------------------------------
 
-    async def route(
-        self,
-        prompts: list[str],
-        *,
-        principal: Principal,
-        budget: float | str | None,
-        unit: str | None,
-        max_samples: int | None,
-        max_tokens: int,
-        temperature: float,
-        deadline: Deadline,
-        prompt_tokens: list[int] | None = None,
-        policy_prompts: list[str] | None = None,
-        max_waves: int | None = None,
-        model: str | None = None,
-        latency_budget: float | None = None,
-    ) -> Routing:
+    async def answer(self, prompts: list[str], ask: Ask, *, principal: Principal, deadline: Deadline
+                     ) -> list[Answer]:
+        """Route, run, vote and charge every prompt of a generation request (module docstring, steps 1–5):
+        the one call a generation route makes. Raises what :meth:`route` and :meth:`Answers.answer` raise."""
+        routing = await self.route(prompts, ask, principal=principal, deadline=deadline)
+        return await self.answers.answer(prompts, routing, max_tokens=ask.max_tokens, temperature=ask.temperature,
+                                         seed=ask.seed, strategy=ask.strategy, deadline=deadline,
+                                         messages=ask.messages)
+
+    async def route(self, prompts: list[str], ask: Ask, *, principal: Principal, deadline: Deadline) -> Routing:
         """Decide a plan for every prompt (module docstring, steps 1–2). Raises BudgetError / PermissionDenied.
 
-        ``policy_prompts`` (default ``prompts``) is the text the policy sees: for chat, the question
+        ``ask.policy_prompts`` (default ``prompts``) is the text the policy sees: for chat, the question
         without the chat template (see :func:`policy_text`). A probe policy's probe call happens here,
         after the budget checks (so a refused request costs no model call), and only when the rule
-        serving the budget reads it. ``model`` (from :meth:`check_model`) pins the decision to that model;
-        ``latency_budget`` (sample lengths, checked in pricing) goes to the policy only when sent.
+        serving the budget reads it. ``ask.model`` (from :meth:`check_model`) pins the decision to that
+        model; ``ask.latency_budget`` (sample lengths, checked in pricing) goes to the policy only when sent.
         Raises EngineUnavailable (503) when an action names a model with no pool.
         """
         policy = self._loaded_policy()  # one policy for the whole request, whatever /admin/reload does
-        texts = prompts if policy_prompts is None else policy_prompts
-        plan = self._price(policy, principal, budget, unit, max_samples, max_waves, max_tokens, temperature,
-                           prompt_tokens, latency_budget)
+        texts = prompts if ask.policy_prompts is None else ask.policy_prompts
+        plan = self._price(policy, principal, ask)
         ctl = self._controller(plan, policy)
         internal = ctl.internal if self.settings.budget_control else plan.policy_budget
         lr = self.latency.route(plan, policy)
@@ -269,7 +266,7 @@ class Gateway:
         if reads and policy.probe is not None:
             probe = await probe_call(self.backend, texts, policy.probe, plan, deadline, tokenizer=self.tokenizer,
                                      model_flops=self.model_flops)
-        decision, features = await self._decide(policy, texts, internal, probe, plan, reads, model, lat)
+        decision, features = await self._decide(policy, texts, internal, probe, plan, reads, ask.model, lat)
         routing = Routing.of(decision, plan, len(prompts), multi_model=bool(policy.models),
                              internal_budget=float(internal), controller=ctl, probe=probe, features=features,
                              latency_control=lr)
@@ -279,18 +276,16 @@ class Gateway:
         self.ledger.export(routing)
         return routing
 
-    def _price(self, policy: ServingPolicy, principal: Principal, budget: float | str | None, unit: str | None,
-               max_samples: int | None, max_waves: int | None, max_tokens: int, temperature: float,
-               prompt_tokens: list[int] | None, latency_budget: float | None) -> BudgetPlan:
+    def _price(self, policy: ServingPolicy, principal: Principal, ask: Ask) -> BudgetPlan:
         s = self.settings
-        resolved = budget_unit(budget, unit, s.default_budget_unit)
-        flops = (self._sample_flops(policy, prompt_tokens, max_tokens) if "flops" in (resolved, policy.cost_unit)
-                 else None)
-        plan = price_request(budget, resolved, caller=principal.name, policy_range=policy.budget_range,
-                             policy_unit=policy.cost_unit, sample_flops=flops, limits=s, max_samples=max_samples,
-                             temperature=temperature, max_tokens=max_tokens, max_waves=max_waves,
-                             tokens_per_sample=policy.tokens_per_sample, latency_budget=latency_budget,
-                             latency_range=policy.latency_range)
+        resolved = budget_unit(ask.budget, ask.unit, s.default_budget_unit)
+        flops = (self._sample_flops(policy, ask.prompt_tokens, ask.max_tokens)
+                 if "flops" in (resolved, policy.cost_unit) else None)
+        plan = price_request(ask.budget, resolved, caller=principal.name, policy_range=policy.budget_range,
+                             policy_unit=policy.cost_unit, sample_flops=flops, limits=s,
+                             max_samples=ask.max_samples, temperature=ask.temperature, max_tokens=ask.max_tokens,
+                             max_waves=ask.max_waves, tokens_per_sample=policy.tokens_per_sample,
+                             latency_budget=ask.latency_budget, latency_range=policy.latency_range)
         principal.check_budget(plan.samples)
         return plan
 
@@ -340,60 +335,3 @@ class Gateway:
 
         p = int(np.mean(prompt_tokens)) if prompt_tokens else 64
         return float(request_flops(self.model_flops, p, [max_tokens]))
-
-    # ---- completion -----------------------------------------------------------------------------
-
-    async def complete(
-        self,
-        prompts: list[str],
-        routing: Routing,
-        *,
-        max_tokens: int,
-        temperature: float,
-        seed: int | None,
-        strategy: str,
-        deadline: Deadline,
-        messages: Sequence[ChatMessage] | None = None,
-    ) -> list[Answer]:
-        """Run, vote and account for every prompt of a routed request (module docstring, steps 3–5).
-        ``messages``: a chat's, so each model's stage reads them in its own chat template."""
-        if strategy == "best_of" and self.verifier is None:
-            raise InputError("strategy 'best_of' needs a verifier and this server has none configured; "
-                             "use strategy 'majority'")
-        if routing.model_actions:
-            return await self.actions.answer(prompts, routing, max_tokens=max_tokens, temperature=temperature,
-                                             seed=seed, strategy=strategy, deadline=deadline, messages=messages)
-        runs = await run_plans(self.backend, prompts, routing.plans, routing.policy_plans, voter=self.voter,
-                               extract=self.extract, max_tokens=max_tokens, temperature=temperature, seed=seed,
-                               deadline=deadline)
-        return [self._answer(prompts[i], runs[i], routing, i, strategy, seed) for i in range(len(prompts))]
-
-    def _answer(self, prompt: str, run: PlanRun, routing: Routing, i: int, strategy: str,
-                seed: int | None) -> Answer:
-        ok = run.usable
-        if not ok:
-            self.metrics.upstream_errors.labels("bad_response", self.backend.pool).inc()
-            raise UpstreamBadResponse(f"upstream {self.engine.name} returned no usable sample of {run.drawn}; "
-                                      "check the upstream server and retry")
-        if run.lost:
-            self.metrics.upstream_errors.labels("partial", self.backend.pool).inc()
-        picked = pick_sample(run, strategy, tie_break=self.settings.tie_break, seed=seed, prompt=prompt,
-                             verifier=self.verifier)
-        chosen = run.samples[picked.index]
-        assert chosen is not None
-        got = [c for c in run.samples if c is not None]
-        prompt_tokens = max(c.prompt_tokens for c in got)
-        completion_tokens = sum(c.completion_tokens for c in got)
-        flops = self._flops(routing, i, prompt_tokens, run)
-        self.ledger.count(run.drawn, len(run.wave_sizes), run.stopped or "plan_end")
-        self.ledger.charge(routing, i, run.drawn, flops, completion_tokens)
-        info = answer_info(run, routing, i, picked, strategy=strategy, flops=flops,
-                           latency=self.ledger.time(routing, wave_tokens(run)))
-        return Answer(chosen.text, chosen.finish_reason, prompt_tokens, completion_tokens, flops, info)
-
-    def _flops(self, routing: Routing, i: int, prompt_tokens: int, run: PlanRun) -> float | None:
-        """The prompt's FLOPs: its waves (:func:`plan_flops`), its probe call and extra features."""
-        if self.model_flops is None:
-            return None
-        return self.ledger.paid_flops(routing, i, plan_flops(self.model_flops, prompt_tokens, run,
-                                                       prefix_caching=self.settings.prefix_caching))

@@ -40,7 +40,7 @@ from pydantic import BaseModel
 
 from isocompute.app.accounting.auth import KeyStore, Principal
 from isocompute.app.errors import ClientDisconnected, error_responses
-from isocompute.app.gateway import Answer, Gateway, policy_text
+from isocompute.app.gateway import Answer, Ask, Gateway, policy_text
 from isocompute.app.schemas import (
     ChatChoice,
     ChatCompletionRequest,
@@ -199,19 +199,10 @@ async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, caller: C
     max_tokens, temperature, seed = gw.sampling(req.max_completion_tokens or req.max_tokens, req.temperature,
                                                 req.seed)
     prompts = [gw.chat_prompt(req.messages)]
-    counts = gw.check_prompts(prompts, max_tokens)
-
-    async def answer() -> Answer:
-        routing = await gw.route(prompts, principal=caller, budget=req.budget, unit=req.budget_unit,
-                                 max_samples=req.max_samples, max_waves=req.max_waves, max_tokens=max_tokens,
-                                 temperature=temperature, deadline=deadline, prompt_tokens=counts,
-                                 policy_prompts=[policy_text(req.messages)], model=pin,
-                                 latency_budget=req.latency_budget)
-        [ans] = await gw.complete(prompts, routing, max_tokens=max_tokens, temperature=temperature, seed=seed,
-                                  strategy=req.strategy, deadline=deadline, messages=req.messages)
-        return ans
-
-    ans = await unless_disconnected(request, answer())
+    ask = Ask(req.budget, req.budget_unit, req.max_samples, req.max_waves, max_tokens, temperature, seed,
+              req.strategy, req.latency_budget, pin, gw.check_prompts(prompts, max_tokens),
+              [policy_text(req.messages)], req.messages)
+    [ans] = await unless_disconnected(request, gw.answer(prompts, ask, principal=caller, deadline=deadline))
     return ChatCompletionResponse(
         id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()), model=gw.settings.served_model,
         choices=[ChatChoice(index=0, message=ChatMessageOut(content=ans.text), finish_reason=ans.finish_reason)],
@@ -229,17 +220,9 @@ async def completions(req: CompletionRequest, gw: GatewayDep, caller: CallerDep,
     pin = gw.check_model(req.model)
     max_tokens, temperature, seed = gw.sampling(req.max_tokens, req.temperature, req.seed)
     prompts = _text_prompts(req.prompt)
-    counts = gw.check_prompts(prompts, max_tokens)
-
-    async def answer() -> list[Answer]:
-        routing = await gw.route(prompts, principal=caller, budget=req.budget, unit=req.budget_unit,
-                                 max_samples=req.max_samples, max_waves=req.max_waves, max_tokens=max_tokens,
-                                 temperature=temperature, deadline=deadline, prompt_tokens=counts, model=pin,
-                                 latency_budget=req.latency_budget)
-        return await gw.complete(prompts, routing, max_tokens=max_tokens, temperature=temperature, seed=seed,
-                                 strategy=req.strategy, deadline=deadline)
-
-    answers = await unless_disconnected(request, answer())
+    ask = Ask(req.budget, req.budget_unit, req.max_samples, req.max_waves, max_tokens, temperature, seed,
+              req.strategy, req.latency_budget, pin, gw.check_prompts(prompts, max_tokens))
+    answers = await unless_disconnected(request, gw.answer(prompts, ask, principal=caller, deadline=deadline))
     return CompletionResponse(
         id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=gw.settings.served_model,
         choices=[CompletionChoice(index=i, text=a.text, finish_reason=a.finish_reason, isocompute=a.info)
@@ -258,14 +241,12 @@ async def route(req: RouteRequest, gw: GatewayDep, caller: CallerDep, request: R
         raise InputError("send exactly one of prompt (string or list of strings) or messages")
     prompts = [gw.chat_prompt(req.messages)] if req.messages is not None else _text_prompts(req.prompt)
     max_tokens, temperature, _ = gw.sampling(None, req.temperature, None)
-    counts = gw.check_prompts(prompts, max_tokens)
+    ask = Ask(req.budget, req.budget_unit, req.max_samples, req.max_waves, max_tokens, temperature,
+              latency_budget=req.latency_budget, model=pin, prompt_tokens=gw.check_prompts(prompts, max_tokens),
+              policy_prompts=None if req.messages is None else [policy_text(req.messages)])
     # A dry run must not move the controller, so it reads the internal budget without observing a cost;
     # a probe policy's probe call is upstream work, which a client that goes away cancels.
-    r = await unless_disconnected(request, gw.route(
-        prompts, principal=caller, budget=req.budget, unit=req.budget_unit, max_samples=req.max_samples,
-        max_waves=req.max_waves, max_tokens=max_tokens, temperature=temperature, deadline=deadline, prompt_tokens=counts,
-        policy_prompts=None if req.messages is None else [policy_text(req.messages)], model=pin,
-        latency_budget=req.latency_budget))
+    r = await unless_disconnected(request, gw.route(prompts, ask, principal=caller, deadline=deadline))
     el = r.expected_latency
     return RouteResponse(
         model=gw.settings.served_model, budget=r.plan.budget, budget_unit=r.plan.unit,  # type: ignore[arg-type]

@@ -1,4 +1,5 @@
-"""A routed request: what the gateway decided for each of its prompts, before anything is sampled.
+"""A routed request: what the client asked (:class:`Ask`) and what the gateway decided for each of its
+prompts (:class:`Routing`), before anything is sampled.
 
 :class:`Routing` gathers the priced budget (:class:`~isocompute.app.accounting.pricing.BudgetPlan`), the policy's
 decision read through the :class:`~isocompute.app.serving_policy.PolicyDecision` contract, and each
@@ -9,12 +10,16 @@ plans ``none@k``.
 Worked example: the policy chooses ``lead:m=2@1x2,2,4`` (at most 8 samples) and the request sends
 ``max_samples = 3`` → the plan run is ``lead:m=2@1x3`` (``ks = [3]``, ``policy_ks = [8]``).
 
+:class:`Ask` is a generation request's options once the route has validated them (sampling resolved by
+``Gateway.sampling``, the pinned model by ``Gateway.check_model``): what every step after validation reads.
+
 Ignores: running the plans (:mod:`isocompute.app.runner.plan_run`) and the controller's arithmetic
 (:mod:`isocompute.app.accounting.budget_control`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,11 +29,35 @@ from isocompute.app.accounting.budget_control import BudgetController
 from isocompute.app.accounting.latency_control import LatencyRoute
 from isocompute.app.accounting.pricing import BudgetPlan
 from isocompute.app.runner.extras import FeatureCall, ProbeCall
+from isocompute.app.schemas import ChatMessage
 from isocompute.app.serving_policy import PolicyDecision
 from isocompute.solver.models.actions import Action
 from isocompute.solver.plans.plan import Plan
 
-__all__ = ["Routing"]
+__all__ = ["Ask", "Routing"]
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """A validated generation (or route) request's options: the budget as sent and its unit, the caps,
+    the sampling (``max_tokens``, ``temperature``, ``seed`` reduced mod 2³¹), the answer ``strategy``, the
+    latency budget, the model it pins (None: the policy chooses), the prompts' token counts (when a
+    tokenizer is known), the text the policy reads (a chat's question without its template; None: the
+    prompts) and a chat's messages (each model's stage renders them in its own template)."""
+
+    budget: float | str | None
+    unit: str | None
+    max_samples: int | None
+    max_waves: int | None
+    max_tokens: int
+    temperature: float
+    seed: int | None = None
+    strategy: str = "majority"
+    latency_budget: float | None = None
+    model: str | None = None
+    prompt_tokens: list[int] | None = None
+    policy_prompts: list[str] | None = None
+    messages: Sequence[ChatMessage] | None = None
 
 
 def _floats(x: Any, n: int) -> list[float] | None:

@@ -4,22 +4,22 @@
   :mod:`isocompute.app.runner.voting`: equivalent answers are one class) with :func:`isocompute.app.runner.aggregate.majority_vote`
   — ties by ``tie_break`` — and represents the winning class by its first sample; ``"best_of"`` takes the
   sample the verifier scores highest. Only usable samples (returned, not failed) take part.
-* :func:`answer_info`: the response's ``isocompute`` object — the decision, the plan as it ran, the vote;
-  :func:`action_info` the same for a multi-model action, with each stage that ran;
-* :func:`plan_flops`: the FLOPs of a plan's samples — every decode step, and the prompt's prefill once
-  per plan when the upstream caches prefixes across requests (vLLM's automatic prefix caching), else
-  once per wave (each wave is one request with n = wave size, whose samples share one prefill).
+* :func:`describe`: the response's ``isocompute`` object — the decision, the plan as it ran (every wave:
+  samples started, finished, aborted, tokens, why it ended), the vote, what it cost; for a multi-model
+  policy's action also each stage that ran (:func:`action_info`), for a single-model policy's one-stage
+  action the plan's fields alone (:func:`plan_info`), as the response has always shown them.
 
-Worked example: waves 1, 1, 2 with 10 prompt tokens and completions of 5, 6, 5, 7 tokens → with
-prefix caching ``prefill(10) + Σ decode``; without it ``3 · prefill(10) + Σ decode``.
+Worked example: a one-stage action ``lead:m=2@1x2`` whose two samples say 3, 3 → ``plan`` ``lead:m=2@1x2``,
+``waves`` 2, ``stopped`` ``rule``, ``votes`` ``{"3": 2}``, ``answer`` ``"3"``; as a cascade's first stage
+the same run is ``stages[0]`` and the top level sums the stages.
 
-Ignores: the probe call's and extra features' FLOPs (the gateway adds them) and tie-breaking best-of by
-anything but sample order.
+Ignores: what the answer cost (:class:`isocompute.app.accounting.ledger.Ledger` measures and charges it)
+and tie-breaking best-of by anything but sample order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -29,8 +29,7 @@ from isocompute.app.runner.aggregate import Vote, best_of, majority_vote, weight
 from isocompute.app.runner.plan_run import PlanRun
 from isocompute.app.schemas import IsoComputeInfo, ProbeInfo, StageInfo, WaveInfo
 
-__all__ = ["Answer", "Picked", "StageCost", "Verifier", "action_info", "answer_info", "pick_sample", "plan_flops",
-           "stage_costs", "wave_infos", "wave_tokens"]
+__all__ = ["Answer", "Picked", "Verifier", "action_info", "describe", "pick_sample", "plan_info", "wave_infos"]
 
 
 class Verifier(Protocol):
@@ -81,29 +80,21 @@ def pick_sample(run: PlanRun, strategy: str, *, tie_break: Any, seed: int | None
     return Picked(ok[vote.index], None if cls is None else run.votes.representatives[int(cls)], vote.tied)
 
 
-def wave_tokens(run: PlanRun) -> list[list[int]]:
-    """Per wave of ``run``, the completion tokens of its samples that came back."""
-    waves, start = [], 0
-    for n in run.wave_sizes:
-        waves.append([c.completion_tokens for c in run.samples[start:start + n] if c is not None])
-        start += n
-    return waves
+def describe(run: ActionRun, routing: Routing, i: int, picked: Picked, *, strategy: str, flops: float | None,
+             stage_flops: Sequence[float | None], latency: float | None) -> IsoComputeInfo:
+    """Prompt ``i``'s ``isocompute`` object (module docstring; fields documented on :class:`IsoComputeInfo`):
+    ``flops`` its FLOPs, ``stage_flops`` each stage's, ``latency`` its realised latency under a latency
+    budget (None without one)."""
+    if not routing.model_actions:
+        [stage] = run.stages
+        return plan_info(stage.run, routing, i, picked, strategy=strategy, flops=flops, latency=latency)
+    return action_info(run, routing, i, picked, strategy=strategy, flops=flops, stage_flops=stage_flops,
+                       latency=latency)
 
 
-def plan_flops(model: Any, prompt_tokens: int, run: PlanRun, *, prefix_caching: bool) -> float:
-    """FLOPs of ``run``'s samples that came back (module docstring)."""
-    from isocompute.flops import request_flops
-
-    waves = wave_tokens(run)
-    if prefix_caching:
-        return float(request_flops(model, prompt_tokens, [m for w in waves for m in w]))
-    return float(sum(request_flops(model, prompt_tokens, w) for w in waves))
-
-
-def answer_info(run: PlanRun, routing: Routing, i: int, picked: Picked, *, strategy: str,
-                flops: float | None, latency: float | None = None) -> IsoComputeInfo:
-    """Prompt ``i``'s ``isocompute`` object (fields documented on :class:`IsoComputeInfo`); ``latency`` its
-    realised latency under a latency budget."""
+def plan_info(run: PlanRun, routing: Routing, i: int, picked: Picked, *, strategy: str,
+              flops: float | None, latency: float | None = None) -> IsoComputeInfo:
+    """A single-model plan's ``isocompute`` object; ``latency`` its realised latency under a latency budget."""
     assert run.votes is not None
     received = len(run.usable)
     return IsoComputeInfo(
@@ -142,30 +133,8 @@ def _routing_info(routing: Routing, i: int, *, strategy: str, flops: float | Non
     )
 
 
-@dataclass(frozen=True, slots=True)
-class StageCost:
-    """What one stage of an action spent: its prompt's tokens (each model reads the prompt), its samples'
-    completion tokens, and their FLOPs on that stage's model (None without its config)."""
-
-    prompt_tokens: int
-    completion_tokens: int
-    flops: float | None
-
-
-def stage_costs(run: ActionRun, model_flops: Mapping[str, Any], *, prefix_caching: bool) -> list[StageCost]:
-    """Each stage's :class:`StageCost`: :func:`plan_flops` of its waves on ``model_flops[its model]``."""
-    out = []
-    for st in run.stages:
-        got = [c for c in st.run.samples if c is not None]
-        p = max((c.prompt_tokens for c in got), default=0)
-        mf = model_flops.get(st.model)
-        out.append(StageCost(p, sum(c.completion_tokens for c in got),
-                             None if mf is None else plan_flops(mf, p, st.run, prefix_caching=prefix_caching)))
-    return out
-
-
 def action_info(run: ActionRun, routing: Routing, i: int, picked: Picked, *, strategy: str, flops: float | None,
-                stage_flops: Sequence[float | None]) -> IsoComputeInfo:
+                stage_flops: Sequence[float | None], latency: float | None = None) -> IsoComputeInfo:
     """Prompt ``i``'s ``isocompute`` object for a multi-model action: each stage that ran, and the totals
     (waves, samples, FLOPs) over them; ``votes`` is the final vote's (over the last stage or all)."""
     final = run.final
@@ -188,6 +157,6 @@ def action_info(run: ActionRun, routing: Routing, i: int, picked: Picked, *, str
         stop_statistic=last.statistic, stop_detail=last.detail, k=run.drawn,
         answer=picked.answer, votes=final.votes.as_dict(), votes_complete=final.votes.complete,
         samples_received=received, partial=lost > 0 or failed,
-        model_action=run.action.name, vote=run.action.vote, stages=stages,
+        model_action=run.action.name, vote=run.action.vote, stages=stages, latency=latency,
         **_routing_info(routing, i, strategy=strategy, flops=flops),
     )
