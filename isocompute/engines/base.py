@@ -174,7 +174,7 @@ async def stream_wave(engine: Engine, prompt: str, n: int, max_tokens: int, temp
                       seed: int | None, on_finish: OnFinish) -> WaveStream:
     """``n`` samples of ``prompt``, ``on_finish`` called as each finishes, the rest aborted when it says
     stop: the engine's own ``stream_wave`` where it has one (vllm-http streams and closes the request;
-    the transformers engine replays), else ``generate`` and :func:`replay_finishes`."""
+    the transformers engine stops its batch mid-decode), else ``generate`` and :func:`replay_finishes`."""
     own = getattr(engine, "stream_wave", None)
     if own is not None:
         return await own(prompt, n, max_tokens, temperature, seed, on_finish)

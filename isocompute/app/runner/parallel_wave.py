@@ -3,9 +3,10 @@ when the plan's rule fires.
 
 :func:`stream_prompt` asks the engine for the wave's ``n`` samples through
 :func:`isocompute.engines.base.stream_wave` (vllm-http: ONE streamed request with n = the wave, closed on
-stop, so vLLM aborts the rest; in-process engines: the whole batch replayed in length order). At each
-finish but the wave's last, the sample's answer is extracted, every answer finished so far (earlier waves'
-and this wave's, in finish order) is merged into classes (:class:`~isocompute.app.runner.voting.Voter`) and
+stop, so vLLM aborts the rest; transformers: one batch, stopped mid-decode; engines without a stream of
+their own: the whole batch replayed in length order). At each finish but the wave's last, the sample's
+answer is extracted, every answer finished so far (earlier waves' and this wave's, in finish order) is
+merged into classes (:class:`~isocompute.app.runner.voting.Voter`) and
 :meth:`isocompute.solver.plans.plan.Plan.on_finish` decides: ``"rule"`` stops the wave. The wave's last
 finish is not checked here: the round checks it with :meth:`Plan.step`, as it checks a waiting wave.
 
