@@ -136,11 +136,18 @@ returns whether to stop the wave (abort the samples still decoding)."""
 class WaveStream:
     """One prompt's streamed wave: ``completions`` in index order (the aborted ones with
     ``finish_reason == "abort"`` and the tokens generated until the stop), the finished indices in
-    finish order, and whether ``on_finish`` stopped it (False: every sample finished)."""
+    finish order, and whether ``on_finish`` stopped it (False: every sample finished).
+
+    ``first_token_s``: seconds from when the wave's request was sent to its first streamed chunk with
+    content (None where nothing was streamed: a wave generated whole and replayed). ``saved_tokens``: the
+    tokens the stop saved against letting the wave finish, where known (a replayed wave: its full lengths
+    exist; 0 when it was not stopped), None where not (a real stream's aborted samples never finished)."""
 
     completions: list[Completion]
     finish_order: list[int]
     stopped: bool
+    first_token_s: float | None = None
+    saved_tokens: int | None = None
 
     @property
     def aborted(self) -> int:
@@ -157,7 +164,7 @@ async def replay_finishes(comps: list[Completion], on_finish: OnFinish) -> WaveS
     each sample not yet finished is aborted at ``min(its tokens, L)`` tokens with empty text (it would
     have had L tokens then, or finished at L in the same step as the stopper; its partial text is not
     known here and never votes). Exact for lock-step decoding; an approximation of a real server's
-    interleaving."""
+    interleaving. ``saved_tokens``: Σ (full length − aborted length) over the aborted samples."""
     order = sorted(range(len(comps)), key=lambda j: (comps[j].completion_tokens, j))
     out = list(comps)
     for pos, j in enumerate(order):
@@ -166,8 +173,9 @@ async def replay_finishes(comps: list[Completion], on_finish: OnFinish) -> WaveS
             for r in order[pos + 1:]:
                 c = comps[r]
                 out[r] = Completion("", c.prompt_tokens, min(c.completion_tokens, at), "abort")
-            return WaveStream(out, order[: pos + 1], True)
-    return WaveStream(out, order, False)
+            saved = sum(comps[r].completion_tokens - out[r].completion_tokens for r in order[pos + 1:])
+            return WaveStream(out, order[: pos + 1], True, saved_tokens=saved)
+    return WaveStream(out, order, False, saved_tokens=0)
 
 
 async def stream_wave(engine: Engine, prompt: str, n: int, max_tokens: int, temperature: float,

@@ -15,6 +15,11 @@ server sees the disconnect and aborts the request, freeing its KV cache — its 
 ``vllm:request_success_total{finished_reason="abort"}``). The choices still decoding are returned with
 ``finish_reason="abort"`` and the text and tokens they had streamed until then.
 
+Timing: ``WaveStream.first_token_s`` is the seconds from the call (the wave's request handed to the
+engine: its queue for a connection and any retried start included) to the first chunk with content (text
+or token ids) of the attempt that streamed; ``saved_tokens`` is None for a stopped stream (its aborted
+choices never finished, so what the stop saved is not known) and 0 for one that ran to its end.
+
 Failures: the request's *start* (connect, status) goes through the engine's balancer, circuit breakers and
 retries like any request (:meth:`~isocompute.engines.vllm_http.VLLMHTTPEngine.request`); once chunks flow, a
 broken or stalled stream is not retried (its samples were already handed out) and raises
@@ -31,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from typing import Any
 
 import httpx
@@ -98,29 +104,34 @@ def read_chunk(line: str, states: list[ChoiceState]) -> tuple[list[int], int | N
                                   f"{payload[:200]!r}") from None
 
 
-async def _read(r: httpx.Response, n: int, on_finish: OnFinish) -> WaveStream:
+async def _read(r: httpx.Response, n: int, on_finish: OnFinish, started: float) -> WaveStream:
     states = [ChoiceState() for _ in range(n)]
     order: list[int] = []
     prompt_tokens = 0
+    first: float | None = None
     async for line in r.aiter_lines():
         finished, prompt, done = read_chunk(line, states)
+        if first is None and any(s.deltas for s in states):
+            first = time.perf_counter() - started
         prompt_tokens = prompt if prompt is not None else prompt_tokens
         for j in finished:
             order.append(j)
             if await on_finish(j, states[j].completion(prompt_tokens)) and len(order) < n:
                 comps = [s.completion(prompt_tokens, None if s.finish_reason else "abort") for s in states]
-                return WaveStream(comps, order, True)
+                return WaveStream(comps, order, True, first_token_s=first)
         if done:
             break
     if len(order) != n:
         raise UpstreamBadResponse(f"the upstream's stream ended with {len(order)} of {n} choices finished")
-    return WaveStream([s.completion(prompt_tokens) for s in states], order, False)
+    return WaveStream([s.completion(prompt_tokens) for s in states], order, False, first_token_s=first,
+                      saved_tokens=0)
 
 
 async def stream_completions(engine: Any, body: dict[str, Any], on_finish: OnFinish) -> WaveStream:
     """Stream ``body`` (``n`` choices of one prompt) through ``engine``'s balancer (module docstring);
     ``engine`` is a :class:`~isocompute.engines.vllm_http.VLLMHTTPEngine` (its pool, client, semaphore and
     retry settings; not imported here, which would make an import circle)."""
+    started = time.perf_counter()
     n = int(body.get("n", 1))
     body = {**body, "stream": True, "stream_options": STREAM_OPTIONS}
     engine.pool.fail_fast()
@@ -145,7 +156,7 @@ async def stream_completions(engine: Any, body: dict[str, Any], on_finish: OnFin
                 r = await open_stream(client, up.url, body, budget)
                 try:
                     async with asyncio.timeout_at(end):
-                        out = await _read(r, n, on_finish)
+                        out = await _read(r, n, on_finish, started)
                 except TimeoutError:
                     engine.pool.failed(up, "the stream stalled", epoch, hard=False)  # slow: a strike
                     raise EngineUnavailable(f"{up.url} streamed no end within {budget:.3g} s") from None

@@ -113,6 +113,14 @@ def describe_choices(baselines: FixedBaselines, budget: float) -> dict[str, str]
     return out
 
 
+def baseline_choices(baselines: FixedBaselines | None, budgets: Sequence[float]) -> list[dict[str, Any]] | None:
+    """What each baseline plays at each budget when chosen on every prompt (report.json's
+    ``baseline_choices``); None without baselines."""
+    if baselines is None:
+        return None
+    return [{"budget": float(b), "plays": describe_choices(baselines, float(b))} for b in budgets]
+
+
 def length_rule(train_lengths: np.ndarray, lengths: np.ndarray, share: float) -> np.ndarray:
     """Probability that each prompt takes the dearer action when the longest ``share`` of the training
     prompts do: 1 above the threshold length, 0 below, and a split at it so the training share is exact."""

@@ -71,6 +71,11 @@ def plans_section(report: dict[str, Any]) -> list[str]:
                          "with no per-wave overhead.")
                       + (f" Latency (s): the same at {report['decode_speed']:g} decode tokens per second "
                          "(`--decode-speed`)." if secs else ""))
+        if src := report.get("wave_overhead_source"):
+            lines[-2] += (f" The overhead was measured on the gateway metrics scrape `{src['scrape']}`: "
+                          f"{src['overhead_s']:.4g} s to a streamed wave's first token ({src['waves']} waves), "
+                          f"{src['s_per_token']:.4g} s per decode token, so {o:g} samples at "
+                          f"{src['tokens_per_sample']:.4g} tokens per sample.")
     for e in report["budgets"]:
         m = e["methods"]
         lines += [f"**Budget {e['budget']:.4g}**", "", "| method | accuracy [95% CI] | cost | waves | "

@@ -23,6 +23,8 @@ latency in units of one sample's mean completion length on the kept prompts (rep
 ``latency_unit_tokens``; 1.0 = waiting for one sample): decode time plus ``wave_overhead`` O (prefill and
 queueing, in the same unit, as ``solve --wave-overhead``) per expected wave, L = decode + O × waves, for
 the policy, the oracle, uniform and every fixed-plan baseline alike; report.json records ``wave_overhead``.
+O may be measured: ``wave_overhead`` a gateway's metrics scrape (path or URL), turned into samples by
+:mod:`isocompute.evaluation.wave_overhead` at this table's unit, recorded as ``wave_overhead_source``.
 With ``decode_speed`` (tokens per second) every row also has ``latency_s`` = L × latency_unit_tokens /
 decode_speed. Example: decode latency 1.2 and 2.5 expected waves at O = 0.1 give L = 1.45; at 1,735 tokens
 per sample and 50 tokens/s, 50.3 s. The ``reach`` block: :mod:`isocompute.evaluation.reach`. The
@@ -45,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from isocompute.errors import InputError
+from isocompute.evaluation.wave_overhead import overhead_arg, resolve_overhead
 from isocompute.stages.inputs import ModelInputs, load_estimates, model_flops_for, read_table, several
 from isocompute.stages.options import group, option
 from isocompute.stages.parsing import parse_budget_range, parse_seeds
@@ -82,17 +85,18 @@ class ReportConfig:
     models: ModelInputs = group(ModelInputs)
     n_budgets: int = option(10, type=int, help="several models: log-spaced budgets from the cheapest model's 1-sample "
                                                "cost to the dearest model's 16-sample cost")
-    wave_overhead: float | None = option(
-        None, type=float, help="latency added per wave (prefill, queueing) to every method's decode latency, in "
-                               "units of one sample's mean completion length, as solve's (needs token counts); "
-                               "default: the policy's own (fit --wave-overhead), else 0")
+    wave_overhead: float | str | None = option(
+        None, parse=overhead_arg, metavar="O|SCRAPE", help="latency added per wave (prefill, queueing) to every "
+        "method's decode latency, in units of one sample's mean completion length, as solve's (needs token "
+        "counts); or a gateway's metrics scrape (file, - for stdin, or its /metrics URL) to measure it from; "
+        "default: the policy's own (fit --wave-overhead), else 0")
     decode_speed: float | None = option(
         None, type=float, metavar="TOKENS_PER_S", help="decode tokens per second: every method's latency also in "
         "seconds (latency_s = latency × latency_unit_tokens / speed; needs token counts)")
 
     def __post_init__(self) -> None:
         self.out, self.policy = Path(self.out), Path(self.policy)
-        check_latency_units(self.wave_overhead or 0.0, self.decode_speed)
+        check_latency_units(0.0 if isinstance(self.wave_overhead, str) else self.wave_overhead or 0.0, self.decode_speed)
         if several(self.outcomes, self.models) and (self.wave_overhead or self.decode_speed is not None):
             raise InputError("a multi-model report has no latency; drop --wave-overhead and --decode-speed.")
 
@@ -122,6 +126,7 @@ class _Data:
     probe: Any
     probe_info: dict[str, Any] | None
     latency_unit: float | None = None
+    overhead_source: dict[str, Any] | None = None  # a measured --wave-overhead (wave_overhead.resolve_overhead)
 
 
 def report(cfg: ReportConfig) -> ReportResult:
@@ -134,8 +139,7 @@ def report(cfg: ReportConfig) -> ReportResult:
 
     policy = load_policy(cfg.policy)
     pc = policy.config
-    if cfg.wave_overhead is None:
-        cfg = dataclasses.replace(cfg, wave_overhead=pc.wave_overhead)
+    cfg = dataclasses.replace(cfg, wave_overhead=pc.wave_overhead if cfg.wave_overhead is None else cfg.wave_overhead)
     if cfg.budgets is None:
         budgets = default_budgets(*pc.budget_range)
     else:
@@ -181,7 +185,7 @@ def _data(cfg: ReportConfig, policy: Any) -> _Data:
     table = prep.table  # the prompts the policy's config keeps (ragged tables: solver.ragged)
     alt = _alt_costs(cfg, table, policy, model, inputs, prep)
     plan_kw: dict[str, Any] = {"waves": prep.waves}
-    unit = None
+    unit = source = None
     if pc.plans:
         from isocompute.evaluation.channels import latency_channel
 
@@ -190,6 +194,7 @@ def _data(cfg: ReportConfig, policy: Any) -> _Data:
             from isocompute.solver.costs import token_multiple_of
 
             unit = token_multiple_of(table.mean_completion_tokens)
+            cfg.wave_overhead, source = resolve_overhead(cfg.wave_overhead, unit)  # cfg: report()'s copy
             plan_kw.update(tokens=prep.tokens, latency=latency_channel(prep.latency, prep.waves, unit,
                                                                        cfg.wave_overhead))
     _check_timed(cfg, pc, unit)
@@ -201,7 +206,7 @@ def _data(cfg: ReportConfig, policy: Any) -> _Data:
         inputs["probe_model"] = probe_info["model_sha256"]
     elif cfg.probe_model is not None:
         raise InputError(f"the policy {cfg.policy} has no probe feature; drop --probe-model (or refit with it).")
-    return _Data(table, inputs, prep, alt, plan_kw, probe, probe_info, unit)
+    return _Data(table, inputs, prep, alt, plan_kw, probe, probe_info, unit, source)
 
 
 def _check_timed(cfg: ReportConfig, pc: Any, unit: float | None) -> None:
@@ -260,13 +265,15 @@ def _add_label_noise(cfg: ReportConfig, policy: Any, data: _Data, budgets: Any, 
 def _assemble(cfg: ReportConfig, policy: Any, data: _Data, ev: Any, seeds: tuple[int, ...], budgets: Any,
               summary: dict[str, Any]) -> dict[str, Any]:
     """report.json's content (before its targets)."""
+    from isocompute.evaluation.baselines import baseline_choices
+
     pc = policy.config
     prep = data.prep
     return {
         "mode": ev.mode, "folds": ev.n_folds, "seeds": list(seeds), "actions": list(pc.actions),
         "plans": [p.name for p in policy.plans] if pc.plans else None,
         "plan_stats": {"samples": policy.plan_samples_.tolist(), "waves": policy.plan_waves_.tolist()},
-        "baseline_choices": _baseline_choices(data.plan_kw.get("baselines"), budgets),
+        "baseline_choices": baseline_choices(data.plan_kw.get("baselines"), budgets),
         "strategy": pc.strategy, "cost_unit": pc.cost_unit, "inputs": data.inputs,
         "policy": {"path": str(cfg.policy), "default_learner": policy.default_learner_,
                    "selection": policy.selection_, "config": pc.to_dict(),
@@ -283,6 +290,7 @@ def _assemble(cfg: ReportConfig, policy: Any, data: _Data, ev: Any, seeds: tuple
             "flops_per_request": policy.features_.extra_flops_per_prompt_},
         **({} if data.latency_unit is None else {"latency_unit_tokens": data.latency_unit,
                                                  "wave_overhead": float(cfg.wave_overhead)}),
+        **({} if data.overhead_source is None else {"wave_overhead_source": data.overhead_source}),
         **({} if cfg.decode_speed is None else {"decode_speed": float(cfg.decode_speed)}),
         **summary,
     }
@@ -325,15 +333,6 @@ def _baselines(policy: Any, table: Any, model: Any, unit: float | None = None, o
     channels = {} if unit is None or arr.tokens is None or arr.latency is None else {
         "tokens": arr.tokens, "latency": latency_channel(arr.latency, arr.waves, unit, overhead)}
     return FixedBaselines(plans, arr.utility, arr.cost, arr.waves, columns, channels)
-
-
-def _baseline_choices(baselines: Any, budgets: Any) -> list[dict[str, Any]] | None:
-    """What each baseline plays at each budget when chosen on every prompt (the report names it)."""
-    if baselines is None:
-        return None
-    from isocompute.evaluation.baselines import describe_choices
-
-    return [{"budget": float(b), "plays": describe_choices(baselines, float(b))} for b in budgets]
 
 
 def _probe_values(cfg: ReportConfig, spec: Any, prompts: list[str], U: Any) -> tuple[Any, dict[str, Any]]:

@@ -14,6 +14,15 @@ isocompute_plan_stops_total            counter    reason (rule, plan_end, cap, d
 isocompute_flops_total                 counter    FLOPs spent (prefill once + every decode)
 isocompute_aborted_samples_total       counter    pool: samples of parallel-stop waves aborted by the rule
 isocompute_waves_stopped_total         counter    pool: parallel-stop waves the rule stopped mid-wave
+isocompute_wave_latency_seconds        histogram  family, mode, pool: one wave from its request's send to its end
+isocompute_wave_first_token_seconds    histogram  family, pool: a streamed wave's send to its first token
+isocompute_wave_decode_seconds         histogram  family, pool: a streamed wave's seconds after its first token
+isocompute_wave_decode_tokens_total    counter    family, pool: every wave's longest sample's completion tokens
+isocompute_stream_decode_tokens_total  counter    family, pool: the same, of the streamed waves only (those in
+                                                  the first-token and decode-seconds histograms)
+isocompute_aborted_tokens_saved_total  counter    pool: tokens a stop saved against letting the wave finish,
+                                                  where known (replayed waves; not a real stream's)
+isocompute_plan_latency_seconds        histogram  family, pool: a prompt's plan, its first wave's send to its stop
 isocompute_lambda                      gauge      budget_key: λ of the last decision
 isocompute_internal_budget             gauge      budget_key: the controller's internal budget
 isocompute_mean_cost                   gauge      budget_key: realised mean cost per request
@@ -30,6 +39,13 @@ capped at 1) and ``:waves<cap>`` when its cap on waves is; labels of keys the co
 still in flight, so the label set stays bounded by ``control_max_keys``. ``pool`` is the model pool the
 upstream call went to (:mod:`isocompute.app.runner.pools`): its model name, ``default`` for the bare pool — a
 set fixed at start-up. A multi-model answer that lost samples in two pools counts ``partial`` once in each.
+``family`` is the plan's stopping-rule kind (``none``, ``lead``, ``window``, ``beta``, ``dirichlet``,
+``bayes``, ``boinf``, ``first``: a fixed set) and ``mode`` the wave's (``wait``, ``parallel-stop``).
+
+The wave metrics make a gateway's measured wave overhead exact arithmetic on one scrape
+(:mod:`isocompute.evaluation.wave_overhead`, ``isocompute report --wave-overhead SCRAPE``): seconds per wave
+= first-token ``_sum / _count``; seconds per decode token = decode-seconds ``_sum`` / the streamed waves'
+decode tokens.
 """
 
 from __future__ import annotations
@@ -80,6 +96,41 @@ class Metrics:
                                   ["budget_key"], registry=r)
         self.upstream_errors = Counter("isocompute_upstream_errors", "Upstream failures", ["kind", "pool"],
                                        registry=r)
+        self._wave_collectors(r)
+
+    def _wave_collectors(self, r: CollectorRegistry) -> None:
+        self.wave_latency = Histogram("isocompute_wave_latency_seconds", "One wave's wall time, its request's send "
+                                      "to its end", ["family", "mode", "pool"], buckets=LATENCY_BUCKETS, registry=r)
+        self.first_token = Histogram("isocompute_wave_first_token_seconds", "A streamed wave's send to its first "
+                                     "token", ["family", "pool"], buckets=LATENCY_BUCKETS, registry=r)
+        self.decode_seconds = Histogram("isocompute_wave_decode_seconds", "A streamed wave's seconds after its "
+                                        "first token", ["family", "pool"], buckets=LATENCY_BUCKETS, registry=r)
+        self.decode_tokens = Counter("isocompute_wave_decode_tokens", "Completion tokens of each wave's longest "
+                                     "sample", ["family", "pool"], registry=r)
+        self.streamed_decode_tokens = Counter("isocompute_stream_decode_tokens", "Completion tokens of each "
+                                              "streamed wave's longest sample", ["family", "pool"], registry=r)
+        self.tokens_saved = Counter("isocompute_aborted_tokens_saved", "Tokens a stop saved against letting the "
+                                    "wave finish, where known", ["pool"], registry=r)
+        self.plan_latency = Histogram("isocompute_plan_latency_seconds", "A prompt's plan, its first wave's send "
+                                      "to its stop", ["family", "pool"], buckets=LATENCY_BUCKETS, registry=r)
+
+    def observe_wave(self, wave: Any, family: str, pool: str) -> None:
+        """One wave as it ran (an :class:`~isocompute.app.runner.parallel_wave.WaveRecord`) of a plan of
+        rule family ``family``: its latency, its first token and decode seconds where streamed, its longest
+        sample's tokens and the tokens its stop saved where known."""
+        if wave.seconds is not None:
+            self.wave_latency.labels(family, wave.mode, pool).observe(wave.seconds)
+        self.decode_tokens.labels(family, pool).inc(wave.longest)
+        if wave.first_token_s is not None and wave.seconds is not None:
+            self.first_token.labels(family, pool).observe(wave.first_token_s)
+            self.decode_seconds.labels(family, pool).observe(max(wave.seconds - wave.first_token_s, 0.0))
+            self.streamed_decode_tokens.labels(family, pool).inc(wave.longest)
+        if wave.saved_tokens:
+            self.tokens_saved.labels(pool).inc(wave.saved_tokens)
+
+    def observe_plan(self, family: str, pool: str, seconds: float) -> None:
+        """A prompt's plan latency (its first wave's send to its stop), by rule family."""
+        self.plan_latency.labels(family, pool).observe(seconds)
 
     def forget(self, budget_key: str) -> None:
         """Drop a budget key's gauge labels (after the controller bank evicted it)."""

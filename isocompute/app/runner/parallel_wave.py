@@ -12,7 +12,11 @@ finish is not checked here: the round checks it with :meth:`Plan.step`, as it ch
 
 The samples come back in finish order, the aborted ones after them (``finish_reason == "abort"``, their
 partial tokens counted: they are paid for and do not vote). :class:`WaveRecord` is what the response's
-``isocompute.wave_runs`` shows of each wave.
+``isocompute.wave_runs`` shows of each wave, and what the wave metrics read
+(:meth:`isocompute.app.accounting.metrics.Metrics.observe_wave`): its wall-clock seconds (from when its
+request was sent to when it ended), the seconds to its first streamed token (None for a wave not streamed
+— a waiting wave, a replayed one), its longest sample's completion tokens (the length that sets its decode
+time) and the tokens its stop saved where known (:class:`~isocompute.engines.base.WaveStream`).
 
 Worked example: ``first:m=2@8s`` — samples finish at 7 and 9 tokens; at the second finish the rule fires,
 the six others are aborted at about 9 tokens each: started 8, finished 2, aborted 6, tokens ≈ 7 + 9 + 6·9.
@@ -22,6 +26,7 @@ Ignores: checking a waiting wave's rule before it completes (the plan says to wa
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,7 +44,7 @@ FAILED_REASONS = frozenset({"error", "abort"})
 class WaveRecord:
     """One wave as it ran: its mode, samples started, finished (came back complete), aborted, their
     completion tokens (aborted partials included) and why it ended (``rule``: stopped mid-wave;
-    ``finished``: every sample ended)."""
+    ``finished``: every sample ended); its timing and longest sample (module docstring)."""
 
     mode: str
     started: int
@@ -47,22 +52,32 @@ class WaveRecord:
     aborted: int
     tokens: int
     ended: str
+    longest: int = 0
+    seconds: float | None = None
+    first_token_s: float | None = None
+    saved_tokens: int | None = None
 
     @classmethod
-    def of(cls, mode: str, started: int, comps: list[Completion], *, stopped: bool) -> WaveRecord:
+    def of(cls, mode: str, started: int, comps: list[Completion], *, stopped: bool, seconds: float | None = None,
+           first_token_s: float | None = None, saved_tokens: int | None = None) -> WaveRecord:
         aborted = sum(c.finish_reason == "abort" for c in comps)
         return cls(mode, started, len(comps) - aborted, aborted, sum(c.completion_tokens for c in comps),
-                   "rule" if stopped else "finished")
+                   "rule" if stopped else "finished", max((c.completion_tokens for c in comps), default=0),
+                   seconds, first_token_s, saved_tokens)
 
 
 @dataclass(frozen=True, slots=True)
 class StreamOutcome:
     """A streamed wave: its samples in finish order, the aborted after them; the step that stopped it
-    mid-wave and the vote then (None when it ran to its end)."""
+    mid-wave and the vote then (None when it ran to its end); its seconds, first-token seconds and saved
+    tokens (:class:`WaveRecord`)."""
 
     completions: list[Completion]
     step: PlanStep | None
     votes: Votes | None
+    seconds: float | None = None
+    first_token_s: float | None = None
+    saved_tokens: int | None = None
 
 
 async def stream_prompt(engine: Engine, prompt: str, n: int, plan: Plan, earlier: list[str | None], *,
@@ -82,7 +97,10 @@ async def stream_prompt(engine: Engine, prompt: str, n: int, plan: Plan, earlier
             stop.update(step=step, votes=votes)
         return step.stop
 
+    t0 = time.perf_counter()
     ws = await stream_wave(engine, prompt, n, max_tokens, temperature, seed, on_finish)
+    seconds = time.perf_counter() - t0
     done = set(ws.finish_order)
     order = ws.finish_order + [j for j in range(len(ws.completions)) if j not in done]
-    return StreamOutcome([ws.completions[j] for j in order], stop.get("step"), stop.get("votes"))  # type: ignore[arg-type]
+    return StreamOutcome([ws.completions[j] for j in order], stop.get("step"), stop.get("votes"),  # type: ignore[arg-type]
+                         seconds, ws.first_token_s, ws.saved_tokens)

@@ -11,7 +11,10 @@ classes (:class:`isocompute.app.runner.voting.Voter`) and asks the plan (:meth:`
 offline plan estimators enumerate) whether to stop. A sample that failed or never came back is drawn
 but has no answer (``None``): it is paid for and does not vote, as in the estimators; so is an aborted
 sample (its partial tokens are charged). ``PlanRun.wave_runs`` records each wave
-(:class:`~isocompute.app.runner.parallel_wave.WaveRecord`).
+(:class:`~isocompute.app.runner.parallel_wave.WaveRecord`: with its seconds, first-token seconds and
+longest sample), observed after each round by :meth:`~isocompute.app.accounting.metrics.Metrics.observe_wave`
+(labelled by the plan's family, its rule's kind); each prompt's plan latency (from the first wave's send to
+the round it stopped in) is observed when it stops (:meth:`~isocompute.app.accounting.metrics.Metrics.observe_plan`).
 
 Why a prompt stops (``PlanRun.stopped``):
 
@@ -48,6 +51,7 @@ slowest call), and reusing a wave's samples across requests.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import time
@@ -125,15 +129,18 @@ class PlanRun:
         """Size of the next wave, None once stopped."""
         return None if self.stopped is not None else self.plan.waves[len(self.wave_sizes)]
 
-    def add(self, wave: int, comps: Sequence[Completion], extract: Callable[[str], str | None]) -> None:
-        """Record a wave of ``wave`` samples of which ``comps`` came back."""
+    def add(self, wave: int, comps: Sequence[Completion], extract: Callable[[str], str | None], *,
+            seconds: float | None = None, first_token_s: float | None = None,
+            saved_tokens: int | None = None) -> None:
+        """Record a wave of ``wave`` samples of which ``comps`` came back (its timing: :class:`WaveRecord`)."""
         got = list(comps)[:wave]
         self.samples += got + [None] * (wave - len(got))
         self.answers += [None if c.finish_reason in FAILED_REASONS else extract(c.text) for c in got]
         self.answers += [None] * (wave - len(got))
         self.wave_sizes.append(wave)
         mode = self.plan.modes[len(self.wave_sizes) - 1]
-        self.wave_runs.append(WaveRecord.of(mode, wave, got, stopped=False))
+        self.wave_runs.append(WaveRecord.of(mode, wave, got, stopped=False, seconds=seconds,
+                                            first_token_s=first_token_s, saved_tokens=saved_tokens))
 
     def stopped_mid_wave(self, votes: Votes, step: PlanStep) -> None:
         """The plan's rule fired mid-wave (``step``, from :meth:`Plan.on_finish`); ``votes`` over every
@@ -141,8 +148,7 @@ class PlanRun:
         self.votes, self.stopped = votes, "rule"
         prob = float(step.decision.prob)
         self.statistic = prob if math.isfinite(prob) else None
-        last = self.wave_runs[-1]
-        self.wave_runs[-1] = WaveRecord(last.mode, last.started, last.finished, last.aborted, last.tokens, "rule")
+        self.wave_runs[-1] = dataclasses.replace(self.wave_runs[-1], ended="rule")
 
     def check(self, votes: Votes) -> None:
         """The plan's step on the merged classes of every sample so far."""
@@ -175,17 +181,19 @@ async def run_plans(
     runs = [PlanRun(p, q) for p, q in zip(plans, policy_plans, strict=True)]
     active = list(range(len(prompts)))
     wave = 0
+    started = time.perf_counter()
     while active:
         if wave and deadline.remaining() <= 0:
             for i in active:
                 runs[i].stop("deadline", f"no time left for wave {wave + 1} within the request's "
                                          f"{deadline.seconds:g} s deadline")
+            _observe_ends(backend, [runs[i] for i in active], started)
             break
         par = [i for i in active if runs[i].next_parallel]
         wait = [i for i in active if i not in par]
         t0 = time.perf_counter()
         try:
-            waited, streamed = await backend.call(
+            (waited, wait_s), streamed = await backend.call(
                 _round(backend, prompts, runs, wait, par, voter=voter, extract=extract, max_tokens=max_tokens,
                        temperature=temperature, seed=wave_seed(seed, wave), deadline_at=deadline.at),
                 deadline=deadline, what="the sampling call" if wave == 0 else f"wave {wave + 1} of the sampling")
@@ -195,12 +203,14 @@ async def run_plans(
             reason = "deadline" if isinstance(e, UpstreamTimeout) else "upstream_error"
             for i in active:
                 runs[i].stop(reason, str(e))
+            _observe_ends(backend, [runs[i] for i in active], started)
             break
         backend.metrics.upstream_latency.labels(backend.pool).observe(time.perf_counter() - t0)
         for i, comps in zip(wait, waited, strict=True):
-            runs[i].add(runs[i].next_wave or 0, comps, extract)
+            runs[i].add(runs[i].next_wave or 0, comps, extract, seconds=wait_s)
         for i, out in zip(par, streamed, strict=True):
-            runs[i].add(runs[i].next_wave or 0, out.completions, extract)
+            runs[i].add(runs[i].next_wave or 0, out.completions, extract, seconds=out.seconds,
+                        first_token_s=out.first_token_s, saved_tokens=out.saved_tokens)
         votes = await voter.classes([runs[i].answers for i in active], deadline.at)
         mid = {i: out for i, out in zip(par, streamed, strict=True) if out.step is not None}
         for i, v in zip(active, votes, strict=True):
@@ -210,20 +220,33 @@ async def run_plans(
                 backend.metrics.aborted_samples.labels(backend.pool).inc(runs[i].wave_runs[-1].aborted)
             else:
                 runs[i].check(v)
+            backend.metrics.observe_wave(runs[i].wave_runs[-1], runs[i].plan.rule.kind, backend.pool)
+        _observe_ends(backend, [runs[i] for i in active if runs[i].stopped is not None], started)
         active = [i for i in active if runs[i].stopped is None]
         wave += 1
     return runs
 
 
+def _observe_ends(backend: Backend, ended: list[PlanRun], started: float) -> None:
+    """The plan latency of the prompts whose runs just stopped: from the first wave's send until now."""
+    seconds = time.perf_counter() - started
+    for run in ended:
+        backend.metrics.observe_plan(run.plan.rule.kind, backend.pool, seconds)
+
+
 async def _round(backend: Backend, prompts: list[str], runs: list[PlanRun], wait: list[int], par: list[int], *,
                  voter: Voter, extract: Callable[[str], str | None], max_tokens: int, temperature: float,
-                 seed: int | None, deadline_at: float) -> tuple[list[list[Completion]], list[StreamOutcome]]:
-    """One round: the waiting waves (:func:`run_wave`) and the parallel-stop ones (one stream per prompt)."""
-    async def waiting() -> list[list[Completion]]:
+                 seed: int | None, deadline_at: float
+                 ) -> tuple[tuple[list[list[Completion]], float | None], list[StreamOutcome]]:
+    """One round: the waiting waves (:func:`run_wave`) with the seconds their call took, and the
+    parallel-stop ones (one stream per prompt)."""
+    async def waiting() -> tuple[list[list[Completion]], float | None]:
         if not wait:
-            return []
-        return await run_wave(backend.engine, [prompts[i] for i in wait], [runs[i].next_wave or 0 for i in wait],
-                              max_tokens=max_tokens, temperature=temperature, seed=seed)
+            return [], None
+        t0 = time.perf_counter()
+        comps = await run_wave(backend.engine, [prompts[i] for i in wait], [runs[i].next_wave or 0 for i in wait],
+                               max_tokens=max_tokens, temperature=temperature, seed=seed)
+        return comps, time.perf_counter() - t0
 
     streams = [stream_prompt(backend.engine, prompts[i], runs[i].next_wave or 0, runs[i].plan, runs[i].answers,
                              voter=voter, extract=extract, max_tokens=max_tokens, temperature=temperature,
