@@ -5,8 +5,9 @@ exactly the same tokens) sent straight to the vLLM server, alternating direct an
 drift in the machine's load hits both alike. The gateway runs as ``isocompute serve --upstream`` in its
 own process, with ``max_samples: 1`` so every request is one sample (k = 1).
 
-Targets (issue 5): throughput through the gateway ≥ 0.9 × direct at concurrency 16, p50 added latency
-≤ 3 ms, ``Policy.decide`` for one prompt ≤ 1 ms at p99.
+Targets: throughput through the gateway ≥ 0.95 × direct at concurrency 16 and the gateway process's CPU
+per request ≤ 2 ms there (issue 21; its CPU read from ``/proc`` over the measured phases), p50 added
+latency ≤ 3 ms, ``Policy.decide`` for one prompt ≤ 1 ms at p99 (issue 5).
 
 Also in-process, with an instant upstream: the gateway's CPU per request (k = 1, above ``GET /health``)
 and per wave of a plan — the same request with the policy's plan replaced by ``none@1x4`` (four waves
@@ -326,7 +327,7 @@ def main() -> int:
     print(f"k=1, concurrency {args.concurrency}, {n} requests per path, max_tokens {args.max_tokens}, greedy")
     print(f"direct vLLM : {thr['direct']:.1f} req/s, p50 {p50['direct']:.2f} ms, p99 {p99['direct']:.2f} ms")
     print(f"via gateway : {thr['gateway']:.1f} req/s, p50 {p50['gateway']:.2f} ms, p99 {p99['gateway']:.2f} ms")
-    print(f"throughput ratio gateway/direct = {ratio:.3f}  (target ≥ 0.9)")
+    print(f"throughput ratio gateway/direct = {ratio:.3f}  (target ≥ 0.95)")
     print(f"p50 added latency = {added:.2f} ms  (target ≤ 3 ms)")
     n_gw = after[0] - before[0]
     inside = ((after[1] - before[1]) - (after[2] - before[2])) / max(n_gw, 1) * 1e3
@@ -338,7 +339,7 @@ def main() -> int:
     s50 = {k: float(np.percentile(v[1], 50) * 1e3) for k, v in seq.items()}
     print(f"concurrency 1: p50 direct {s50['direct']:.2f} ms, via gateway {s50['gateway']:.2f} ms, "
           f"added {s50['gateway'] - s50['direct']:.2f} ms")
-    ok &= ratio >= 0.9 and added <= 3.0 and p99_dec <= 1.0
+    ok &= ratio >= 0.95 and gw_cpu <= 2.0 and added <= 3.0 and p99_dec <= 1.0
     print("targets:", "met" if ok else "MISSED")
     return 0 if ok or not args.check else 1
 
