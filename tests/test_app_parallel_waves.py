@@ -66,6 +66,7 @@ def test_a_parallel_wave_whose_first_finishers_agree_stops_and_aborts_the_rest()
     info = body["isocompute"]
     assert (info["stopped"], info["k"], info["votes"], info["partial"]) == ("rule", 8, {"12": 2}, False)
     [wave] = info["wave_runs"]
+    assert 0 < wave.pop("seconds") <= info["latency_s"]  # timed; the prompt's waves summed at the top
     assert wave == {"mode": "parallel-stop", "started": 8, "finished": 2, "aborted": 6,
                     "tokens": 3 + 5 + 6 * 5, "ended": "rule"}
     assert info["tokens"] == body["usage"]["completion_tokens"] == 38  # the partial tokens are charged
@@ -78,8 +79,8 @@ def test_a_split_parallel_wave_runs_to_its_end():
     body, metrics = run(FakeEngine(SPLIT, lengths=(4, 6, 8, 10)), "lead:m=3@4s")
     info = body["isocompute"]
     assert (info["stopped"], info["votes"]) == ("plan_end", {"12": 2, "7": 2})
-    assert info["wave_runs"] == [{"mode": "parallel-stop", "started": 4, "finished": 4, "aborted": 0,
-                                  "tokens": 28, "ended": "finished"}]
+    assert [{k: v for k, v in w.items() if k != "seconds"} for w in info["wave_runs"]] == [
+        {"mode": "parallel-stop", "started": 4, "finished": 4, "aborted": 0, "tokens": 28, "ended": "finished"}]
     assert body["usage"]["completion_tokens"] == 28
     assert 'isocompute_waves_stopped_total{pool="default"}' not in metrics
 

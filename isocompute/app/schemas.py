@@ -19,10 +19,10 @@ OpenAI fields the gateway cannot honour are refused with 400 when they would cha
 ``user``, …). Unknown fields are accepted and logged. ``seed`` is reduced modulo 2**31 before it reaches
 an engine, so every back-end accepts it.
 
-Responses follow OpenAI; the first choice carries the aggregated answer (one sample that gave it);
-``usage`` adds ``flops``; ``isocompute`` (top level, and per choice of a multi-prompt completion): the
-decision, the plan as it ran (:class:`WaveInfo` per wave), the vote over answer classes; for a multi-model
-action each stage that ran (:class:`StageInfo`), the top-level figures summing them.
+Responses follow OpenAI; the first choice carries the aggregated answer (one sample that gave it); ``usage``
+adds ``flops``; ``isocompute`` (top level, and per choice of a multi-prompt completion): the decision, the plan
+as it ran (:class:`WaveInfo` per wave), the vote over answer classes; for a multi-model action each stage
+that ran (:class:`StageInfo`), the top-level figures summing them.
 """
 
 from __future__ import annotations
@@ -200,6 +200,7 @@ class WaveInfo(BaseModel):
     aborted: int = Field(description="samples aborted when the rule fired mid-wave (paid, not voting)")
     tokens: int = Field(description="completion tokens generated in the wave")
     ended: Literal["rule", "finished"] = Field(description="rule: stopped mid-wave; finished: every sample ended")
+    seconds: float | None = Field(None, description="wall-clock seconds from sending the wave to its end")
 
 
 class StageInfo(BaseModel):
@@ -272,13 +273,13 @@ class IsoComputeInfo(BaseModel):
     latency_budget: float | None = Field(None, description="the mean latency budget served, in sample lengths (1.0 = "
                                                            "waiting for one sample); null without one")
     expected_latency: float | None = Field(None, description="the policy's expected latency of this prompt's plan "
-                                                             "(its mean over draws, sample lengths), under a "
-                                                             "latency budget")
+                                                             "(mean over draws, sample lengths), latency budgets")
     internal_latency_budget: float | None = Field(None, description="latency budget handed to the policy after "
                                                                     "online control (sample lengths); null without one")
     latency: float | None = Field(None, description="this prompt's realised latency in sample lengths: each wave's "
                                                     "longest completion, summed, over one sample's mean tokens (plus "
                                                     "the policy's per-wave overhead); null without a latency budget")
+    latency_s: float | None = Field(None, description="wall-clock seconds of this prompt's waves, summed")
     expected_cost: float | None = Field(None, description="the policy's expected cost of the action, in policy_unit")
     policy_unit: BudgetUnit = Field("samples", description="unit of the policy's budgets and expected costs")
     flops: float | None = None

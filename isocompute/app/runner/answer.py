@@ -104,14 +104,20 @@ def plan_info(run: PlanRun, routing: Routing, i: int, picked: Picked, *, strateg
         stop_statistic=run.statistic, stop_detail=run.detail, k=run.drawn,
         answer=picked.answer, votes=run.votes.as_dict(), votes_complete=run.votes.complete,
         samples_received=received, partial=run.lost > 0 or run.stopped in ("deadline", "upstream_error"),
-        latency=latency, **_routing_info(routing, i, strategy=strategy, flops=flops),
+        latency=latency, latency_s=wave_seconds([run]), **_routing_info(routing, i, strategy=strategy, flops=flops),
     )
 
 
 def wave_infos(runs: Sequence[PlanRun]) -> list[WaveInfo]:
     """Every wave of ``runs`` (a plan's, or an action's stages' in order) as the response shows it."""
     return [WaveInfo(mode=w.mode, started=w.started, finished=w.finished, aborted=w.aborted,  # type: ignore[arg-type]
-                     tokens=w.tokens, ended=w.ended) for r in runs for w in r.wave_runs]
+                     tokens=w.tokens, ended=w.ended, seconds=w.seconds) for r in runs for w in r.wave_runs]
+
+
+def wave_seconds(runs: Sequence[PlanRun]) -> float | None:
+    """The wall-clock seconds of every wave of ``runs``, summed (None when a wave was not timed)."""
+    secs = [w.seconds for r in runs for w in r.wave_runs]
+    return None if not secs or any(x is None for x in secs) else float(sum(secs))  # type: ignore[arg-type]
 
 
 def _routing_info(routing: Routing, i: int, *, strategy: str, flops: float | None) -> dict[str, Any]:
@@ -158,5 +164,6 @@ def action_info(run: ActionRun, routing: Routing, i: int, picked: Picked, *, str
         answer=picked.answer, votes=final.votes.as_dict(), votes_complete=final.votes.complete,
         samples_received=received, partial=lost > 0 or failed,
         model_action=run.action.name, vote=run.action.vote, stages=stages, latency=latency,
+        latency_s=wave_seconds([st.run for st in run.stages]),
         **_routing_info(routing, i, strategy=strategy, flops=flops),
     )
