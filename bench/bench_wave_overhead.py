@@ -99,3 +99,7 @@ def main() -> None:
           f"{m.in_samples(tps):.3f} sample lengths per wave  (report --wave-overhead {url}/metrics reads the same)")
     stopped = sum(w["ended"] == "rule" for w in waves)
     print(f"{stopped} of {len(waves)} waves stopped mid-wave by the rule (their decode steps end at the stop)")
+
+
+if __name__ == "__main__":
+    main()
