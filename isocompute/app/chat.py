@@ -14,18 +14,33 @@ from typing import Any
 from isocompute.app.schemas import ChatMessage
 from isocompute.errors import InputError
 
-__all__ = ["policy_text", "render_chat"]
+__all__ = ["check_text", "policy_text", "render_chat"]
+
+
+def check_text(text: str, where: str) -> str:
+    """``text`` when it encodes as UTF-8; a lone surrogate (JSON ``"\\ud800"`` without its pair) is a 400
+    naming ``where`` and the character's index, not a tokenizer's 500."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InputError(f"{where} has a lone surrogate (U+{ord(text[e.start]):04X}) at character {e.start}; send "
+                         "valid Unicode text (a \\uD800–\\uDFFF escape must be one half of a surrogate pair)") from None
+    return text
 
 
 def _message_text(i: int, m: ChatMessage) -> str:
     if isinstance(m.content, list):
         parts = []
-        for part in m.content:
-            if part.type != "text" or part.text is None:
-                raise InputError(f"messages[{i}] has a {part.type!r} part; only text parts are supported")
-            parts.append(part.text)
+        for j, part in enumerate(m.content):
+            if part.type != "text":
+                raise InputError(f"messages[{i}].content[{j}] is a {part.type!r} part; only text parts are "
+                                 "supported: send {\"type\": \"text\", \"text\": \"...\"}")
+            if part.text is None:
+                raise InputError(f"messages[{i}].content[{j}] is a text part without its \"text\" field; send "
+                                 "{\"type\": \"text\", \"text\": \"...\"}")
+            parts.append(check_text(part.text, f"messages[{i}].content[{j}].text"))
         return "".join(parts)
-    return m.content or ""
+    return check_text(m.content or "", f"messages[{i}].content")
 
 
 def policy_text(messages: Sequence[ChatMessage]) -> str:

@@ -32,6 +32,7 @@ log, not to the client).
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -155,6 +156,85 @@ def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     return "; ".join(parts) + more + ". Fix these fields and retry.", param
 
 
+def _unparsable(exc: BaseException) -> str | None:
+    """What is wrong with a body FastAPI could not parse (its HTTP 400's cause), or None."""
+    cause = exc.__cause__
+    if isinstance(cause, UnicodeDecodeError):
+        return (f"request body is not valid UTF-8 (byte {cause.start}: {cause.reason}); send JSON encoded as "
+                "UTF-8 with Content-Type: application/json")
+    if isinstance(cause, RecursionError):
+        return "request body nests JSON arrays or objects too deeply to parse; send a flatter JSON object"
+    return None
+
+
+def _not_json_hint(request: Any, errors: list[Any]) -> str:
+    """A hint for a body that was not read as JSON because its Content-Type does not say JSON (plain
+    ``curl -d`` sends form encoding): the 422 then says so instead of only "field required"."""
+    ctype = request.headers.get("content-type", "")
+    if request.method != "POST" or "json" in ctype.lower():
+        return ""
+    if not any(e.get("loc", ())[:1] == ("body",) for e in errors):
+        return ""
+    got = f"Content-Type {ctype!r}" if ctype else "no Content-Type"
+    return f"the body was not read as JSON ({got}); send the header Content-Type: application/json. "
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``max_bytes`` is answered 413 in OpenAI's error shape — at once
+    when its ``Content-Length`` says so, else as soon as the bytes read pass the limit — before anything
+    parses it (``max_body_bytes``)."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or ()).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            return await self._refuse(send)
+        seen, started = 0, False
+
+        async def counted() -> Any:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _TooLarge(self.max_bytes)
+            return message
+
+        async def watched(message: Any) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, watched)
+        except _TooLarge:
+            if not started:
+                await self._refuse(send)
+
+    async def _refuse(self, send: Any) -> None:
+        body = json.dumps(too_large_body(self.max_bytes)).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(Exception):
+    """A body passed :class:`BodyLimit`'s limit while it was read (FastAPI wraps it in its HTTP 400)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(max_bytes)
+        self.max_bytes = max_bytes
+
+
+def too_large_body(max_bytes: int) -> dict[str, Any]:
+    return error_body(f"request body is over this server's limit of {max_bytes} bytes (max_body_bytes); send a "
+                      "smaller request", "invalid_request_error", code="body_too_large")
+
+
 def install_error_handlers(app: Any, retry_after_s: int) -> None:
     """Register the handlers that turn every error into OpenAI's error shape (see the module table)."""
     from fastapi import Request
@@ -171,6 +251,8 @@ def install_error_handlers(app: Any, retry_after_s: int) -> None:
         status, type_, code = classify(exc)
         own = getattr(exc, "retry_after", None)
         retry = own if own is not None else (retry_after_s if status >= 502 else None)
+        if status == 499:  # nobody reads the answer; the operator may want to know the work was cancelled
+            log.info("%s %s → 499: %s", request.method, request.url.path, exc)
         if status >= 500:
             # an open circuit answers thousands of requests a second in an outage; the engine logs the
             # transitions, so each fast 503 is only worth a debug line
@@ -189,17 +271,24 @@ def install_error_handlers(app: Any, retry_after_s: int) -> None:
                    "send a JSON object with Content-Type: application/json")
             return respond(400, error_body(msg, "invalid_request_error", code="invalid_json"))
         msg, param = _validation_message(errors)
+        msg = _not_json_hint(request, errors) + msg
         return respond(422, error_body(msg, "invalid_request_error", param=param, code="invalid_request"))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         type_ = "invalid_request_error" if exc.status_code < 500 else "internal_error"
         msg = str(exc.detail)
+        code = str(exc.status_code)
         if exc.status_code == 404:
             msg = f"no route {request.method} {request.url.path}; see /docs for the API"
         elif exc.status_code == 405:
-            msg = f"method {request.method} is not allowed on {request.url.path}; see /docs for the API"
-        return respond(exc.status_code, error_body(msg, type_, code=str(exc.status_code)))
+            allow = (exc.headers or {}).get("Allow", "")
+            msg = f"method {request.method} is not allowed on {request.url.path} (allowed: {allow}); see /docs"
+        elif exc.status_code == 400 and isinstance(exc.__cause__, _TooLarge):
+            return respond(413, too_large_body(exc.__cause__.max_bytes))
+        elif exc.status_code == 400 and (why := _unparsable(exc)) is not None:
+            msg, code = why, "invalid_json"
+        return JSONResponse(error_body(msg, type_, code=code), status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> JSONResponse:

@@ -64,7 +64,7 @@ from isocompute.app.accounting.latency_control import LatencyControl
 from isocompute.app.accounting.ledger import Ledger
 from isocompute.app.accounting.metrics import Metrics
 from isocompute.app.accounting.pricing import BudgetPlan, budget_unit, price_request
-from isocompute.app.chat import policy_text, render_chat
+from isocompute.app.chat import check_text, policy_text, render_chat
 from isocompute.app.errors import ModelNotFound
 from isocompute.app.readiness import UpstreamHealth
 from isocompute.app.routing import Ask, Routing
@@ -89,6 +89,8 @@ from isocompute.app.serving_policy import PolicyDecision, ServingPolicy, as_serv
 from isocompute.app.settings import Settings
 from isocompute.engines.base import Engine
 from isocompute.errors import EngineUnavailable, InputError
+
+OFF_LOOP_CHARS = 16_000  # a request with more text than this is templated and tokenised in a worker thread
 
 __all__ = ["Answer", "Ask", "FeatureCall", "Gateway", "ProbeCall", "Routing", "Verifier", "policy_text",
            "render_chat"]
@@ -141,11 +143,14 @@ class Gateway:
         self.answers = Answers(self.pools, default, settings=settings, voter=self.voter, extract=extract,
                                verifier=verifier, ledger=self.ledger)
         self._decide_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="isocompute-decide")
+        # large requests' templating and tokenising (one at a time: the tokenizer is shared)
+        self._prep_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="isocompute-prep")
 
     def close(self) -> None:
         """Stop the decide and vote workers (requests still running in them finish first)."""
         try:
             self._decide_pool.shutdown(wait=True, cancel_futures=True)
+            self._prep_pool.shutdown(wait=True, cancel_futures=True)
         finally:
             self.voter.close()
 
@@ -194,6 +199,26 @@ class Gateway:
                              f"models) or one of {', '.join(models)} to pin it (GET /v1/models lists them)")
         raise ModelNotFound(f"model {model!r} is not served here; send model={served!r} (GET /v1/models lists it)")
 
+    async def prepare(self, prompts: Sequence[str] | None, messages: Sequence[ChatMessage] | None,
+                      max_tokens: int) -> tuple[list[str], list[int] | None]:
+        """The request's prompts (a chat's rendered in its template) and their token counts, checked
+        (:meth:`chat_prompt`, :meth:`check_prompts`): inline for a small request, in a worker thread for a
+        large one (over ``OFF_LOOP_CHARS`` characters), so that templating and tokenising a big body never
+        hold up the event loop — ``/health`` and every other request go on meanwhile."""
+        s = self.settings
+        if messages is not None and len(messages) > s.max_messages:
+            raise InputError(f"{len(messages)} messages in one chat; send at most {s.max_messages} (max_messages)")
+
+        def work() -> tuple[list[str], list[int] | None]:
+            texts = [self.chat_prompt(messages)] if messages is not None else list(prompts or [])
+            return texts, self.check_prompts(texts, max_tokens)
+
+        size = (sum(len(m.content) if isinstance(m.content, str) else sum(len(p.text or "") for p in m.content or ())
+                    for m in messages) if messages is not None else sum(map(len, prompts or [])))
+        if size <= OFF_LOOP_CHARS:
+            return work()
+        return await asyncio.get_running_loop().run_in_executor(self._prep_pool, work)
+
     def chat_prompt(self, messages: Sequence[ChatMessage]) -> str:
         if self.tokenizer is None:
             raise InputError(
@@ -214,6 +239,7 @@ class Gateway:
         for i, p in enumerate(prompts):
             if not p.strip():
                 raise InputError(f"prompt {i} is empty; send text to answer")
+            check_text(p, f"prompt {i}")
             if len(p) > s.max_prompt_chars:
                 raise InputError(f"prompt {i} has {len(p)} characters; the limit is {s.max_prompt_chars}, "
                                  "shorten it")

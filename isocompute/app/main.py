@@ -35,9 +35,9 @@ from fastapi import FastAPI
 
 from isocompute import __version__
 from isocompute.app import serving_policy
-from isocompute.app.accounting.auth import KeyStore, load_key_file
+from isocompute.app.accounting.auth import KeyStore, load_key_file, redact_access_log
 from isocompute.app.accounting.metrics import Metrics, MetricsMiddleware
-from isocompute.app.errors import install_error_handlers
+from isocompute.app.errors import BodyLimit, install_error_handlers
 from isocompute.app.fixed_action import FixedActionPolicy
 from isocompute.app.gateway import Gateway, Verifier
 from isocompute.app.routes import router
@@ -184,6 +184,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
     s: Settings = app.state.settings
     injected = app.state.injected
+    redact_access_log()  # keys in a URL are refused (auth.refuse_query_key), and blanked in the access log
     app.state.keystore = build_keystore(s)
     policy = injected["policy"]
     if policy is None and s.policy_dir is not None:
@@ -246,6 +247,29 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                     await close_all(owned)
 
 
+# The OpenAI fields the routes refuse with 400 (routes._refuse_unsupported), as the schema should state them:
+# the models accept them (so the refusal can say what to send instead), the published schema does not.
+REFUSED = {"n": {"maximum": 1}, "best_of": {"maximum": 1}, "stream": {"enum": [False, None]},
+           "echo": {"enum": [False, None]}, "tools": {"maxItems": 0}, "suffix": {"maxLength": 0}}
+REFUSED_LOGPROBS = {"ChatCompletionRequest": {"enum": [False, None]}, "CompletionRequest": {"maximum": 0}}
+
+
+def truthful_openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's OpenAPI document, with the refused fields (:data:`REFUSED`) constrained to what is served."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+
+        doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        schemas = doc.get("components", {}).get("schemas", {})
+        for name, logprobs in REFUSED_LOGPROBS.items():
+            props = schemas.get(name, {}).get("properties", {})
+            for field, rule in {**REFUSED, "logprobs": logprobs}.items():
+                if field in props:
+                    props[field].update(rule)
+        app.openapi_schema = doc
+    return app.openapi_schema
+
+
 def create_app(
     settings: Settings | None = None,
     *,
@@ -270,6 +294,8 @@ def create_app(
     app.state.gateway = None
     install_error_handlers(app, s.retry_after_s)
     app.include_router(router)
+    app.openapi = lambda: truthful_openapi(app)  # type: ignore[method-assign]
     paths = frozenset(getattr(r, "path", "") for r in (*app.routes, *router.routes))
+    app.add_middleware(BodyLimit, max_bytes=s.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics, routes=paths)
     return app

@@ -38,7 +38,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
-from isocompute.app.accounting.auth import KeyStore, Principal
+from isocompute.app.accounting.auth import KeyStore, Principal, refuse_query_key
 from isocompute.app.errors import ClientDisconnected, error_responses
 from isocompute.app.gateway import Answer, Ask, Gateway, policy_text
 from isocompute.app.schemas import (
@@ -84,10 +84,13 @@ async def get_keystore(request: Request) -> KeyStore:
 
 
 async def get_caller(
+    request: Request,
     keys: Annotated[KeyStore, Depends(get_keystore)],
     authorization: Annotated[str | None, Header()] = None,
 ) -> Principal:
-    """The authenticated caller, after its rate limit (401/429 otherwise)."""
+    """The authenticated caller, after its rate limit (401/429 otherwise); a key in the URL is a 401."""
+    if request.url.query:
+        refuse_query_key(request.query_params.keys())
     caller = keys.authenticate(authorization)
     caller.check_rate()
     return caller
@@ -198,10 +201,9 @@ async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, caller: C
     pin = gw.check_model(req.model)
     max_tokens, temperature, seed = gw.sampling(req.max_completion_tokens or req.max_tokens, req.temperature,
                                                 req.seed)
-    prompts = [gw.chat_prompt(req.messages)]
+    prompts, counts = await gw.prepare(None, req.messages, max_tokens)
     ask = Ask(req.budget, req.budget_unit, req.max_samples, req.max_waves, max_tokens, temperature, seed,
-              req.strategy, req.latency_budget, pin, gw.check_prompts(prompts, max_tokens),
-              [policy_text(req.messages)], req.messages)
+              req.strategy, req.latency_budget, pin, counts, [policy_text(req.messages)], req.messages)
     [ans] = await unless_disconnected(request, gw.answer(prompts, ask, principal=caller, deadline=deadline))
     return ChatCompletionResponse(
         id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()), model=gw.settings.served_model,
@@ -219,9 +221,9 @@ async def completions(req: CompletionRequest, gw: GatewayDep, caller: CallerDep,
     _refuse_unsupported(req)
     pin = gw.check_model(req.model)
     max_tokens, temperature, seed = gw.sampling(req.max_tokens, req.temperature, req.seed)
-    prompts = _text_prompts(req.prompt)
+    prompts, counts = await gw.prepare(_text_prompts(req.prompt), None, max_tokens)
     ask = Ask(req.budget, req.budget_unit, req.max_samples, req.max_waves, max_tokens, temperature, seed,
-              req.strategy, req.latency_budget, pin, gw.check_prompts(prompts, max_tokens))
+              req.strategy, req.latency_budget, pin, counts)
     answers = await unless_disconnected(request, gw.answer(prompts, ask, principal=caller, deadline=deadline))
     return CompletionResponse(
         id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=gw.settings.served_model,
@@ -239,10 +241,11 @@ async def route(req: RouteRequest, gw: GatewayDep, caller: CallerDep, request: R
     pin = gw.check_model(req.model)
     if (req.prompt is None) == (req.messages is None):
         raise InputError("send exactly one of prompt (string or list of strings) or messages")
-    prompts = [gw.chat_prompt(req.messages)] if req.messages is not None else _text_prompts(req.prompt)
     max_tokens, temperature, _ = gw.sampling(None, req.temperature, None)
+    prompts, counts = await gw.prepare(None if req.messages is not None else _text_prompts(req.prompt), req.messages,
+                                       max_tokens)
     ask = Ask(req.budget, req.budget_unit, req.max_samples, req.max_waves, max_tokens, temperature,
-              latency_budget=req.latency_budget, model=pin, prompt_tokens=gw.check_prompts(prompts, max_tokens),
+              latency_budget=req.latency_budget, model=pin, prompt_tokens=counts,
               policy_prompts=None if req.messages is None else [policy_text(req.messages)])
     # A dry run must not move the controller, so it reads the internal budget without observing a cost;
     # a probe policy's probe call is upstream work, which a client that goes away cancels.

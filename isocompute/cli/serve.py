@@ -150,6 +150,19 @@ def preflight(s: Any) -> Any:
     return policy
 
 
+def log_at(level: str) -> None:
+    """The gateway's own log lines (``isocompute.*``: unknown request fields, 499s, upstream transitions) on
+    stderr at ``--log-level``, as uvicorn's are; without it only warnings reached Python's last-resort handler."""
+    import logging
+
+    logger = logging.getLogger("isocompute")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(level.upper())
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -160,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("no policy: pass --policy DIR (a directory written by `isocompute fit`) or --action ACTION")
     if s.engine in ("transformers", "vllm") and s.model_dir is None and not s.model_dirs:
         raise InputError(f"--engine {s.engine} needs --model DIR (a checkpoint directory)")
+    log_at(args.log_level)
     policy = preflight(s)
     # Keep idle connections longer than common client pools do (httpx: 5 s), so a client never sends on a
     # connection the server is closing at that moment.
