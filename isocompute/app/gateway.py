@@ -134,7 +134,8 @@ class Gateway:
             PoolsHealth({**self.pools, DEFAULT: default}) if self.pools else self.backend.health)
         self.policy: ServingPolicy | None = None if policy is None else self._check_pools(as_serving_policy(policy))
         self.latency = LatencyControl(settings)  # a key's μ controller goes when its λ controller does
-        self.controllers = ControllerBank(max_keys=settings.control_max_keys, on_evict=lambda key: (
+        self.controllers = ControllerBank(max_keys=settings.control_max_keys,
+                                          max_per_caller=settings.control_max_keys_per_caller, on_evict=lambda key: (
             metrics.forget(self._labels.pop(key, "")), self.latency.drop(key)))
         self._labels: dict[Any, str] = {}
         flops_of = {name: p.model_flops for name, p in {**self.pools, DEFAULT: default}.items()}
@@ -265,12 +266,13 @@ class Gateway:
                      ) -> list[Answer]:
         """Route, run, vote and charge every prompt of a generation request (module docstring, steps 1–5):
         the one call a generation route makes. Raises what :meth:`route` and :meth:`Answers.answer` raise."""
-        routing = await self.route(prompts, ask, principal=principal, deadline=deadline)
+        routing = await self.route(prompts, ask, principal=principal, deadline=deadline, dry_run=False)
         return await self.answers.answer(prompts, routing, max_tokens=ask.max_tokens, temperature=ask.temperature,
                                          seed=ask.seed, strategy=ask.strategy, deadline=deadline,
                                          messages=ask.messages)
 
-    async def route(self, prompts: list[str], ask: Ask, *, principal: Principal, deadline: Deadline) -> Routing:
+    async def route(self, prompts: list[str], ask: Ask, *, principal: Principal, deadline: Deadline,
+                    dry_run: bool = True) -> Routing:
         """Decide a plan for every prompt (module docstring, steps 1–2). Raises BudgetError / PermissionDenied.
 
         ``ask.policy_prompts`` (default ``prompts``) is the text the policy sees: for chat, the question
@@ -278,14 +280,16 @@ class Gateway:
         after the budget checks (so a refused request costs no model call), and only when the rule
         serving the budget reads it. ``ask.model`` (from :meth:`check_model`) pins the decision to that
         model; ``ask.latency_budget`` (sample lengths, checked in pricing) goes to the policy only when sent.
-        Raises EngineUnavailable (503) when an action names a model with no pool.
+        Raises EngineUnavailable (503) when an action names a model with no pool. A ``dry_run`` (``/v1/route``)
+        reads the key's controller when it exists and keeps none it makes: dry runs never grow the bank nor
+        evict anyone's controller.
         """
         policy = self._loaded_policy()  # one policy for the whole request, whatever /admin/reload does
         texts = prompts if ask.policy_prompts is None else ask.policy_prompts
         plan = self._price(policy, principal, ask)
-        ctl = self._controller(plan, policy)
+        ctl = self._controller(plan, policy, keep=not dry_run)
         internal = ctl.internal if self.settings.budget_control else plan.policy_budget
-        lr = self.latency.route(plan, policy)
+        lr = self.latency.route(plan, policy, keep=not dry_run)
         lat: dict[str, Any] = {} if lr is None else {"latency_budget": lr.internal}
         reads = policy.needs_features(internal, **lat)
         probe = None
@@ -315,9 +319,10 @@ class Gateway:
         principal.check_budget(plan.samples)
         return plan
 
-    def _controller(self, plan: BudgetPlan, policy: ServingPolicy) -> BudgetController:
-        """The key's controller (made on first sight). Kept with control off too, for its mean-cost metric
-        and so that the metric labels stay bounded by the bank's LRU."""
+    def _controller(self, plan: BudgetPlan, policy: ServingPolicy, *, keep: bool = True) -> BudgetController:
+        """The key's controller (made on first sight; with ``keep`` False one not yet kept is made and
+        dropped). Kept with control off too, for its mean-cost metric and so that the metric labels stay
+        bounded by the bank's LRU."""
         s = self.settings
         lo, hi = policy.budget_range
 
@@ -326,6 +331,9 @@ class Gateway:
             return BudgetController(plan.budget, lo=lo, hi=hi, gain=s.control_gain, max_step=s.control_max_step,
                                     initial=plan.policy_budget)
 
+        if not keep:
+            return self.controllers.peek(plan.key) or BudgetController(
+                plan.budget, lo=lo, hi=hi, gain=s.control_gain, max_step=s.control_max_step, initial=plan.policy_budget)
         return self.controllers.get(plan.key, make)
 
     async def _decide(self, policy: ServingPolicy, texts: list[str], internal: float, probe: ProbeCall | None,

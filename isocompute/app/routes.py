@@ -301,9 +301,12 @@ async def ready(request: Request) -> Any:
     return JSONResponse(body.model_dump(), status_code=200 if body.ready else 503)
 
 
-@router.get("/metrics", response_class=Response)
-async def metrics(request: Request) -> Response:
-    """Prometheus metrics of this app (its own registry)."""
+@router.get("/metrics", response_class=Response, responses=error_responses(401, 403))
+async def metrics(request: Request, keys: KeysDep, authorization: Annotated[str | None, Header()] = None) -> Response:
+    """Prometheus metrics of this app (its own registry); with ``metrics_need_admin_key`` only for the admin
+    key (the labels name the callers and their budgets)."""
+    if request.app.state.settings.metrics_need_admin_key:
+        keys.authorize_admin(authorization)
     return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -75,6 +75,8 @@ class Settings(BaseSettings):
     control_gain: float = Field(0.05, gt=0, le=1)
     control_max_step: float = Field(0.5, gt=0)
     control_max_keys: int = Field(10_000, ge=1)
+    control_max_keys_per_caller: int = Field(64, ge=1)
+    metrics_need_admin_key: bool = False
     api_keys_file: Path | None = None
     api_keys: list[ApiKeyRecord] = Field(default_factory=list)
     admin_key_sha256: str | None = None

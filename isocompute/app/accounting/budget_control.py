@@ -103,31 +103,55 @@ class BudgetController:
 
 
 class ControllerBank:
-    """One controller per budget key, least-recently-used first out beyond ``max_keys``.
+    """One controller per budget key, least-recently-used first out beyond ``max_keys``, and at most
+    ``max_per_caller`` keys per caller (a key's first element; tuples of the gateway's pricing).
 
     Bounding the number of keys keeps memory (and the metrics' label set) flat when clients send many
-    distinct budgets. ``on_evict`` is called with each evicted key (the gateway drops its metric labels).
+    distinct budgets; the per-caller bound makes a caller who sends many distinct budgets evict its own
+    least recently used keys, never another caller's controller. ``on_evict`` is called with each evicted
+    key (the gateway drops its metric labels).
     """
 
-    def __init__(self, *, max_keys: int = 10_000, on_evict: Callable[[Hashable], None] | None = None):
-        if max_keys < 1:
-            raise ValueError(f"max_keys must be >= 1; got {max_keys}")
+    def __init__(self, *, max_keys: int = 10_000, max_per_caller: int | None = None,
+                 on_evict: Callable[[Hashable], None] | None = None):
+        if max_keys < 1 or (max_per_caller is not None and max_per_caller < 1):
+            raise ValueError(f"max_keys and max_per_caller must be >= 1; got {max_keys}, {max_per_caller}")
         self._max = max_keys
+        self._per_caller = max_per_caller
         self._on_evict = on_evict
         self._items: OrderedDict[Hashable, BudgetController] = OrderedDict()
+        self._counts: dict[Hashable, int] = {}
 
     def get(self, key: Hashable, make: Callable[[], BudgetController]) -> BudgetController:
         """The key's controller; ``make()`` builds it the first time the key is seen."""
         ctl = self._items.get(key)
-        if ctl is None:
-            ctl = self._items[key] = make()
-            while len(self._items) > self._max:
-                old, _ = self._items.popitem(last=False)
-                if self._on_evict is not None:
-                    self._on_evict(old)
-        else:
+        if ctl is not None:
             self._items.move_to_end(key)
+            return ctl
+        caller = _caller(key)
+        if self._per_caller is not None and self._counts.get(caller, 0) >= self._per_caller:
+            self._evict(next(k for k in self._items if _caller(k) == caller))
+        ctl = self._items[key] = make()
+        self._counts[caller] = self._counts.get(caller, 0) + 1
+        while len(self._items) > self._max:
+            self._evict(next(iter(self._items)))
         return ctl
+
+    def peek(self, key: Hashable) -> BudgetController | None:
+        """The key's controller if kept, without making one or touching its recency (a dry run's)."""
+        return self._items.get(key)
+
+    def _evict(self, key: Hashable) -> None:
+        self._forget(key)
+        if self._on_evict is not None:
+            self._on_evict(key)
+
+    def _forget(self, key: Hashable) -> None:
+        if self._items.pop(key, None) is not None:
+            caller = _caller(key)
+            self._counts[caller] -= 1
+            if not self._counts[caller]:
+                del self._counts[caller]
 
     def holds(self, key: Hashable, controller: BudgetController) -> bool:
         """True while ``controller`` is still the one kept for ``key`` (not evicted meanwhile)."""
@@ -135,7 +159,7 @@ class ControllerBank:
 
     def drop(self, key: Hashable) -> None:
         """Forget ``key``'s controller, if kept (``on_evict`` is not called: the caller is dropping it)."""
-        self._items.pop(key, None)
+        self._forget(key)
 
     def clear(self) -> None:
         """Forget every key (after a policy reload the old internal budgets mean nothing)."""
@@ -143,6 +167,12 @@ class ControllerBank:
             if self._on_evict is not None:
                 self._on_evict(key)
         self._items.clear()
+        self._counts.clear()
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+def _caller(key: Hashable) -> Hashable:
+    """Whose key it is: the first element of a pricing key ``(caller, B, unit, …)``, else the key itself."""
+    return key[0] if isinstance(key, tuple) and key else key

@@ -89,9 +89,10 @@ class LatencyControl:
         self.settings = settings
         self.bank = ControllerBank(max_keys=settings.control_max_keys)
 
-    def route(self, plan: BudgetPlan, policy: Any) -> LatencyRoute | None:
-        """The request's :class:`LatencyRoute` (the key's controller made on first sight); None without a
-        latency budget or for a policy without a latency range."""
+    def route(self, plan: BudgetPlan, policy: Any, *, keep: bool = True) -> LatencyRoute | None:
+        """The request's :class:`LatencyRoute` (the key's controller made on first sight; with ``keep`` False,
+        a dry run's, one not yet kept is made and not kept); None without a latency budget or for a policy
+        without a latency range."""
         L, rng = plan.latency_budget, policy.latency_range
         if L is None or rng is None:
             return None
@@ -100,7 +101,7 @@ class LatencyControl:
         def make() -> LatencyController:
             return LatencyController(L, lo=rng[0], hi=rng[1], gain=s.control_gain, max_step=s.control_max_step)
 
-        ctl = self.bank.get(plan.key, make)
+        ctl = self.bank.get(plan.key, make) if keep else (self.bank.peek(plan.key) or make())
         assert isinstance(ctl, LatencyController)
         tps = policy.tokens_per_sample
         return LatencyRoute(ctl, ctl.internal if s.budget_control else L, None if tps is None else float(tps),

@@ -184,7 +184,7 @@ class Ledger:
             return
         if routing.lam is not None:
             self.metrics.lam.labels(plan.label).set(routing.lam)
-        self.metrics.internal_budget.labels(plan.label).set(routing.internal_budget)
+        self.metrics.internal_budget.labels(plan.label).set(routing.controller.internal)  # after charging
         st = routing.controller.state()
         if st.mean_cost is not None:
             self.metrics.mean_cost.labels(plan.label).set(st.mean_cost)
