@@ -267,6 +267,10 @@ class Gateway:
         """Route, run, vote and charge every prompt of a generation request (module docstring, steps 1–5):
         the one call a generation route makes. Raises what :meth:`route` and :meth:`Answers.answer` raise."""
         routing = await self.route(prompts, ask, principal=principal, deadline=deadline, dry_run=False)
+        return await self.run(prompts, routing, ask, deadline)
+
+    async def run(self, prompts: list[str], routing: Routing, ask: Ask, deadline: Deadline) -> list[Answer]:
+        """Steps 3–5 of a routed request (a streamed one runs them after its stream opened)."""
         return await self.answers.answer(prompts, routing, max_tokens=ask.max_tokens, temperature=ask.temperature,
                                          seed=ask.seed, strategy=ask.strategy, deadline=deadline,
                                          messages=ask.messages)

@@ -249,8 +249,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 # The OpenAI fields the routes refuse with 400 (routes._refuse_unsupported), as the schema should state them:
 # the models accept them (so the refusal can say what to send instead), the published schema does not.
-REFUSED = {"n": {"maximum": 1}, "best_of": {"maximum": 1}, "stream": {"enum": [False, None]},
-           "echo": {"enum": [False, None]}, "tools": {"maxItems": 0}, "suffix": {"maxLength": 0}}
+REFUSED = {"n": {"maximum": 1}, "best_of": {"maximum": 1}, "echo": {"enum": [False, None]},
+           "tools": {"maxItems": 0}, "suffix": {"maxLength": 0}}
 REFUSED_LOGPROBS = {"ChatCompletionRequest": {"enum": [False, None]}, "CompletionRequest": {"maximum": 0}}
 
 

@@ -31,16 +31,17 @@ import time
 import uuid
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Body, Depends, Header, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
 from isocompute.app.accounting.auth import KeyStore, Principal, refuse_query_key
 from isocompute.app.errors import ClientDisconnected, error_responses
 from isocompute.app.gateway import Answer, Ask, Gateway, policy_text
+from isocompute.app.runner.execute import Deadline
 from isocompute.app.schemas import (
     ChatChoice,
     ChatCompletionRequest,
@@ -59,13 +60,15 @@ from isocompute.app.schemas import (
     RouteResponse,
     Usage,
 )
+from isocompute.app.streaming import SSE_HEADERS, answer_events, usage_of, wait_disconnect
 from isocompute.errors import ArtifactError, EngineUnavailable, InputError
 
 log = logging.getLogger("isocompute.app")
 router = APIRouter()
 T = TypeVar("T")
 
-GENERATE_ERRORS = error_responses(400, 401, 403, 404, 422, 429, 502, 503, 504)
+GENERATE_ERRORS = {**error_responses(400, 401, 403, 404, 422, 429, 502, 503, 504),
+                   200: {"content": {"text/event-stream": {"description": "with stream: true (app.streaming)"}}}}
 ROUTE_ERRORS = error_responses(400, 401, 403, 404, 422, 429, 502, 503, 504)  # 5xx: a probe policy's probe call
 
 
@@ -113,9 +116,6 @@ def _log_unknown(req: BaseModel) -> None:
 
 def _refuse_unsupported(req: ChatCompletionRequest | CompletionRequest) -> None:
     """400 for OpenAI options that would change the answer's form; we cannot honour them."""
-    if req.stream:
-        raise InputError("stream=true is not supported: the answer exists only after the vote over all samples; "
-                         "send stream=false")
     if req.n not in (None, 1):
         raise InputError(f"n={req.n}: the gateway returns one aggregated choice per prompt; send n=1 and "
                          "control sampling with budget / max_samples")
@@ -147,16 +147,22 @@ def _text_prompts(prompt: Any) -> list[str]:
 
 
 def _usage(answers: list[Answer]) -> Usage:
-    p = sum(a.prompt_tokens for a in answers)
-    c = sum(a.completion_tokens for a in answers)
-    flops = None if any(a.flops is None for a in answers) else sum(a.flops or 0.0 for a in answers)
-    return Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c, flops=flops)
+    return Usage(**usage_of(answers))
 
 
-async def _disconnected(request: Request) -> None:
-    # The body has been read, so the next ASGI message is the disconnect (or never comes).
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+async def _stream(request: Request, gw: Gateway, caller: Principal, prompts: list[str], ask: Ask, deadline: Deadline,
+                  kind: Literal["chat", "text"], options: dict[str, Any] | None, head: dict[str, Any]
+                  ) -> StreamingResponse:
+    """A ``stream: true`` request (:mod:`isocompute.app.streaming`): routed before the stream opens, so a
+    refusal is a JSON 4xx; its waves run inside the stream, a disconnect cancelling them."""
+    if options is not None and not isinstance(options.get("include_usage", False), bool):
+        raise InputError("stream_options.include_usage must be true or false")
+    routing = await unless_disconnected(request, gw.route(prompts, ask, principal=caller, deadline=deadline,
+                                                          dry_run=False))
+    events = answer_events(gw.run(prompts, routing, ask, deadline), request.receive, kind=kind, head=head,
+                           include_usage=bool((options or {}).get("include_usage")),
+                           keepalive_s=gw.settings.stream_keepalive_s)
+    return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
@@ -174,7 +180,7 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
         if not done and not watch.cancelled():
             me.cancel()
 
-    watch = asyncio.ensure_future(_disconnected(request))
+    watch = asyncio.ensure_future(wait_disconnect(request.receive))
     watch.add_done_callback(on_disconnect)
     try:
         return await work
@@ -204,9 +210,14 @@ async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, caller: C
     prompts, counts = await gw.prepare(None, req.messages, max_tokens)
     ask = Ask(req.budget, req.budget_unit, req.max_samples, req.max_waves, max_tokens, temperature, seed,
               req.strategy, req.latency_budget, pin, counts, [policy_text(req.messages)], req.messages)
+    rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    if req.stream:
+        return await _stream(request, gw, caller, prompts, ask, deadline, "chat", req.stream_options,  # type: ignore[return-value]
+                             {"id": rid, "object": "chat.completion.chunk", "created": created,
+                              "model": gw.settings.served_model})
     [ans] = await unless_disconnected(request, gw.answer(prompts, ask, principal=caller, deadline=deadline))
     return ChatCompletionResponse(
-        id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()), model=gw.settings.served_model,
+        id=rid, created=created, model=gw.settings.served_model,
         choices=[ChatChoice(index=0, message=ChatMessageOut(content=ans.text), finish_reason=ans.finish_reason)],
         usage=_usage([ans]), isocompute=ans.info,
     )
@@ -224,9 +235,14 @@ async def completions(req: CompletionRequest, gw: GatewayDep, caller: CallerDep,
     prompts, counts = await gw.prepare(_text_prompts(req.prompt), None, max_tokens)
     ask = Ask(req.budget, req.budget_unit, req.max_samples, req.max_waves, max_tokens, temperature, seed,
               req.strategy, req.latency_budget, pin, counts)
+    rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    if req.stream:
+        return await _stream(request, gw, caller, prompts, ask, deadline, "text", req.stream_options,  # type: ignore[return-value]
+                             {"id": rid, "object": "text_completion", "created": created,
+                              "model": gw.settings.served_model})
     answers = await unless_disconnected(request, gw.answer(prompts, ask, principal=caller, deadline=deadline))
     return CompletionResponse(
-        id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=gw.settings.served_model,
+        id=rid, created=created, model=gw.settings.served_model,
         choices=[CompletionChoice(index=i, text=a.text, finish_reason=a.finish_reason, isocompute=a.info)
                  for i, a in enumerate(answers)],
         usage=_usage(answers), isocompute=answers[0].info,

@@ -60,6 +60,7 @@ class Settings(BaseSettings):
     max_batch_prompts: int = Field(32, ge=1)
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     max_messages: int = Field(256, ge=1)
+    stream_keepalive_s: float = Field(5.0, gt=0)
     upstream_timeout_s: float = Field(120.0, gt=0)
     retry_after_s: int = Field(5, ge=0)
     ready_probe_timeout_s: float = Field(30.0, gt=0)
