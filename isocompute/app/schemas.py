@@ -14,7 +14,7 @@ Extensions (every request type):
 * ``strategy`` — ``"majority"`` (plurality vote) | ``"best_of"`` (highest verifier score, with a verifier).
 
 OpenAI fields the gateway cannot honour are refused with 400 when they would change the answer's form
-(``stream``, ``n`` > 1, ``logprobs``, ``tools``, ``echo``, ``suffix``, ``best_of`` > 1, a non-text
+(``n`` > 1, ``logprobs``, ``tools``, ``echo``, ``suffix``, ``best_of`` > 1, a non-text
 ``response_format``) and accepted but ignored otherwise (``stop``, ``top_p``, penalties, ``logit_bias``,
 ``user``, …). Unknown fields are accepted and logged. ``seed`` is reduced modulo 2**31 before it reaches
 an engine, so every back-end accepts it.
