@@ -128,11 +128,19 @@ def test_ready_and_metrics_after_real_traffic(server):
 
 
 def test_schemathesis_finds_no_server_errors(server):
-    """Fuzz every operation of the app's own OpenAPI document with valid and invalid data; any 5xx fails
-    (bounded: 10 examples per operation and mode)."""
+    """Fuzz every operation of the app's own OpenAPI document with valid and invalid data; any 5xx fails, and
+    so does a response its schema does not declare — its status, content type or body (bounded: 10 examples
+    per operation and mode)."""
     import schemathesis
     from hypothesis import HealthCheck, given, settings
-    from schemathesis.checks import not_a_server_error
+    from schemathesis.checks import (
+        content_type_conformance,
+        not_a_server_error,
+        response_schema_conformance,
+        status_code_conformance,
+    )
+
+    checks = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
     schema = schemathesis.openapi.from_url(f"{server}/openapi.json")
     failures, calls = [], []
@@ -145,7 +153,7 @@ def test_schemathesis_finds_no_server_errors(server):
         @settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
         @given(case=operation.as_strategy(generation_mode=mode))
         def fuzz(case):
-            response = case.call_and_validate(base_url=server, checks=[not_a_server_error], timeout=60)
+            response = case.call_and_validate(base_url=server, checks=checks, timeout=60)
             calls.append((case.operation.label, response.status_code))
 
         try:
