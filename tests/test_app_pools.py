@@ -278,7 +278,8 @@ def test_serve_flags_name_pools():
         ["http://h:2/?x=y"], {"a": ["http://h:1", "http://h:3"], "b": ["D"]})
     args = argparse.Namespace(config=None, engine=None, upstream=["s=http://h:1", "l=http://h:2"],
                               model=["s=/m/s"], policy=None, host=None, port=None, served_model=None,
-                              default_budget=None, api_keys=None, upstream_model=None, action=CASCADE)
+                              default_budget=None, api_keys=None, upstream_model=None, action=CASCADE,
+                              quota_store=None)
     s = settings_from_args(args)
     assert s.engine == "vllm-http" and s.model_upstreams == {"s": ["http://h:1"], "l": ["http://h:2"]}
     assert str(s.model_dirs["s"]) == "/m/s" and s.upstreams == [] and s.action == CASCADE

@@ -45,14 +45,18 @@ default one. A multi-model policy's decision carries an action per prompt (``mod
 on its model's pool, the vote over the last stage or all of them, the stages summed. A request's ``model``
 naming one of ``policy.models`` pins the decision to actions on that model alone.
 
+**Spend quotas** (:mod:`isocompute.app.accounting.spend`): a key's worst case is reserved after step 1,
+its cap lowered to fit (re-priced with that ``max_samples``) or a 429; settled to what it generated after 5.
+
 Ignores: streaming responses and stop strings.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -64,6 +68,8 @@ from isocompute.app.accounting.latency_control import LatencyControl
 from isocompute.app.accounting.ledger import Ledger
 from isocompute.app.accounting.metrics import Metrics
 from isocompute.app.accounting.pricing import BudgetPlan, budget_unit, price_request
+from isocompute.app.accounting.quotas import Hold, Quotas, open_store
+from isocompute.app.accounting.spend import Spend
 from isocompute.app.chat import check_text, policy_text, render_chat
 from isocompute.app.errors import ModelNotFound
 from isocompute.app.readiness import UpstreamHealth
@@ -146,6 +152,8 @@ class Gateway:
         self._decide_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="isocompute-decide")
         # large requests' templating and tokenising (one at a time: the tokenizer is shared)
         self._prep_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="isocompute-prep")
+        self.quotas = Quotas(open_store(settings.quota_store))
+        self.spend = Spend(self.quotas, self.ledger, list(flops_of.values()))
 
     def close(self) -> None:
         """Stop the decide and vote workers (requests still running in them finish first)."""
@@ -262,18 +270,23 @@ class Gateway:
 
     # ---- routing --------------------------------------------------------------------------------
 
-    async def answer(self, prompts: list[str], ask: Ask, *, principal: Principal, deadline: Deadline
-                     ) -> list[Answer]:
+    async def answer(self, prompts: list[str], ask: Ask, *, principal: Principal, deadline: Deadline,
+                     headers: MutableMapping[str, str] | None = None) -> list[Answer]:
         """Route, run, vote and charge every prompt of a generation request (module docstring, steps 1–5):
-        the one call a generation route makes. Raises what :meth:`route` and :meth:`Answers.answer` raise."""
+        the one call a generation route makes. Raises what :meth:`route` and :meth:`Answers.answer` raise.
+        ``headers`` receives the key's quota headers after the request (a key with quotas)."""
         routing = await self.route(prompts, ask, principal=principal, deadline=deadline, dry_run=False)
-        return await self.run(prompts, routing, ask, deadline)
+        answers = await self.run(prompts, routing, ask, deadline)
+        if headers is not None and routing.quota is not None:
+            headers.update(routing.quota.headers())
+        return answers
 
     async def run(self, prompts: list[str], routing: Routing, ask: Ask, deadline: Deadline) -> list[Answer]:
-        """Steps 3–5 of a routed request (a streamed one runs them after its stream opened)."""
-        return await self.answers.answer(prompts, routing, max_tokens=ask.max_tokens, temperature=ask.temperature,
-                                         seed=ask.seed, strategy=ask.strategy, deadline=deadline,
-                                         messages=ask.messages)
+        """Steps 3–5 of a routed request (a streamed one runs them after its stream opened); then the key's
+        quota reservation is settled to what was generated (:meth:`Spend.settled`)."""
+        return await self.spend.settled(routing, lambda on_runs: self.answers.answer(
+            prompts, routing, max_tokens=ask.max_tokens, temperature=ask.temperature, seed=ask.seed,
+            strategy=ask.strategy, deadline=deadline, messages=ask.messages, on_runs=on_runs))
 
     async def route(self, prompts: list[str], ask: Ask, *, principal: Principal, deadline: Deadline,
                     dry_run: bool = True) -> Routing:
@@ -291,6 +304,14 @@ class Gateway:
         policy = self._loaded_policy()  # one policy for the whole request, whatever /admin/reload does
         texts = prompts if ask.policy_prompts is None else ask.policy_prompts
         plan = self._price(policy, principal, ask)
+        hold = None if dry_run else await self.spend.admit(policy, principal, ask, plan.cap, len(prompts))
+        if hold is not None and hold.cap < plan.cap:  # the quota left buys fewer samples: re-priced with that cap
+            plan = self._price(policy, principal, dataclasses.replace(ask, max_samples=hold.cap))
+        return await self.spend.released(hold, self._route(policy, texts, prompts, ask, plan, hold, deadline,
+                                                           dry_run))
+
+    async def _route(self, policy: ServingPolicy, texts: list[str], prompts: list[str], ask: Ask, plan: BudgetPlan,
+                     hold: Hold | None, deadline: Deadline, dry_run: bool) -> Routing:
         ctl = self._controller(plan, policy, keep=not dry_run)
         internal = ctl.internal if self.settings.budget_control else plan.policy_budget
         lr = self.latency.route(plan, policy, keep=not dry_run)
@@ -303,7 +324,7 @@ class Gateway:
         decision, features = await self._decide(policy, texts, internal, probe, plan, reads, ask.model, lat)
         routing = Routing.of(decision, plan, len(prompts), multi_model=bool(policy.models),
                              internal_budget=float(internal), controller=ctl, probe=probe, features=features,
-                             latency_control=lr)
+                             latency_control=lr, quota=hold)
         missing = missing_pools((m for a in routing.model_actions for m in a.models), self.pools)
         if missing:
             raise EngineUnavailable(missing_pools_message(missing, self.pools, "this request's actions"))

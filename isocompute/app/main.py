@@ -244,7 +244,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                     if grader is not None:
                         await asyncio.to_thread(grader.close)
                 finally:
-                    await close_all(owned)
+                    try:
+                        await close_all(owned)
+                    finally:
+                        await gw.quotas.store.aclose()
 
 
 # The OpenAI fields the routes refuse with 400 (routes._refuse_unsupported), as the schema should state them:

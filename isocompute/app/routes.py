@@ -162,7 +162,8 @@ async def _stream(request: Request, gw: Gateway, caller: Principal, prompts: lis
     events = answer_events(gw.run(prompts, routing, ask, deadline), request.receive, kind=kind, head=head,
                            include_usage=bool((options or {}).get("include_usage")),
                            keepalive_s=gw.settings.stream_keepalive_s)
-    return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+    quota = {} if routing.quota is None else routing.quota.headers()  # what was left before this request
+    return StreamingResponse(events, media_type="text/event-stream", headers={**SSE_HEADERS, **quota})
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
@@ -199,7 +200,7 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
 
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=GENERATE_ERRORS)
 async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, caller: CallerDep,
-                           request: Request) -> ChatCompletionResponse:
+                           request: Request, response: Response) -> ChatCompletionResponse:
     """Answer a chat under a compute budget: a plan's waves of samples, one vote, one assistant message."""
     deadline = gw.deadline()
     _log_unknown(req)
@@ -215,7 +216,8 @@ async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, caller: C
         return await _stream(request, gw, caller, prompts, ask, deadline, "chat", req.stream_options,  # type: ignore[return-value]
                              {"id": rid, "object": "chat.completion.chunk", "created": created,
                               "model": gw.settings.served_model})
-    [ans] = await unless_disconnected(request, gw.answer(prompts, ask, principal=caller, deadline=deadline))
+    [ans] = await unless_disconnected(request, gw.answer(prompts, ask, principal=caller, deadline=deadline,
+                                                         headers=response.headers))
     return ChatCompletionResponse(
         id=rid, created=created, model=gw.settings.served_model,
         choices=[ChatChoice(index=0, message=ChatMessageOut(content=ans.text), finish_reason=ans.finish_reason)],
@@ -225,7 +227,7 @@ async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, caller: C
 
 @router.post("/v1/completions", response_model=CompletionResponse, responses=GENERATE_ERRORS)
 async def completions(req: CompletionRequest, gw: GatewayDep, caller: CallerDep,
-                      request: Request) -> CompletionResponse:
+                      request: Request, response: Response) -> CompletionResponse:
     """Complete one prompt (or a list: one choice each) under a compute budget."""
     deadline = gw.deadline()
     _log_unknown(req)
@@ -240,7 +242,8 @@ async def completions(req: CompletionRequest, gw: GatewayDep, caller: CallerDep,
         return await _stream(request, gw, caller, prompts, ask, deadline, "text", req.stream_options,  # type: ignore[return-value]
                              {"id": rid, "object": "text_completion", "created": created,
                               "model": gw.settings.served_model})
-    answers = await unless_disconnected(request, gw.answer(prompts, ask, principal=caller, deadline=deadline))
+    answers = await unless_disconnected(request, gw.answer(prompts, ask, principal=caller, deadline=deadline,
+                                                           headers=response.headers))
     return CompletionResponse(
         id=rid, created=created, model=gw.settings.served_model,
         choices=[CompletionChoice(index=i, text=a.text, finish_reason=a.finish_reason, isocompute=a.info)

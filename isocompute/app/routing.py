@@ -28,6 +28,7 @@ import numpy as np
 from isocompute.app.accounting.budget_control import BudgetController
 from isocompute.app.accounting.latency_control import LatencyRoute
 from isocompute.app.accounting.pricing import BudgetPlan
+from isocompute.app.accounting.quotas import Hold
 from isocompute.app.runner.extras import FeatureCall, ProbeCall
 from isocompute.app.schemas import ChatMessage
 from isocompute.app.serving_policy import PolicyDecision
@@ -75,7 +76,8 @@ class Routing:
     empty for a single-model policy, whose prompts run ``plans``; an action's caps apply across its
     stages, :mod:`isocompute.app.runner.action_run`); under a latency budget the request's (served through
     the internal latency budget of ``latency_control``, the key's μ controller) and each prompt's expected
-    latency (sample lengths; None without one)."""
+    latency (sample lengths; None without one); the key's spend-quota reservation (``quota``, None for a key
+without quotas and for a dry run)."""
 
     plan: BudgetPlan
     plans: list[Plan]
@@ -98,6 +100,7 @@ class Routing:
     latency_budget: float | None = None
     expected_latency: list[float] | None = None
     latency_control: LatencyRoute | None = None
+    quota: Hold | None = None
 
     @classmethod
     def of(cls, decision: PolicyDecision, plan: BudgetPlan, n: int, *, multi_model: bool = False,

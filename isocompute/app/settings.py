@@ -81,6 +81,15 @@ class Settings(BaseSettings):
     api_keys_file: Path | None = None
     api_keys: list[ApiKeyRecord] = Field(default_factory=list)
     admin_key_sha256: str | None = None
+    quota_store: str = "memory"
+
+    @field_validator("quota_store")
+    @classmethod
+    def _quota_store(cls, v: str) -> str:
+        if v != "memory" and not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"quota_store {v!r}: send 'memory' (one gateway) or a Redis URL shared by the "
+                             "gateway's replicas, e.g. redis://127.0.0.1:6379/0")
+        return v
 
     @field_validator("admin_key_sha256")
     @classmethod

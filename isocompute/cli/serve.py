@@ -48,6 +48,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--upstream-model", help="model name the vLLM upstreams serve (default: their first listed)")
     p.add_argument("--default-budget", type=float, help="budget for requests without one (default 4)")
     p.add_argument("--api-keys", type=Path, help="JSON file of hashed API keys (see app.auth)")
+    p.add_argument("--quota-store", help="where keys' spend quotas are counted: memory (default) or redis://HOST:PORT/DB")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=run)
 
@@ -85,7 +86,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         "model_dirs": {k: Path(v[0]) for k, v in model_dirs.items()} or None, "action": args.action,
         "host": args.host, "port": args.port, "served_model": args.served_model,
         "default_budget": args.default_budget, "api_keys_file": args.api_keys,
-        "upstream_model": args.upstream_model,
+        "upstream_model": args.upstream_model, "quota_store": args.quota_store,
     }
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})

@@ -7,7 +7,9 @@ and/or inline settings (``ISOCOMPUTE_API_KEYS``)::
     {"keys": [{"name": "team-a", "sha256": "<hex of sha256(key)>", "max_budget": 8,
                "rate_per_s": 5, "burst": 10, "admin": false}]}
 
-(a bare JSON list of records works too). ``max_budget`` caps the budget in samples a key may ask for;
+(a bare JSON list of records works too). ``max_budget`` caps the budget in samples a key may ask for (a
+permission: not what it spends — spend quotas, ``tokens_per_window``/``window_s``, ``tokens_per_day`` and
+``flops_per_day``, count what its requests generate: :mod:`isocompute.app.accounting.quotas`);
 ``rate_per_s``/``burst`` configure its token bucket (``burst`` defaults to ``max(1, rate_per_s)``). Admin
 actions (``POST /admin/reload``) need a record with ``"admin": true`` or the key whose digest is
 ``admin_key_sha256``. With no record configured the gateway is open and every caller is ``anonymous``
@@ -17,7 +19,7 @@ Token bucket: capacity ``burst``, refilled at ``rate_per_s`` tokens per second; 
 token. Worked example: rate 2/s, burst 2 → two requests pass at t = 0, a third at t = 0 waits 0.5 s
 (``Retry-After: 1`` rounded up), one more passes at t = 0.5.
 
-Ignores: key rotation (edit the file and restart or reload), per-key quotas over days.
+Ignores: key rotation (edit the file and restart or reload).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from isocompute.app.accounting.quotas import QuotaLimits
 from isocompute.app.errors import AuthError, PermissionDenied, RateLimited
 from isocompute.errors import InputError
 
@@ -53,6 +56,15 @@ class ApiKeyRecord(BaseModel):
     rate_per_s: float | None = Field(None, gt=0, allow_inf_nan=False)
     burst: float | None = Field(None, ge=1, allow_inf_nan=False)
     admin: bool = False
+    tokens_per_window: int | None = Field(None, gt=0)
+    window_s: float = Field(3600.0, ge=1, allow_inf_nan=False)
+    tokens_per_day: int | None = Field(None, gt=0)
+    flops_per_day: float | None = Field(None, gt=0, allow_inf_nan=False)
+
+    def quota(self) -> QuotaLimits | None:
+        """The key's spend quotas, None when it has none."""
+        q = QuotaLimits(self.tokens_per_window, self.window_s, self.tokens_per_day, self.flops_per_day)
+        return q if q.any else None
 
     @field_validator("sha256")
     @classmethod
@@ -110,6 +122,7 @@ class Principal:
     max_budget: float | None = None
     admin: bool = False
     bucket: TokenBucket | None = field(default=None, repr=False)
+    quota: QuotaLimits | None = None
 
     def check_rate(self) -> None:
         if self.bucket is not None:
@@ -144,7 +157,7 @@ class KeyStore:
             bucket = None
             if r.rate_per_s is not None:
                 bucket = TokenBucket(r.rate_per_s, r.burst or max(1.0, r.rate_per_s), clock)
-            self._by_digest[r.sha256] = Principal(r.name, r.max_budget, r.admin, bucket)
+            self._by_digest[r.sha256] = Principal(r.name, r.max_budget, r.admin, bucket, r.quota())
         self._admin = admin_sha256
         self._anonymous = Principal(ANONYMOUS)
 

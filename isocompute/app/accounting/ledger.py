@@ -132,6 +132,22 @@ class Ledger:
         latency = self.time(routing, [w for st in run.stages for w in wave_tokens(st.run)])
         return Bill(sum(c.prompt_tokens for c in costs), completion_tokens, flops, stage_flops, latency)
 
+    def generated(self, routing: Routing, runs: list[ActionRun]) -> tuple[int, float | None]:
+        """What a request generated, for its key's spend quota: the completion tokens of every sample that
+        came back (failed and aborted ones included) plus its probe call's, and their FLOPs with the probe's
+        and extra features' (None when one is unknown). ``runs``: every prompt's (empty when none came back)."""
+        pr, fe = routing.probe, routing.features
+        tokens = sum(c.completion_tokens for r in runs for st in r.stages for c in st.run.samples if c is not None)
+        parts: list[float | None] = [c.flops for r in runs
+                                     for c in stage_costs(r, self.model_flops, prefix_caching=self.prefix_caching)]
+        if pr is not None:
+            tokens += sum(pr.tokens)
+            parts += pr.flops
+        if fe is not None:
+            parts += fe.flops
+        known = [f for f in parts if f is not None]
+        return tokens, float(sum(known)) if len(known) == len(parts) else None
+
     def count(self, drawn: int, waves: int, stopped: str) -> None:
         m = self.metrics
         m.k.observe(drawn)

@@ -76,9 +76,12 @@ class Answers:
 
     async def answer(self, prompts: list[str], routing: Routing, *, max_tokens: int, temperature: float,
                      seed: int | None, strategy: str, deadline: Deadline,
-                     messages: Sequence[ChatMessage] | None = None) -> list[Answer]:
+                     messages: Sequence[ChatMessage] | None = None,
+                     on_runs: Callable[[list[ActionRun]], None] | None = None) -> list[Answer]:
         """Every prompt's answer; raises InputError (400) for ``best_of`` without a verifier or a prompt too
-        long for a model its action may reach, and what the first stage raises (502/503/504)."""
+        long for a model its action may reach, and what the first stage raises (502/503/504). ``on_runs``
+        sees the runs as soon as they are back, before any vote (what they generated, even when a vote then
+        fails)."""
         if strategy == "best_of" and self.verifier is None:
             raise InputError("strategy 'best_of' needs a verifier and this server has none configured; "
                              "use strategy 'majority'")
@@ -90,6 +93,8 @@ class Answers:
             lambda m: self.pools[m].backend, prompts_of, actions, cap=routing.plan.cap,
             wave_cap=routing.plan.wave_cap, voter=self.voter, extract=self.extract, max_tokens=max_tokens,
             temperature=temperature, seed=seed, deadline=deadline)
+        if on_runs is not None:
+            on_runs(runs)
         return [self._answer(prompts[i], runs[i], routing, i, strategy, seed) for i in range(len(prompts))]
 
     def prompts_for(self, prompts: list[str], messages: Sequence[ChatMessage] | None) -> Callable[[str], list[str]]:
