@@ -104,3 +104,11 @@ def test_metrics_behind_the_admin_key():
     assert ok.status_code == 200 and "isocompute_requests_total" in ok.text
     with keyed_client() as c:  # off by default: Prometheus scrapes without a key
         assert c.get("/metrics").status_code == 200
+
+
+def test_budgets_share_a_controller_on_a_three_digit_grid():
+    with make_client() as c:
+        for i in range(100):  # 4.0000 … 4.0198: one grid cell (4.0), then 4.01, 4.02
+            assert c.post("/v1/completions", json=completion(budget=4 + i * 2e-4)).status_code == 200
+        keys = sorted(k[1] for k in c.app.state.gateway.controllers._items)
+    assert keys == [4.0, 4.01, 4.02]

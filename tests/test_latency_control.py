@@ -162,7 +162,8 @@ def test_gateway_reports_realised_latency_and_moves_the_internal_latency_budget(
         assert info["internal_latency_budget"] == pytest.approx(replay.internal)
         replay.observe(info["latency"])
     assert infos[-1]["internal_latency_budget"] < L
-    key = f'isocompute_internal_latency_budget{{budget_key="anonymous:{2 * t:g}tokens:lat1.5"}}'
+    b = float(f"{2 * t:.3g}")  # the key's budget, on pricing's three-digit grid
+    key = f'isocompute_internal_latency_budget{{budget_key="anonymous:{b:g}tokens:lat1.5"}}'
     [gauge] = [float(x.rsplit(" ", 1)[1]) for x in metrics.splitlines() if x.startswith(key)]
     assert gauge == pytest.approx(infos[-1]["internal_latency_budget"])  # the last decision's, as for cost
     assert "isocompute_mean_latency{" in metrics

@@ -23,7 +23,9 @@ temperature 0: greedy samples are all the same sample, so the engine draws one a
 budget controller's key is ``(caller, B, u, cap, wave cap)``, with the latency budget ``L`` appended
 when the request sends one: a capped request cannot spend what an uncapped one can, and a latency budget
 changes which plans the same cost budget buys, so such traffic gets its own controller instead of
-pulling everyone's internal budget to the top of its range.
+pulling everyone's internal budget to the top of its range. ``B`` and ``L`` enter the key on a grid of three
+significant digits (``_grid``: 4.0037 → 4.0), so budgets that differ by less than that share a controller —
+a client cannot grow the controllers and their metric series with budgets differing in the tenth digit.
 
 Worked example: ``B = 2e9`` FLOPs, a samples policy calibrated on [1, 16], ``s = 5e8`` →
 ``B_samples = B_policy = 4``; at temperature 0.7 with no request cap and server caps of 64 samples and
@@ -204,7 +206,13 @@ def price_request(
     L = _latency(latency_budget, latency_range)
     cap = 1 if temperature == 0 else min(limits.max_samples, max_samples or limits.max_samples)
     wave_cap = 1 if temperature == 0 else min(limits.max_waves, max_waves or limits.max_waves)
-    label = (f"{caller}:{B:g}{unit}" + ("" if cap == limits.max_samples else f":max{cap}")
-             + ("" if wave_cap == limits.max_waves else f":waves{wave_cap}") + ("" if L is None else f":lat{L:g}"))
-    key = (caller, B, unit, cap, wave_cap) + (() if L is None else (L,))
+    Bk, Lk = _grid(B), None if L is None else _grid(L)
+    label = (f"{caller}:{Bk:g}{unit}" + ("" if cap == limits.max_samples else f":max{cap}")
+             + ("" if wave_cap == limits.max_waves else f":waves{wave_cap}") + ("" if Lk is None else f":lat{Lk:g}"))
+    key = (caller, Bk, unit, cap, wave_cap) + (() if Lk is None else (Lk,))
     return BudgetPlan(B, unit, b_samples, b_policy, policy_unit, s, cap, wave_cap, key, label, t, written, L)
+
+
+def _grid(x: float) -> float:
+    """``x`` to three significant digits: the budget as the controller's key and label hold it."""
+    return float(f"{x:.3g}")
