@@ -684,3 +684,123 @@ def test_a_stream_that_ends_before_its_choices_finish_is_a_bad_response():
 
     with pytest.raises(UpstreamBadResponse, match="1 of 3 choices finished"):
         asyncio.run(go())
+
+
+# ---- a drained upstream (issue 23): it stops listening and leaves its requests unanswered ------------
+
+
+def test_requests_waiting_on_the_only_upstream_when_it_stops_listening_fail_fast():
+    """SIGTERM: vLLM closes its socket and leaves the requests in flight unanswered on their open
+    connections. The first refused connection abandons them even with no other upstream to go to: each —
+    the streamed wave too — fails fast (CircuitOpen, a 503) instead of waiting out its timeout (30 s)."""
+    refusing = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if refusing:
+            raise httpx.ConnectError("connection refused", request=request)
+        await asyncio.sleep(30)  # in flight on the draining server: never answered
+        return httpx.Response(500)
+
+    async def never(j, c):
+        return False
+
+    async def go():
+        eng = VLLMHTTPEngine([A], model=MODEL, transport=httpx.MockTransport(handler), timeout=30, cooldown=5,
+                             max_cooldown=5)
+        try:
+            waiting = [asyncio.ensure_future(eng.generate([f"p{i}"], n=1, max_tokens=4, temperature=1.0))
+                       for i in range(4)]
+            waiting.append(asyncio.ensure_future(eng.stream_wave("s", 2, 4, 1.0, None, never)))
+            await asyncio.sleep(0.1)
+            refusing.append(True)
+            t0 = time.monotonic()
+            late = await asyncio.gather(eng.generate(["late"], n=1, max_tokens=4, temperature=1.0),
+                                        return_exceptions=True)
+            out = await asyncio.wait_for(asyncio.gather(*waiting, return_exceptions=True), 5.0)
+            return time.monotonic() - t0, late + out, eng.upstream_status()[0]
+        finally:
+            await eng.aclose()
+
+    elapsed, out, status = run(go())
+    assert all(isinstance(o, CircuitOpen) for o in out), out
+    assert elapsed < 1.0 and status["up"] is False and status["outstanding"] == 0
+
+
+class RawUpstream:
+    """A local TCP server speaking just enough HTTP/1.1 for the completions POST: answers each after
+    ``delay`` s, or never (``answer=False``). ``stop_listening()`` closes its socket and leaves its
+    connections open, as vLLM does on SIGTERM."""
+
+    def __init__(self, *, delay: float = 0.0, answer: bool = True) -> None:
+        self.delay, self.answer = delay, answer
+        self.prompts: list[str] = []
+        self._writers: list[asyncio.StreamWriter] = []
+        self._closed = asyncio.Event()
+
+    async def start(self) -> RawUpstream:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.append(writer)
+        try:
+            while True:
+                head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").lower()
+                length = int(head.split("content-length:")[1].split("\r\n")[0]) if "content-length:" in head else 0
+                prompt = json.loads(await reader.readexactly(length))["prompt"]
+                self.prompts.append(prompt)
+                if not self.answer:
+                    await self._closed.wait()
+                    return
+                await asyncio.sleep(self.delay)
+                body = json.dumps({"choices": [{"index": 0, "text": prompt, "token_ids": [2]}],
+                                   "usage": {"prompt_tokens": 1, "completion_tokens": 1}}).encode()
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                             % (len(body), body))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    def stop_listening(self) -> None:
+        self.server.close()  # the listening socket only: the connections stay open, unanswered
+
+    async def aclose(self) -> None:
+        self.server.close()
+        self._closed.set()
+        for w in self._writers:
+            w.close()
+        await asyncio.sleep(0)
+
+
+def test_requests_on_a_drained_upstream_that_gets_no_new_request_go_elsewhere_within_the_watch():
+    """Two upstreams, B drained (it stops listening, its requests unanswered). The balancer sends new requests
+    to A — B has more waiting — so no request of B's finds out; the pool's watch (one TCP connect per
+    ``watch_interval`` while requests wait on B) sees the refusal and retries B's requests on A. Over aiohttp
+    and real sockets, as in production."""
+
+    async def go():
+        a, b = await RawUpstream(delay=0.3).start(), await RawUpstream(answer=False).start()
+        eng = VLLMHTTPEngine([a.url, b.url], model=MODEL, timeout=30, retries=2)
+        eng.pool.watch_interval = 0.1
+        try:
+            t0 = time.monotonic()
+            calls = asyncio.ensure_future(eng.generate([f"p{i}" for i in range(4)], n=1, max_tokens=4,
+                                                       temperature=1.0))
+            while len(b.prompts) < 2:
+                await asyncio.sleep(0.01)
+            b.stop_listening()
+            out = await asyncio.wait_for(calls, 5.0)
+            return time.monotonic() - t0, out, a.prompts, b.prompts, eng.upstream_status()[1]
+        finally:
+            await eng.aclose()
+            await a.aclose()
+            await b.aclose()
+
+    elapsed, out, on_a, on_b, b = run(go())
+    assert [o[0].text for o in out] == [f"p{i}" for i in range(4)]
+    assert len(on_b) == 2 and sorted(on_a) == [f"p{i}" for i in range(4)]  # B's two answered by A
+    assert elapsed < 2.0
+    assert b["up"] is False and "refuses new connections" in b["last_error"] and b["outstanding"] == 0

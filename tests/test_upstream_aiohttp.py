@@ -104,7 +104,9 @@ def test_no_answer_within_the_budget_is_slow_not_dead():
     assert e.value.kind == "slow" and "0.3" in str(e.value)
 
 
-def test_a_refused_connection_is_dead():
+def test_a_refused_connection_is_refused_and_opens_at_once():
+    """Nobody listens (a stopped or draining server): ``refused``, which opens the upstream at once and
+    abandons the requests still waiting there (circuit.py)."""
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -115,7 +117,7 @@ def test_a_refused_connection_is_dead():
 
     with pytest.raises(Retryable) as e:
         asyncio.run(go())
-    assert e.value.kind == "dead"
+    assert e.value.kind == "refused" and e.value.hard
 
 
 def test_the_engine_without_a_test_transport_posts_on_aiohttp():
@@ -138,3 +140,17 @@ def test_the_engine_without_a_test_transport_posts_on_aiohttp():
     assert on_aiohttp and c.text == "The answer is 4." and c.completion_tokens == 3
     assert bodies == [{"model": "m", "prompt": "What is 2+2?", "n": 1, "max_tokens": 8, "temperature": 1.0,
                        "seed": 3, "return_token_ids": True}]
+
+
+def test_accepts_connections_is_false_only_when_nobody_listens():
+    from isocompute.engines.upstream_calls import accepts_connections
+
+    async def go():
+        server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        listening = await accepts_connections(url, 2.0)
+        server.close()  # the socket closed: what vLLM does on SIGTERM
+        await server.wait_closed()
+        return listening, await accepts_connections(url, 2.0)
+
+    assert asyncio.run(go()) == (True, False)

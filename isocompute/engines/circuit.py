@@ -34,7 +34,13 @@ closed, and the probe task that runs while one is open. How to probe is the engi
 an upstream's connection fails (it died), the requests still waiting on it are *abandoned* — cancelled
 and retried on a closed one, when there is one — instead of each waiting out its own timeout: a server
 killed with a request queued on a socket it no longer serves would otherwise hold that request until its
-deadline.
+deadline. When it *refuses* a connection — nothing listens there any more — they are abandoned even when
+no other upstream is closed (their retry then fails fast): a server that stops listening does not answer
+what it had either (vLLM on SIGTERM closes its socket and leaves the requests in flight unanswered, their
+connections open). Such a server is not always sent a new request that would find out (the balancer
+prefers upstreams with fewer requests waiting, and a drained one piles them up), so while requests wait
+on an upstream a *watch* (the engine's ``listening`` callable: one TCP connect) asks every
+``watch_interval`` seconds whether anything still listens there; a refusal counts as a refused request.
 
 Ignores: error-rate windows over time (consecutive counts only), hedged requests (a request stuck on a
 slow upstream waits for its deadline; only the next ones avoid it); :class:`Breaker` ignores the clock —
@@ -60,6 +66,7 @@ log = logging.getLogger("isocompute.engines")
 
 MAX_LEVEL = 30  # 2^30 · base is past any sensible cap; the cap is what bounds the wait
 MAX_COUNT = 1_000_000  # consecutive failures reported in status are counted up to here, then held
+WATCH_INTERVAL_S = 1.0  # while requests wait on an upstream: how often the watch asks whether it still listens
 
 State = Literal["closed", "open", "half_open"]
 
@@ -153,6 +160,7 @@ class Upstream:
     misconfigured: bool = False  # its last failure said this server's settings are wrong, not that it is down
     served: int = 0
     recovery: asyncio.Task[None] | None = field(default=None, repr=False)
+    watch: asyncio.Task[None] | None = field(default=None, repr=False)  # does it still listen? (module docstring)
     inflight: set[asyncio.Task[Any]] = field(default_factory=set, repr=False)  # tasks awaiting its answer
     abandoned: set[asyncio.Task[Any]] = field(default_factory=set, repr=False)  # … told to retry elsewhere
 
@@ -171,15 +179,20 @@ class UpstreamPool:
 
     ``probe(upstream)`` makes one small real request and raises on any failure; it runs in a task per open
     upstream, inside the running event loop (:meth:`aclose` cancels them). ``hint`` ends the message of
-    a fail-fast error (how to start a server).
+    a fail-fast error (how to start a server). ``listening(upstream)``: False when nothing listens at its
+    address any more (None: no watch; see the module docstring).
     """
 
     def __init__(self, urls: list[str], *, cooldown: float, max_cooldown: float, errors_to_trip: int,
-                 probe: Callable[[Upstream], Awaitable[None]], hint: str) -> None:
+                 probe: Callable[[Upstream], Awaitable[None]], hint: str,
+                 listening: Callable[[Upstream], Awaitable[bool]] | None = None,
+                 watch_interval: float = WATCH_INTERVAL_S) -> None:
         self.upstreams = [Upstream(u, Breaker(base=cooldown, cap=max_cooldown)) for u in urls]
         self.errors_to_trip = errors_to_trip
         self._probe = probe
         self._hint = hint
+        self._listening = listening
+        self.watch_interval = watch_interval
         self._rr = itertools.count()
 
     def ordered(self) -> list[Upstream]:
@@ -217,6 +230,8 @@ class UpstreamPool:
         task = asyncio.current_task()
         if task is not None:
             up.inflight.add(task)
+            if self._listening is not None and (up.watch is None or up.watch.done()):
+                up.watch = asyncio.get_running_loop().create_task(self._watch(up))
         return up.breaker.epoch
 
     def settled(self, up: Upstream) -> None:
@@ -237,14 +252,18 @@ class UpstreamPool:
         return not task.cancelling()  # type: ignore[union-attr]  # cancelled by its caller too: let that win
 
     def failed(self, up: Upstream, error: str, epoch: int, *, hard: bool = True, abandon: bool = False,
-               misconfigured: bool = False) -> None:
+               refused: bool = False, misconfigured: bool = False) -> None:
         """A request sent to ``up`` in ``epoch`` failed: open it (and start its probe) when that is news.
         With ``abandon`` (its connection failed) and another upstream closed, the requests still waiting on
-        ``up`` are abandoned (module docstring)."""
+        ``up`` are abandoned; with ``refused`` (nothing listens there) always, news or not (module docstring)."""
         up.last_error = error
         now = time.monotonic()
-        opened = (up.breaker.trip(now=now, epoch=epoch) if hard else
+        opened = (up.breaker.trip(now=now, epoch=epoch) if hard or refused else
                   up.breaker.strike(now=now, epoch=epoch, threshold=self.errors_to_trip))
+        if refused and up.inflight - {asyncio.current_task()}:
+            log.warning("upstream %s refuses new connections (%s): its %d request(s) in flight go elsewhere or "
+                        "fail now", up.url, error, len(up.inflight - {asyncio.current_task()}))
+            self._abandon(up)
         if not opened:
             return
         up.misconfigured = misconfigured
@@ -253,10 +272,32 @@ class UpstreamPool:
         if up.recovery is None or up.recovery.done():
             up.recovery = asyncio.get_running_loop().create_task(self._recover(up))
         if abandon and any(u.breaker.closed for u in self.upstreams):
-            me = asyncio.current_task()
-            for task in up.inflight - {me}:  # type: ignore[operator]
+            self._abandon(up)
+
+    @staticmethod
+    def _abandon(up: Upstream) -> None:
+        """Cancel the requests waiting on ``up`` (but the current task's), marked so they retry."""
+        me = asyncio.current_task()
+        for task in up.inflight - {me}:  # type: ignore[operator]
+            if task not in up.abandoned:
                 up.abandoned.add(task)
                 task.cancel()
+
+    async def _watch(self, up: Upstream) -> None:
+        """While requests wait on ``up``: every ``watch_interval`` s, does anything still listen there? A
+        refusal abandons them (:meth:`failed` with ``refused``); a slow or failed check says nothing."""
+        assert self._listening is not None
+        while up.inflight:
+            await asyncio.sleep(self.watch_interval)
+            if not up.inflight:
+                return
+            try:
+                listening = await self._listening(up)
+            except Exception:  # a timeout or a network error: slow is not gone; the requests' own timeouts stand
+                continue
+            if not listening:
+                self.failed(up, "it refuses new connections (shut down or shutting down)", up.breaker.epoch,
+                            refused=True)
 
     @staticmethod
     def answered(up: Upstream) -> None:
@@ -302,8 +343,8 @@ class UpstreamPool:
         ]
 
     async def aclose(self) -> None:
-        """Stop the probe tasks."""
-        tasks = [u.recovery for u in self.upstreams if u.recovery is not None]
+        """Stop the probe and watch tasks."""
+        tasks = [t for u in self.upstreams for t in (u.recovery, u.watch) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

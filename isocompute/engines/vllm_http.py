@@ -20,8 +20,9 @@ traffic. An open one is probed by the engine itself — one 1-token completion a
 answered, so a restarted server rejoins by itself within one cooldown; a failed probe raises the level.
 A request that fails on one upstream is retried on the best closed one (``retries`` times; after a 429
 or a 5xx with exponential backoff ``backoff · 2^attempt`` capped at ``max_backoff``, jittered); when an
-upstream's connection fails, the other requests still waiting on it are retried elsewhere at once.
-When no upstream is closed the request fails at once with :class:`~isocompute.engines.base.CircuitOpen`
+upstream's connection fails, the other requests still waiting on it are retried elsewhere at once — or,
+when it stops listening (a drained or stopped server refuses connections), fail fast if there is no
+elsewhere. No upstream closed: the request fails at once with :class:`~isocompute.engines.base.CircuitOpen`
 (its ``retry_after`` is when the next probe goes out), naming each upstream's last error and the command
 that starts a server. A 401/403/404 (this server misconfigured) skips the upstream like a down one and,
 when every upstream says so, raises :class:`~isocompute.engines.base.UpstreamMisconfigured` saying what
@@ -40,8 +41,7 @@ JSON (the entropy probe, :mod:`isocompute.engines.probe`, asks for ``logprobs`` 
 ``stream_wave(prompt, n, …, on_finish)`` streams one prompt's wave and closes the request when
 ``on_finish`` says stop (:mod:`isocompute.engines.streaming`).
 
-Ignores: chat completions (prompts arrive already templated), logprobs in ``generate``, stop
-strings.
+Ignores: chat completions (prompts arrive already templated), logprobs in ``generate``, stop strings.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ from isocompute.engines.openai_replies import Retryable, describe, parse_complet
 from isocompute.engines.probe import TOP_LOGPROBS, ProbeResult, completion_logprobs_entropy
 from isocompute.engines.streaming import stream_completions
 from isocompute.engines.upstream_calls import (
-    DEADLINE_MARGIN_S,  # noqa: F401
+    accepts_connections,
     attempt_budget,
     base_url,
     check_upstream,
@@ -82,6 +82,8 @@ from isocompute.errors import EngineUnavailable, InputError
 __all__ = ["START_HINT", "Upstream", "VLLMHTTPEngine", "split_evenly"]
 
 log = logging.getLogger(__name__)
+
+KEEPALIVE_S = 4.0  # idle connections dropped before vLLM's uvicorn closes them (5 s): no send on a closing one
 
 START_HINT = (
     "start a server, e.g. `scripts/vllm-cpu-serve.sh MODEL_DIR 8000` on a CPU machine "
@@ -136,7 +138,8 @@ class VLLMHTTPEngine:
                 f"probe_timeout={probe_timeout}, cooldown={cooldown}, max_cooldown={max_cooldown}"
             )
         self.pool = UpstreamPool([base_url(u) for u in urls], cooldown=cooldown, max_cooldown=max_cooldown,
-                                 errors_to_trip=errors_to_trip, probe=self._probe_upstream, hint=START_HINT)
+                                 errors_to_trip=errors_to_trip, probe=self._probe_upstream, hint=START_HINT,
+                                 listening=None if transport else lambda up: accepts_connections(up.url, connect_timeout))
         self.upstreams = self.pool.upstreams
         self.model = model
         self.max_concurrency = max_concurrency
@@ -260,17 +263,15 @@ class VLLMHTTPEngine:
             self._client = httpx.AsyncClient(
                 timeout=self.timeout,
                 transport=self._transport,
-                limits=httpx.Limits(
-                    max_connections=self.max_concurrency + 2 * len(self.upstreams),
-                    max_keepalive_connections=self.max_concurrency,
-                ),
+                limits=httpx.Limits(max_connections=self.max_concurrency + 2 * len(self.upstreams),
+                                    max_keepalive_connections=self.max_concurrency, keepalive_expiry=KEEPALIVE_S),
             )
             self._sem = asyncio.Semaphore(self.max_concurrency)
             if self._transport is None:
                 t = self.timeout
                 self._session = aiohttp.ClientSession(
                     connector=aiohttp.TCPConnector(limit=self.max_concurrency + 2 * len(self.upstreams),
-                                                   limit_per_host=0),
+                                                   limit_per_host=0, keepalive_timeout=KEEPALIVE_S),
                     timeout=aiohttp.ClientTimeout(total=None, connect=t.connect, sock_read=t.read))
         return self._client
 
@@ -362,7 +363,7 @@ class VLLMHTTPEngine:
                     backoff = e.kind in ("error", "busy")
                     if e.kind != "busy":
                         self.pool.failed(up, str(e), epoch, hard=e.hard, abandon=e.kind == "dead",
-                                         misconfigured=e.kind == "wrong")
+                                         refused=e.kind == "refused", misconfigured=e.kind == "wrong")
                     continue
                 except asyncio.CancelledError:
                     if not self.pool.was_abandoned(up):
