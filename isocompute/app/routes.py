@@ -8,7 +8,7 @@ POST /v1/completions   text prompt(s) → one aggregated choice per prompt + ``i
 POST /v1/route         the decision alone (plan per prompt, λ, internal budget, rule): a dry run
 GET  /v1/models        the served model id, then a multi-model policy's models (``model`` pins one)
 GET  /health           the process is alive
-GET  /ready            policy loaded and the upstream answers real requests now (else 503)
+GET  /ready            policy loaded and the upstream answers real requests now, not draining (else 503)
 GET  /metrics          Prometheus text format
 POST /admin/reload     reload the policy (admin key); resets the budget controllers
 =====================  ======================================================================
@@ -309,13 +309,17 @@ async def ready(request: Request) -> Any:
     policy_loaded = gw is not None and gw.policy is not None
     answered = gw is not None and gw.health.ok
     detail = None
-    if gw is None:
+    drain = getattr(request.app.state, "drain", None)
+    draining = drain is not None and drain.draining
+    if draining:
+        detail = "the gateway is shutting down (draining the requests in flight)"
+    elif gw is None:
         detail = "the gateway is starting"
     elif not answered:
         detail = gw.health.detail
     elif not policy_loaded:
         detail = "no policy loaded; start the gateway with --policy DIR or POST /admin/reload"
-    body = ReadyResponse(ready=policy_loaded and answered, policy_loaded=policy_loaded, upstream_answered=answered,
+    body = ReadyResponse(ready=policy_loaded and answered and not draining, policy_loaded=policy_loaded, upstream_answered=answered,
                          engine=None if gw is None else gw.engine.name, detail=detail)
     return JSONResponse(body.model_dump(), status_code=200 if body.ready else 503)
 

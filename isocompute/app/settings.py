@@ -65,6 +65,7 @@ class Settings(BaseSettings):
     retry_after_s: int = Field(5, ge=0)
     ready_probe_timeout_s: float = Field(30.0, gt=0)
     ready_interval_s: float = Field(5.0, gt=0)
+    drain_timeout_s: float = Field(30.0, ge=0)
     tie_break: Literal["first", "seeded"] = "seeded"
     answer_kind: str = "number"
     vote_timeout_s: float = Field(2.0, gt=0)
