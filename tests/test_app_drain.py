@@ -1,4 +1,4 @@
-"""The gateway drains on SIGTERM (issue 23; :mod:`isocompute.app.draining`): ``/ready`` 503 at once, a new
+"""The gateway drains on SIGTERM (issue 23; :mod:`isocompute.app.readiness`): ``/ready`` 503 at once, a new
 request a fast 503 in OpenAI's error shape with ``Retry-After``, the requests in flight answered, then the
 process exits 0 — in-process (the signal handler called by hand: a server in a thread gets no signals) and
 as a real ``isocompute serve`` subprocess in front of a small local upstream that answers slowly.
@@ -21,8 +21,8 @@ import pytest
 import uvicorn
 from app_fakes import FakeEngine, FakePolicy, completion
 
-from isocompute.app.draining import CLOSE_GRACE_S, Drain, DrainingServer
 from isocompute.app.main import create_app
+from isocompute.app.readiness import CLOSE_GRACE_S, Drain, DrainingServer
 from isocompute.app.settings import Settings
 from isocompute.engines.vllm_server import free_port
 

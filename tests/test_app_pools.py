@@ -304,12 +304,12 @@ class TwoModels(FakePolicy):
 def test_serve_refuses_a_policy_on_a_model_without_a_pool_before_uvicorn_starts(monkeypatch, tmp_path):
     """One line naming the flags to add (as for --action), not the lifespan's error in uvicorn's traceback;
     with every pool there, the policy is loaded once and handed to the app."""
-    from isocompute.app import draining, serving_policy
+    from isocompute.app import readiness, serving_policy
     from isocompute.cli.serve import run
 
     loads, started = [], []
     monkeypatch.setattr(serving_policy, "load_policy", lambda path: loads.append(path) or TwoModels())
-    monkeypatch.setattr(draining, "run_server", lambda app, **kw: started.append(app))
+    monkeypatch.setattr(readiness, "run_server", lambda app, **kw: started.append(app))
     argv = ["--policy", str(tmp_path), "--upstream", "s=http://127.0.0.1:9"]
     with pytest.raises(InputError, match=r"^no pool for model\(s\) x, used by the policy in --policy .*named pools "
                                          r"here: s\); start the gateway with --upstream x=URL .* or --model x=DIR"):
@@ -321,11 +321,11 @@ def test_serve_refuses_a_policy_on_a_model_without_a_pool_before_uvicorn_starts(
 
 
 def test_serve_reports_a_directory_that_is_no_policy_before_uvicorn_starts(monkeypatch, tmp_path):
-    from isocompute.app import draining
+    from isocompute.app import readiness
     from isocompute.cli.serve import run
     from isocompute.errors import IsoComputeError
 
-    monkeypatch.setattr(draining, "run_server", lambda app, **kw: pytest.fail("uvicorn started"))
+    monkeypatch.setattr(readiness, "run_server", lambda app, **kw: pytest.fail("uvicorn started"))
     with pytest.raises(IsoComputeError, match=str(tmp_path)):
         run(serve_args(["--policy", str(tmp_path), "--upstream", "s=http://127.0.0.1:9"]))
 

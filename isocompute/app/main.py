@@ -14,7 +14,7 @@ Several models (:mod:`isocompute.app.runner.pools`): a pool per name of ``model_
 multi-model action (:mod:`isocompute.app.fixed_action`) instead of a fitted policy. A policy whose
 ``models`` have no pool stops the start-up with the flags to add.
 
-On SIGTERM ``isocompute serve`` drains the app first (:mod:`isocompute.app.draining`: ``/ready`` 503, new
+On SIGTERM ``isocompute serve`` drains the app first (:mod:`isocompute.app.readiness`: ``/ready`` 503, new
 requests 503, the requests in flight finish within ``drain_timeout_s``). Run it with ``isocompute serve`` or ``uvicorn --factory isocompute.app.main:create_app`` (settings then
 come from the environment and ``ISOCOMPUTE_CONFIG``; see ``app.settings``).
 """
@@ -38,10 +38,10 @@ from isocompute import __version__
 from isocompute.app import serving_policy
 from isocompute.app.accounting.auth import KeyStore, load_key_file, redact_access_log
 from isocompute.app.accounting.metrics import Metrics, MetricsMiddleware
-from isocompute.app.draining import Drain, DrainMiddleware
 from isocompute.app.errors import BodyLimit, install_error_handlers
 from isocompute.app.fixed_action import FixedActionPolicy
 from isocompute.app.gateway import Gateway, Verifier
+from isocompute.app.readiness import Drain, DrainMiddleware
 from isocompute.app.routes import router
 from isocompute.app.runner.batching import BatchingEngine
 from isocompute.app.runner.pools import ModelPool, missing_pools, missing_pools_message
@@ -297,7 +297,7 @@ def create_app(
     app.state.metrics = Metrics()
     app.state.started_at = time.time()
     app.state.gateway = None
-    app.state.drain = Drain(s.drain_timeout_s)  # started by isocompute serve's server on SIGTERM (app.draining)
+    app.state.drain = Drain(s.drain_timeout_s)  # started by isocompute serve's server on SIGTERM (app.readiness)
     install_error_handlers(app, s.retry_after_s)
     app.include_router(router)
     app.openapi = lambda: truthful_openapi(app)  # type: ignore[method-assign]

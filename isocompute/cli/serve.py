@@ -10,7 +10,7 @@ Flags override the environment (``ISOCOMPUTE_*``) and the TOML config (``--confi
 with it too so the gateway has the chat template and the FLOP accounting of the served checkpoint (the
 name sent upstream is ``--upstream-model``, or whatever the upstream's ``/v1/models`` lists first).
 The server binds to loopback unless ``--host`` says otherwise. SIGTERM drains it before it exits
-(:mod:`isocompute.app.draining`; ``drain_timeout_s``).
+(:mod:`isocompute.app.readiness`; ``drain_timeout_s``).
 
 Several models: ``--upstream NAME=URL`` (repeatable per name) gives model NAME its own pool of vLLM
 servers, load-balanced and failed over like the bare pool; ``--model NAME=DIR`` its chat template and
@@ -166,8 +166,8 @@ def log_at(level: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from isocompute.app.draining import run_server
     from isocompute.app.main import create_app
+    from isocompute.app.readiness import run_server
 
     s = settings_from_args(args)
     if s.policy_dir is None and s.action is None:
@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     policy = preflight(s)
     # Keep idle connections longer than common client pools do (httpx: 5 s), so a client never sends on a
     # connection the server is closing at that moment.
-    # On SIGTERM the app drains first (isocompute.app.draining: /ready and new requests 503, the requests in
+    # On SIGTERM the app drains first (isocompute.app.readiness: /ready and new requests 503, the requests in
     # flight finish within drain_timeout_s), then uvicorn shuts down and the process exits 0.
     run_server(create_app(s, policy=policy), host=s.host, port=s.port, log_level=args.log_level, timeout_keep_alive=75)
     return 0
