@@ -37,15 +37,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import time
 from typing import Any
 
 import httpx
 
-from isocompute.engines.base import REQUEST_DEADLINE, Completion, OnFinish, UpstreamBadResponse, WaveStream
-from isocompute.engines.openai_replies import Retryable, describe
-from isocompute.engines.upstream_calls import attempt_budget, open_stream
+from isocompute.engines.base import Completion, OnFinish, UpstreamBadResponse, WaveStream
+from isocompute.engines.openai_replies import describe
+from isocompute.engines.upstream_calls import open_stream, with_retries
 from isocompute.errors import EngineUnavailable
 
 __all__ = ["ChoiceState", "read_chunk", "stream_completions"]
@@ -138,53 +137,23 @@ async def stream_completions(engine: Any, body: dict[str, Any], on_finish: OnFin
     body = {**body, "stream": True, "stream_options": STREAM_OPTIONS}
     engine.pool.fail_fast()
     client = engine._ensure_client()
-    assert engine._sem is not None
-    deadline, failures, backoff = REQUEST_DEADLINE.get(), [], False
-    async with engine._sem:
-        for attempt in range(engine.retries + 1):
-            if backoff:
-                delay = min(engine.backoff * 2 ** min(attempt - 1, 30), engine.max_backoff)
-                await asyncio.sleep(min(delay * random.uniform(0.5, 1.0),
-                                        attempt_budget(engine.attempt_timeout, deadline) or 0.0))
-            budget = attempt_budget(engine.attempt_timeout, deadline)
-            if budget is None:
-                raise TimeoutError(f"the request's deadline passed after {attempt} attempts "
-                                   f"({'; '.join(failures[-3:])})")
-            up = engine.pool.pick()
-            epoch = engine.pool.sent(up)
-            order: list[int] = []  # the choices handed to on_finish
-            try:
-                loop = asyncio.get_running_loop()
-                end = loop.time() + budget
-                r = await open_stream(client, up.url, body, budget)
-                try:
-                    async with asyncio.timeout_at(end):
-                        out = await _read(r, n, on_finish, started, order)
-                except TimeoutError:
-                    engine.pool.failed(up, "the stream stalled", epoch, hard=False)  # slow: a strike
-                    raise EngineUnavailable(f"{up.url} streamed no end within {budget:.3g} s") from None
-                except httpx.HTTPError as e:
-                    engine.pool.failed(up, describe(e), epoch, hard=True)
-                    raise EngineUnavailable(f"{up.url} broke the stream ({describe(e)})") from e
-                finally:
-                    await r.aclose()  # a stop closes it here: vLLM aborts the request
-            except Retryable as e:
-                failures.append(f"{up.url}: {e}")
-                backoff = e.kind in ("error", "busy")
-                if e.kind != "busy":
-                    engine.pool.failed(up, str(e), epoch, hard=e.hard, abandon=e.kind == "dead",
-                                       refused=e.kind == "refused", misconfigured=e.kind == "wrong")
-                continue
-            except asyncio.CancelledError:
-                if not engine.pool.was_abandoned(up):
-                    raise
-                if order:  # samples already handed out: the wave cannot start again elsewhere
-                    raise EngineUnavailable(f"{up.url} failed while streaming ({up.last_error})") from None
-                failures.append(f"{up.url}: it failed while this stream was waiting there")
-                continue
-            finally:
-                engine.pool.settled(up)
-            engine.pool.answered(up)
-            up.served += 1
-            return out
-    raise EngineUnavailable(f"all {engine.retries + 1} attempts failed ({'; '.join(failures[-3:])})")
+    order: list[int] = []  # the choices handed to on_finish by the attempt under way
+
+    async def attempt(up: Any, epoch: int, budget: float) -> WaveStream:
+        order.clear()
+        end = asyncio.get_running_loop().time() + budget
+        r = await open_stream(client, up.url, body, budget)
+        try:
+            async with asyncio.timeout_at(end):
+                return await _read(r, n, on_finish, started, order)
+        except TimeoutError:
+            engine.pool.failed(up, "the stream stalled", epoch, hard=False)  # slow: a strike
+            raise EngineUnavailable(f"{up.url} streamed no end within {budget:.3g} s") from None
+        except httpx.HTTPError as e:
+            engine.pool.failed(up, describe(e), epoch, hard=True)
+            raise EngineUnavailable(f"{up.url} broke the stream ({describe(e)})") from e
+        finally:
+            await r.aclose()  # a stop closes it here: vLLM aborts the request
+
+    # samples already handed out: the wave cannot start again elsewhere
+    return await with_retries(engine, attempt, what="stream", restartable=lambda: not order)

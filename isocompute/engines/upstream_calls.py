@@ -22,19 +22,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import aiohttp
 import httpx
 
-from isocompute.engines.base import UpstreamBadResponse, UpstreamMisconfigured
+from isocompute.engines.base import REQUEST_DEADLINE, UpstreamBadResponse, UpstreamMisconfigured
 from isocompute.engines.openai_replies import Retryable, check_status, describe
-from isocompute.errors import InputError
+from isocompute.errors import EngineUnavailable, InputError
+
+T = TypeVar("T")
 
 __all__ = [
     "DEADLINE_MARGIN_S", "accepts_connections", "attempt_budget", "base_url", "check_upstream", "fetch_model_entry", "fetch_model_name",
-    "open_stream", "post_completions",
+    "open_stream", "post_completions", "with_retries",
 ]
 
 DEADLINE_MARGIN_S = 0.05  # end an attempt this long before the caller's deadline, to count its timeout
@@ -198,3 +202,50 @@ async def open_stream(client: httpx.AsyncClient, url: str, body: dict[str, Any],
         await r.aclose()
         check_status(url, r, body.get("model"))
     return r
+
+
+async def with_retries(engine: Any, attempt: Callable[[Any, int, float], Awaitable[T]], *, what: str,
+                       restartable: Callable[[], bool] = lambda: True, hint: str = "") -> T:
+    """``attempt(upstream, epoch, budget)`` through ``engine``'s balancer (a
+    :class:`~isocompute.engines.vllm_http.VLLMHTTPEngine`: its pool, semaphore and retry settings) until one
+    answers: backoff after 5xx/429, each attempt within :func:`attempt_budget` of the request's deadline,
+    each :class:`Retryable` reported to the pool as its kind says, and a ``what`` still waiting on an upstream
+    that failed meanwhile retried elsewhere while ``restartable()`` (a stream that handed out samples is not).
+    Raises :class:`EngineUnavailable` (ending ``hint``) when every attempt failed."""
+    pool = engine.pool
+    failures: list[str] = []  # why each attempt failed, for the final message
+    backoff = False
+    deadline = REQUEST_DEADLINE.get()
+    async with engine._sem:
+        for n in range(engine.retries + 1):
+            if backoff:
+                delay = min(engine.backoff * 2 ** min(n - 1, 30), engine.max_backoff)
+                await asyncio.sleep(min(delay * random.uniform(0.5, 1.0),
+                                        attempt_budget(engine.attempt_timeout, deadline) or 0.0))
+            budget = attempt_budget(engine.attempt_timeout, deadline)
+            if budget is None:
+                raise TimeoutError(f"the request's deadline passed after {n} attempts ({'; '.join(failures[-3:])})")
+            up = pool.pick()
+            epoch = pool.sent(up)
+            try:
+                out = await attempt(up, epoch, budget)
+            except Retryable as e:
+                failures.append(f"{up.url}: {e}")
+                backoff = e.kind in ("error", "busy")
+                if e.kind != "busy":
+                    pool.failed(up, str(e), epoch, hard=e.hard, abandon=e.kind == "dead", refused=e.kind == "refused",
+                                misconfigured=e.kind == "wrong")
+                continue
+            except asyncio.CancelledError:
+                if not pool.was_abandoned(up):
+                    raise
+                if not restartable():
+                    raise EngineUnavailable(f"{up.url} failed while streaming ({up.last_error})") from None
+                failures.append(f"{up.url}: it failed while this {what} was waiting there")
+                continue
+            finally:
+                pool.settled(up)
+            pool.answered(up)
+            up.served += 1
+            return out
+    raise EngineUnavailable(f"all {engine.retries + 1} attempts failed ({'; '.join(failures[-3:])}){hint}")

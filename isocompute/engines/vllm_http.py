@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from typing import Any
 
@@ -56,7 +55,6 @@ import aiohttp
 import httpx
 
 from isocompute.engines.base import (
-    REQUEST_DEADLINE,
     Completion,
     OnFinish,
     WaveStream,
@@ -65,17 +63,17 @@ from isocompute.engines.base import (
     replay_finishes,
 )
 from isocompute.engines.circuit import Upstream, UpstreamPool
-from isocompute.engines.openai_replies import Retryable, describe, parse_completions, split_evenly
+from isocompute.engines.openai_replies import describe, parse_completions, split_evenly
 from isocompute.engines.probe import TOP_LOGPROBS, ProbeResult, completion_logprobs_entropy
 from isocompute.engines.streaming import stream_completions
 from isocompute.engines.upstream_calls import (
     accepts_connections,
-    attempt_budget,
     base_url,
     check_upstream,
     fetch_model_entry,
     fetch_model_name,
     post_completions,
+    with_retries,
 )
 from isocompute.errors import EngineUnavailable, InputError
 
@@ -340,44 +338,8 @@ class VLLMHTTPEngine:
             body = {"model": await self._model_name(), **body}
         httpx_client = self._ensure_client()
         client = httpx_client if self._session is None else self._session
-        assert self._sem is not None
-        failures: list[str] = []  # why each attempt failed, for the final message
-        backoff = False
-        deadline = REQUEST_DEADLINE.get()
-        async with self._sem:
-            for attempt in range(self.retries + 1):
-                if backoff:
-                    delay = min(self.backoff * 2 ** min(attempt - 1, 30), self.max_backoff)
-                    await asyncio.sleep(min(delay * random.uniform(0.5, 1.0),
-                                            attempt_budget(self.attempt_timeout, deadline) or 0.0))
-                budget = attempt_budget(self.attempt_timeout, deadline)
-                if budget is None:
-                    raise TimeoutError(f"the request's deadline passed after {attempt} attempts "
-                                       f"({'; '.join(failures[-3:])})")
-                up = self.pool.pick()
-                epoch = self.pool.sent(up)
-                try:
-                    data = await post_completions(client, up.url, body, budget)
-                except Retryable as e:
-                    failures.append(f"{up.url}: {e}")
-                    backoff = e.kind in ("error", "busy")
-                    if e.kind != "busy":
-                        self.pool.failed(up, str(e), epoch, hard=e.hard, abandon=e.kind == "dead",
-                                         refused=e.kind == "refused", misconfigured=e.kind == "wrong")
-                    continue
-                except asyncio.CancelledError:
-                    if not self.pool.was_abandoned(up):
-                        raise
-                    failures.append(f"{up.url}: it failed while this request was waiting there")
-                    continue
-                finally:
-                    self.pool.settled(up)
-                self.pool.answered(up)
-                up.served += 1
-                return data
-        raise EngineUnavailable(
-            f"all {self.retries + 1} attempts failed ({'; '.join(failures[-3:])}); {START_HINT}"
-        )
+        return await with_retries(self, lambda up, _epoch, budget: post_completions(client, up.url, body, budget),
+                                  what="request", hint=f"; {START_HINT}")
 
     def _parse(self, data: dict[str, Any], n: int) -> list[Completion]:
         comps, split = parse_completions(data, n)
