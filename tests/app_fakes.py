@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import httpx
 import numpy as np
+import pytest
 from fastapi.testclient import TestClient
 
 from isocompute.app.main import create_app
@@ -211,3 +212,22 @@ def fit_tokens_policy():
     menu = tuple(p.name for p in resolve_plans("default+parallel", actions))
     return Policy(PolicyConfig(actions=actions, plans=menu, cost_unit="tokens", budget_range=(t, 8 * t), n_rounds=8,
                                calibration_folds=2, n_components=4, latency_range=(1.0, 2.0), seed=1)).fit(table)
+
+
+def assert_hanging_up_cancels(app, engine, what: str, *, prompt: str = "bye") -> None:
+    """Serve ``app`` on uvicorn, send a completion of ``prompt`` and hang up after 0.5 s: the engine call in
+    flight is cancelled within 3 s (``what`` names it in the failure)."""
+    from isocompute.engines.vllm_server import free_port
+
+    port = free_port()
+    stop = serve_in_thread(app, port)
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=completion(prompt, budget=4), timeout=0.5)
+        t0 = time.monotonic()
+        while [prompt] not in engine.cancelled:
+            assert time.monotonic() - t0 < 3.0, f"{what} was not cancelled"
+            time.sleep(0.02)
+        time.sleep(0.2)
+    finally:
+        stop()

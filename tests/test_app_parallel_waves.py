@@ -228,24 +228,12 @@ def test_a_transformers_wave_wider_than_a_micro_batch_is_replayed(tiny_dir):
 
 
 def test_a_client_that_disconnects_mid_wave_cancels_the_stream():
-    import httpx
-    from app_fakes import serve_in_thread
+    from app_fakes import assert_hanging_up_cancels
 
     from isocompute.app.main import create_app
     from isocompute.app.settings import Settings
-    from isocompute.engines.vllm_server import free_port
 
     engine = FakeEngine(UNANIMOUS, delay=10.0, lengths=(4, 6))
     app = create_app(Settings(upstream_timeout_s=30, ready_probe_timeout_s=30), policy=FakePolicy("lead:m=2@8s"),
                      engine=engine)
-    port = free_port()
-    stop = serve_in_thread(app, port)
-    try:
-        with pytest.raises(httpx.ReadTimeout):
-            httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=completion("bye", budget=4), timeout=0.5)
-        t0 = time.monotonic()
-        while ["bye"] not in engine.cancelled:
-            assert time.monotonic() - t0 < 3.0, "the streamed wave was not cancelled"
-            time.sleep(0.02)
-    finally:
-        stop()
+    assert_hanging_up_cancels(app, engine, "the streamed wave")

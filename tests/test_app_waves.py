@@ -10,9 +10,14 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-import httpx
 import pytest
-from app_fakes import FakeEngine, FakePolicy, completion, make_client, serve_in_thread
+from app_fakes import (
+    FakeEngine,
+    FakePolicy,
+    assert_hanging_up_cancels,
+    completion,
+    make_client,
+)
 
 from isocompute.app.accounting.ledger import plan_flops
 from isocompute.app.main import create_app
@@ -192,21 +197,8 @@ def test_a_client_that_disconnects_between_waves_cancels_the_rest():
     engine = FakeEngine(SPLIT, continuing=True, delay=10.0, slow_after=1)
     app = create_app(Settings(upstream_timeout_s=30, ready_probe_timeout_s=30), policy=FakePolicy(DOUBLING),
                      engine=engine)
-    from isocompute.engines.vllm_server import free_port
-
-    port = free_port()
-    stop = serve_in_thread(app, port)
-    try:
-        with pytest.raises(httpx.ReadTimeout):
-            httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=completion("bye", budget=4), timeout=0.5)
-        t0 = time.monotonic()
-        while ["bye"] not in engine.cancelled:
-            assert time.monotonic() - t0 < 3.0, "the second wave was not cancelled"
-            time.sleep(0.02)
-        time.sleep(0.2)
-        assert engine.calls == [(["bye"], 1), (["bye"], 1)]  # wave 2 cancelled in flight, no wave 3
-    finally:
-        stop()
+    assert_hanging_up_cancels(app, engine, "the second wave")
+    assert engine.calls == [(["bye"], 1), (["bye"], 1)]  # wave 2 cancelled in flight, no wave 3
 
 
 # --------------------------------------------------------------------------------- the class vote
