@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from isocompute.errors import InputError
 from isocompute.solver.estimators import majority_at_k
 from isocompute.solver.outcomes import from_records
-from isocompute.solver.votes import VoteWeights, fit_vote, load_vote, weighted_vote
 from isocompute.solver.votes.credits import filter_keep, vote_credits
 from isocompute.solver.votes.evidence import draw_subsets, evidence
-from isocompute.solver.votes.fit import study
+from isocompute.solver.votes.fit import fit_vote, study
+from isocompute.solver.votes.weights import VoteWeights, load_vote, weighted_vote
 
 classes_st = st.lists(st.one_of(st.none(), st.integers(0, 3)), min_size=1, max_size=7)
 

@@ -11,18 +11,17 @@ Extensions (every request type):
 * ``max_samples`` — hard cap on the samples drawn for this request, over all its waves (never exceeded,
   also not by budget control);
 * ``max_waves`` — hard cap on the waves of this request's plan (at most the server's ``max_waves``);
-* ``strategy`` — ``"majority"`` (plurality vote) | ``"best_of"`` (highest verifier score, with a verifier).
+* ``strategy`` — ``"majority"`` (plurality vote) | ``"best_of"`` (highest verifier score, with a verifier) |
+  ``"weighted"`` (each vote weighted by its sample's evidence under the server's fitted ``vote_file``).
 
-OpenAI fields the gateway cannot honour are refused with 400 when they would change the answer's form
-(``n`` > 1, ``logprobs``, ``tools``, ``echo``, ``suffix``, ``best_of`` > 1, a non-text
-``response_format``) and accepted but ignored otherwise (``stop``, ``top_p``, penalties, ``logit_bias``,
-``user``, …). Unknown fields are accepted and logged. ``seed`` is reduced modulo 2**31 before it reaches
-an engine, so every back-end accepts it.
+OpenAI fields the gateway cannot honour are refused with 400 when they would change the answer's form (``n`` > 1,
+``logprobs``, ``tools``, ``echo``, ``suffix``, ``best_of`` > 1, a non-text ``response_format``) and accepted but
+ignored otherwise (``stop``, ``top_p``, penalties, ``logit_bias``, ``user``, …). Unknown fields are accepted and
+logged. ``seed`` is reduced modulo 2**31 before it reaches an engine, so every back-end accepts it.
 
-Responses follow OpenAI; the first choice carries the aggregated answer (one sample that gave it); ``usage``
-adds ``flops``; ``isocompute`` (top level, and per choice of a multi-prompt completion): the decision, the plan
-as it ran (:class:`WaveInfo` per wave), the vote over answer classes; for a multi-model action each stage
-that ran (:class:`StageInfo`), the top-level figures summing them.
+Responses follow OpenAI; the first choice carries the aggregated answer (one sample that gave it); ``usage`` adds
+``flops``; ``isocompute`` (top level, and per choice of a multi-prompt completion): the decision, the plan as it ran
+(:class:`WaveInfo`s), the vote over answer classes, each stage of a multi-model action (:class:`StageInfo`).
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
 BudgetUnit = Literal["samples", "tokens", "flops"]
-Strategy = Literal["majority", "best_of"]
+Strategy = Literal["majority", "best_of", "weighted"]
 StopReason = Literal["rule", "plan_end", "cap", "deadline", "upstream_error"]
 StageStop = Literal["rule", "plan_end", "cap", "deadline", "upstream_error", "escalated"]
 
@@ -291,6 +290,7 @@ class IsoComputeInfo(BaseModel):
                                                                   "last stage's samples, or over all (weighted)")
     stages: list[StageInfo] | None = Field(None, description="each stage that ran, in order (multi-model "
                                                              "actions); the top-level waves, k and flops sum them")
+    vote_weights: dict[str, Any] | None = Field(None, description="strategy weighted: weights, scores (gateway.md)")
 
 
 class ChatMessageOut(BaseModel):

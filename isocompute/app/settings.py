@@ -67,6 +67,7 @@ class Settings(BaseSettings):
     ready_interval_s: float = Field(5.0, gt=0)
     drain_timeout_s: float = Field(30.0, ge=0)
     tie_break: Literal["first", "seeded"] = "seeded"
+    vote_file: Path | None = None
     answer_kind: str = "number"
     vote_timeout_s: float = Field(2.0, gt=0)
     grade_workers: int = Field(1, ge=1)

@@ -50,6 +50,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--default-budget", type=float, help="budget for requests without one (default 4)")
     p.add_argument("--api-keys", type=Path, help="JSON file of hashed API keys (see app.auth)")
     p.add_argument("--quota-store", help="where keys' spend quotas are counted: memory (default) or redis://HOST:PORT/DB")
+    p.add_argument("--vote", type=Path, help="fitted vote.json for strategy 'weighted' (bench_weighted_votes.py "
+                   "--save-dir); see docs/policy.md, Weighted votes")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=run)
 
@@ -87,7 +89,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         "model_dirs": {k: Path(v[0]) for k, v in model_dirs.items()} or None, "action": args.action,
         "host": args.host, "port": args.port, "served_model": args.served_model,
         "default_budget": args.default_budget, "api_keys_file": args.api_keys,
-        "upstream_model": args.upstream_model, "quota_store": args.quota_store,
+        "upstream_model": args.upstream_model, "quota_store": args.quota_store, "vote_file": args.vote,
     }
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})

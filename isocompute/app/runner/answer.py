@@ -3,7 +3,10 @@
 * :func:`pick_sample`: ``strategy="majority"`` votes over the samples' **answer classes** (the merge of
   :mod:`isocompute.app.runner.voting`: equivalent answers are one class) with :func:`isocompute.app.runner.aggregate.majority_vote`
   — ties by ``tie_break`` — and represents the winning class by its first sample; ``"best_of"`` takes the
-  sample the verifier scores highest. Only usable samples (returned, not failed) take part.
+  sample the verifier scores highest; ``"weighted"`` weighs each class's votes by the server's fitted
+  :class:`~isocompute.solver.votes.weights.VoteWeights` of its samples' lengths (the engines report no
+  confidence, so a fitted γ has no term here) and says so in ``vote_weights``. Only usable samples (returned,
+  not failed) take part.
 * :func:`describe`: the response's ``isocompute`` object — the decision, the plan as it ran (every wave:
   samples started, finished, aborted, tokens, why it ended), the vote, what it cost; for a multi-model
   policy's action also each stage that ran (:func:`action_info`), for a single-model policy's one-stage
@@ -28,6 +31,7 @@ from isocompute.app.runner.action_run import ActionRun
 from isocompute.app.runner.aggregate import Vote, best_of, majority_vote, weighted_vote
 from isocompute.app.runner.plan_run import PlanRun
 from isocompute.app.schemas import IsoComputeInfo, ProbeInfo, StageInfo, WaveInfo
+from isocompute.solver.votes.weights import VoteWeights
 
 __all__ = ["Answer", "Picked", "Verifier", "action_info", "describe", "pick_sample", "plan_info", "wave_infos"]
 
@@ -53,21 +57,27 @@ class Answer:
 @dataclass(frozen=True, slots=True)
 class Picked:
     """The sample that answers (``index`` into ``PlanRun.samples``), its class's answer (None: no
-    answer), and whether a tie-break chose it."""
+    answer), whether a tie-break chose it, and (``strategy="weighted"``) the weights it voted with."""
 
     index: int
     answer: str | None
     tied: bool
+    vote_weights: dict[str, Any] | None = None
 
 
 def pick_sample(run: PlanRun, strategy: str, *, tie_break: Any, seed: int | None, prompt: str,
-                verifier: Verifier | None, weights: Sequence[float] | None = None) -> Picked:
+                verifier: Verifier | None, weights: Sequence[float] | None = None,
+                vote_weights: VoteWeights | None = None) -> Picked:
     """The answering sample of ``run`` (module docstring); ``run`` has at least one usable sample and a vote.
-    ``weights`` (one per sample: a vote over several models' samples) weight the majority vote."""
+    ``weights`` (one per sample: a vote over several models' samples) weight the majority vote; with
+    ``strategy="weighted"`` they multiply ``vote_weights``' evidence weights."""
     assert run.votes is not None
     ok = run.usable
     classes = [run.votes.classes[j] for j in ok]
     vote: Vote
+    if strategy == "weighted":
+        assert vote_weights is not None  # the gateway refuses weighted without a vote file
+        return _pick_weighted(run, ok, classes, vote_weights, weights, tie_break=tie_break, seed=seed)
     if strategy == "best_of":
         assert verifier is not None  # the gateway refuses best_of without one
         texts = [c.text for c in (run.samples[j] for j in ok) if c is not None]
@@ -78,6 +88,28 @@ def pick_sample(run: PlanRun, strategy: str, *, tie_break: Any, seed: int | None
         vote = majority_vote(classes, tie_break=tie_break, seed=seed)
     cls = vote.answer
     return Picked(ok[vote.index], None if cls is None else run.votes.representatives[int(cls)], vote.tied)
+
+
+def _pick_weighted(run: PlanRun, ok: list[int], classes: list[Any], vw: VoteWeights,
+                   weights: Sequence[float] | None, *, tie_break: Any, seed: int | None) -> Picked:
+    """``strategy="weighted"``: the vote by evidence weights (module docstring), and what it weighed."""
+    assert run.votes is not None
+    tokens = [float("nan") if s is None else float(s.completion_tokens) for s in (run.samples[j] for j in ok)]
+    w = vw.weights(tokens)
+    if weights is not None:
+        w = [a * weights[j] for a, j in zip(w, ok, strict=True)]
+    vote = (weighted_vote(classes, w, tie_break=tie_break, seed=seed) if len(set(w)) > 1
+            else majority_vote(classes, tie_break=tie_break, seed=seed))
+    reps = run.votes.representatives
+    scores: dict[str, float] = {}
+    for c, x in zip(classes, w, strict=True):
+        if c is not None:
+            scores[reps[int(c)]] = scores.get(reps[int(c)], 0.0) + x
+    info = {"beta": vw.beta, "gamma": vw.gamma, "typical_tokens": vw.typical_tokens, "evidence": ["length"],
+            "confidence_used": False, "fitted_k": (vw.fit or {}).get("k"), "kept": (vw.fit or {}).get("kept"),
+            "weights": w, "scores": scores}
+    cls = vote.answer
+    return Picked(ok[vote.index], None if cls is None else reps[int(cls)], vote.tied, info)
 
 
 def describe(run: ActionRun, routing: Routing, i: int, picked: Picked, *, strategy: str, flops: float | None,
@@ -104,7 +136,8 @@ def plan_info(run: PlanRun, routing: Routing, i: int, picked: Picked, *, strateg
         stop_statistic=run.statistic, stop_detail=run.detail, k=run.drawn,
         answer=picked.answer, votes=run.votes.as_dict(), votes_complete=run.votes.complete,
         samples_received=received, partial=run.lost > 0 or run.stopped in ("deadline", "upstream_error"),
-        latency=latency, latency_s=wave_seconds([run]), **_routing_info(routing, i, strategy=strategy, flops=flops),
+        latency=latency, latency_s=wave_seconds([run]), vote_weights=picked.vote_weights,
+        **_routing_info(routing, i, strategy=strategy, flops=flops),
     )
 
 
@@ -164,6 +197,6 @@ def action_info(run: ActionRun, routing: Routing, i: int, picked: Picked, *, str
         answer=picked.answer, votes=final.votes.as_dict(), votes_complete=final.votes.complete,
         samples_received=received, partial=lost > 0 or failed,
         model_action=run.action.name, vote=run.action.vote, stages=stages, latency=latency,
-        latency_s=wave_seconds([st.run for st in run.stages]),
+        latency_s=wave_seconds([st.run for st in run.stages]), vote_weights=picked.vote_weights,
         **_routing_info(routing, i, strategy=strategy, flops=flops),
     )

@@ -48,6 +48,7 @@ from isocompute.app.settings import Settings
 from isocompute.engines.base import UpstreamBadResponse
 from isocompute.errors import InputError
 from isocompute.solver.models.actions import Action, Stage
+from isocompute.solver.votes.weights import load_vote
 
 __all__ = ["Answers", "actions_of"]
 
@@ -73,18 +74,23 @@ class Answers:
         self.extract = extract
         self.verifier = verifier
         self.ledger = ledger
+        self.vote = None if settings.vote_file is None else load_vote(settings.vote_file)
 
     async def answer(self, prompts: list[str], routing: Routing, *, max_tokens: int, temperature: float,
                      seed: int | None, strategy: str, deadline: Deadline,
                      messages: Sequence[ChatMessage] | None = None,
                      on_runs: Callable[[list[ActionRun]], None] | None = None) -> list[Answer]:
-        """Every prompt's answer; raises InputError (400) for ``best_of`` without a verifier or a prompt too
+        """Every prompt's answer; raises InputError (400) for ``best_of`` without a verifier, ``weighted``
+        without a vote file, or a prompt too
         long for a model its action may reach, and what the first stage raises (502/503/504). ``on_runs``
         sees the runs as soon as they are back, before any vote (what they generated, even when a vote then
         fails)."""
         if strategy == "best_of" and self.verifier is None:
             raise InputError("strategy 'best_of' needs a verifier and this server has none configured; "
                              "use strategy 'majority'")
+        if strategy == "weighted" and self.vote is None:
+            raise InputError("strategy 'weighted' needs a fitted vote and this server has none configured (serve "
+                             "--vote vote.json, or ISOCOMPUTE_VOTE_FILE); use strategy 'majority'")
         actions = actions_of(routing)
         prompts_of = self.prompts_for(prompts, messages)
         if routing.model_actions:
@@ -140,7 +146,7 @@ class Answers:
         for name in dict.fromkeys(self.pools[st.model].backend.pool for st in run.stages if st.run.lost):
             m.upstream_errors.labels("partial", name).inc()
         picked = pick_sample(final, strategy, tie_break=self.settings.tie_break, seed=seed, prompt=prompt,
-                             verifier=self.verifier, weights=run.weights)
+                             verifier=self.verifier, weights=run.weights, vote_weights=self.vote)
         chosen = final.samples[picked.index]
         assert chosen is not None
         bill = self.ledger.book(run, routing, i)

@@ -3,10 +3,6 @@ only where cross-validation supports it, plus DeepConf's offline confidence filt
 
 ``weights`` (the weight function and the vote rule, also used by the gateway), ``evidence`` (a table's
 per-sample evidence and the shared k-subsets), ``credits`` (vectorised scoring of votes on the subsets),
-``study`` (cross-fitted comparison of methods), ``fit`` (:func:`fit_vote`, the kept choice and ``vote.json``).
+``study`` (cross-fitted comparison of methods), ``fit`` (``fit_vote``, the kept choice and ``vote.json``).
+Import the modules themselves: the gateway loads ``weights`` alone, without the fitting code.
 """
-
-from isocompute.solver.votes.fit import VoteFit, fit_vote
-from isocompute.solver.votes.weights import VoteWeights, load_vote, weighted_vote
-
-__all__ = ["VoteFit", "VoteWeights", "fit_vote", "load_vote", "weighted_vote"]
