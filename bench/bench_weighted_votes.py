@@ -5,8 +5,8 @@ samples drawn and paid for by every method — only the vote differs; `isocomput
 cross-fitted over prompts:
 
 * ``majority``      plain maj@k over answer classes (ties share credit) — the baseline;
-* ``shortness``     w = (len/T)^−β, β fitted on the training folds (``--length`` evidence: completion tokens);
-* ``confidence``    w = exp(γ·z(conf)), γ fitted (tables with ``confidence_min_window`` or ``logprob_mean``);
+* ``length-weighted``  w = (len/T)^−β, β fitted on the training folds (β > 0: shortness; completion tokens);
+* ``confidence-weighted``  w = exp(γ·z(conf)), γ fitted (tables with ``confidence_min_window`` or ``logprob_mean``);
 * ``length+conf``   both, (β, γ) fitted jointly (tables with confidence);
 * ``deepconf-10`` / ``deepconf-90``  DeepConf's offline filter, keep the top η% of the k by confidence (by
   shortness on tables without confidence, labelled so), then majority; ``deepconf-fit``: η fitted;
@@ -40,9 +40,9 @@ def rows(vs: VoteStudy) -> list[Row]:
     has_len = bool((~np.isnan(vs.ev.tokens[vs.ev.codes != -2])).any())
     out = [vs.majority]
     if has_len:
-        out.append(vs.cross_fit("shortness", "weights", [(b, 0.0) for b in BETAS]))
+        out.append(vs.cross_fit("length-weighted", "weights", [(b, 0.0) for b in BETAS]))
     if has_conf:
-        out.append(vs.cross_fit("confidence", "weights", [(0.0, g) for g in GAMMAS]))
+        out.append(vs.cross_fit("confidence-weighted", "weights", [(0.0, g) for g in GAMMAS]))
         out.append(vs.cross_fit("length+conf", "weights", candidates(True)))
     by = vs.filter_evidence
     if by is not None:

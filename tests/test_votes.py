@@ -178,3 +178,20 @@ def test_draws_are_seeded_and_uniform_over_samples():
 def test_subset_draw_matches_itertools_when_exact():
     sub = draw_subsets(np.array([5, 5]), 2)
     assert [tuple(s) for s in sub.idx[0]] == list(itertools.combinations(range(5), 2))
+
+
+def test_the_vote_command_reads_confidence_from_the_raw_lines_and_writes_vote_json(tmp_path, capsys):
+    import json
+
+    from isocompute.cli import main
+    from isocompute.solver.outcomes import read_outcomes
+
+    t = synthetic(200, 12, 6, long_wrong=False, conf_signal=True)
+    path = tmp_path / "smol.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in t.records))
+    assert evidence(read_outcomes(path)).confidence_field == "confidence_min_window"
+    assert main(["vote", str(path), "--k", "4", "--draws", "32", "--out", str(tmp_path / "vote.json")]) == 0
+    assert "kept" in capsys.readouterr().out
+    vw = load_vote(tmp_path / "vote.json")
+    assert vw.gamma > 0 and vw.confidence_field == "confidence_min_window" and vw.fit["k"] == 4
+    assert vw.confidence_std == pytest.approx(float(np.nanstd(evidence(t).confidence)), rel=1e-9)

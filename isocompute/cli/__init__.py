@@ -16,7 +16,7 @@ from isocompute import __version__
 from isocompute.cli.running import run_parsed
 
 # Order is the order shown by --help. A module listed here must exist.
-SUBCOMMANDS: tuple[str, ...] = ("sample", "import", "solve", "fit", "report", "serve", "train", "sweep", "demo")
+SUBCOMMANDS: tuple[str, ...] = ("sample", "import", "solve", "fit", "report", "vote", "serve", "train", "sweep", "demo")
 _MODULES = {"import": "import_"}  # `import` is a Python keyword, so its module is import_
 
 

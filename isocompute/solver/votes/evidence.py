@@ -45,10 +45,6 @@ class Evidence:
     confidence_field: str | None
     n: np.ndarray
 
-    def rows(self, idx: np.ndarray) -> Evidence:
-        c = None if self.confidence is None else self.confidence[idx]
-        return Evidence(self.codes[idx], self.value[idx], self.tokens[idx], c, self.confidence_field, self.n[idx])
-
 
 def read_confidence(table: OutcomeTable) -> tuple[np.ndarray | None, str | None]:
     """The first of :data:`CONFIDENCE_FIELDS` that every sample of every record carries, as (P, n_max)
@@ -96,9 +92,6 @@ class Subsets:
     @property
     def k(self) -> int:
         return int(self.idx.shape[2])
-
-    def rows(self, sel: np.ndarray) -> Subsets:
-        return Subsets(self.idx[sel], self.exact)
 
 
 def draw_subsets(n: np.ndarray, k: int, *, draws: int = 256, seed: int = 0, exact_limit: int = 512) -> Subsets:
