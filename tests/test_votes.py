@@ -195,3 +195,30 @@ def test_the_vote_command_reads_confidence_from_the_raw_lines_and_writes_vote_js
     vw = load_vote(tmp_path / "vote.json")
     assert vw.gamma > 0 and vw.confidence_field == "confidence_min_window" and vw.fit["k"] == 4
     assert vw.confidence_std == pytest.approx(float(np.nanstd(evidence(t).confidence)), rel=1e-9)
+
+
+@given(st.lists(st.tuples(st.one_of(st.none(), st.integers(0, 2)), st.booleans()), min_size=6, max_size=6),
+       st.integers(1, 6), st.sampled_from([10.0, 50.0, 90.0]), st.integers(0, 10**6))
+@settings(max_examples=60, deadline=None)
+def test_the_filter_matches_keeping_the_most_confident_by_hand(row, k, eta, seed):
+    conf = np.random.default_rng(seed).permutation(6).astype(float)  # distinct confidences
+    t = table([[(c, ok, 5) for c, ok in row]], conf=[conf])
+    ev = evidence(t)
+    sub = draw_subsets(ev.n, k)
+    got = vote_credits(ev, sub, eta=eta, filter_by=ev.confidence)[0]
+    value = {c: np.mean([ok for c2, ok in row if c2 == c]) for c, _ in row if c is not None}
+    for m, s in enumerate(sub.idx[0]):
+        kept = sorted(s, key=lambda j: -conf[j])[: filter_keep(k, eta)]
+        win = weighted_vote([row[j][0] for j in kept], [1.0] * len(kept))
+        assert got[m] == pytest.approx(sum(share * value[c] for c, share in win.items()), abs=1e-12)
+
+
+def test_a_table_without_lengths_or_confidence_keeps_majority():
+    recs = [{"id": f"p{i}", "prompt": "q", "gold": "1",
+             "samples": [{"answer": a, "correct": a == "1"} for a in ("1", "2", "2", "1", None, "1")]}
+            for i in range(20)]
+    fit = fit_vote(from_records(recs), 3, draws=8)
+    assert not fit.kept and fit.weights.is_plain and fit.weights.typical_tokens == 1.0
+    assert fit.weighted.accuracy == fit.majority.accuracy
+    assert fit.majority.accuracy == pytest.approx(majority_at_k(from_records(recs).answer_codes,
+                                                                from_records(recs).correct, 3).mean())
