@@ -36,7 +36,7 @@ from isocompute.solver.votes.weights import VoteWeights
 __all__ = ["BETAS", "ETAS", "GAMMAS", "Bootstrap", "Row", "VoteStudy", "paired_bootstrap"]
 
 BETAS: tuple[float, ...] = (-1.0, -0.5, -0.25, 0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
-GAMMAS: tuple[float, ...] = (-1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 4.0)
+GAMMAS: tuple[float, ...] = (-1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 4.0, 8.0)
 ETAS: tuple[float, ...] = (10.0, 25.0, 50.0, 75.0, 90.0, 100.0)
 Candidate = tuple[float, float] | float  # (β, γ) of a weighting, or η of a filter
 
