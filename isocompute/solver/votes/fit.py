@@ -14,7 +14,7 @@ otherwise β = γ = 0 (plain majority). Both accuracies, the CI and the decision
 Worked example (``tests/test_votes.py``): 300 prompts of 16 samples whose wrong answers are 3× longer than
 the right ones; at k = 4 majority scores 0.542 and the fitted β = 4 (the shortest answer nearly always wins)
 0.888 out of fold, gain CI [+32.6, +36.4] pt → kept. With lengths drawn independently of correctness the
-gain is +0.4 pt [−0.3, +1.1] → not supported, β = γ = 0.
+gain is +0.2 pt [−0.4, +0.9] → not supported, β = γ = 0.
 
 Ignores: DeepConf's filter (an offline baseline, :meth:`~isocompute.solver.votes.study.VoteStudy.cross_fit`
 with ``kind="filter"``; the gateway does not filter) and the per-prompt plan (the policy's).
