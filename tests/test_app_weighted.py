@@ -77,3 +77,12 @@ def test_weighted_end_to_end_on_the_tiny_model(engine, tmp_path):
     if scores:
         assert scores[w["answer"]] == pytest.approx(max(scores.values()))
     assert weighted.json()["usage"] == majority.json()["usage"]
+
+
+def test_serve_takes_the_vote_file_flag(tmp_path):
+    from isocompute.cli import build_parser
+    from isocompute.cli.serve import settings_from_args
+
+    path = vote_file(tmp_path, 1.0)
+    assert settings_from_args(build_parser().parse_args(["serve", "--vote", str(path)])).vote_file == path
+    assert settings_from_args(build_parser().parse_args(["serve"])).vote_file is None

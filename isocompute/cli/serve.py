@@ -89,7 +89,8 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         "model_dirs": {k: Path(v[0]) for k, v in model_dirs.items()} or None, "action": args.action,
         "host": args.host, "port": args.port, "served_model": args.served_model,
         "default_budget": args.default_budget, "api_keys_file": args.api_keys,
-        "upstream_model": args.upstream_model, "quota_store": args.quota_store, "vote_file": args.vote,
+        "upstream_model": args.upstream_model, "quota_store": args.quota_store,
+        "vote_file": getattr(args, "vote", None),  # a Namespace built by hand (tests, embedders) may lack it
     }
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
