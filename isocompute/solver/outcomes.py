@@ -22,6 +22,9 @@ Fields (required unless marked optional):
   * ``correct`` — ``true``/``false``, the grader's verdict on this sample.
   * ``completion_tokens`` (optional) — generated tokens, integer ≥ 0.
   * ``score`` (optional) — verifier / reward-model score, a finite number (needed for best-of-k).
+  * ``logprob_mean``, ``confidence_min_window`` (optional) — the mean sampled-token logprob (≤ 0) and DeepConf's
+    lowest sliding-window confidence (≥ 0, higher = more confident); kept in ``records``, read by the weighted
+    votes (:mod:`isocompute.solver.votes.evidence`) when every sample has one.
 
 * ``prompt_tokens`` (optional) — prompt length in tokens, integer ≥ 0.
 * ``meta`` (optional) — free-form object (task, model, temperature, …).
