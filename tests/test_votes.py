@@ -222,3 +222,11 @@ def test_a_table_without_lengths_or_confidence_keeps_majority():
     assert fit.weighted.accuracy == fit.majority.accuracy
     assert fit.majority.accuracy == pytest.approx(majority_at_k(from_records(recs).answer_codes,
                                                                 from_records(recs).correct, 3).mean())
+
+
+def test_no_confidence_fits_length_alone():
+    t = synthetic(300, 16, 3, long_wrong=True, conf_signal=True)
+    both, alone = fit_vote(t, 4, draws=32), fit_vote(t, 4, draws=32, use_confidence=False)
+    assert both.weights.gamma > 0 and alone.weights.gamma == 0.0 and alone.weights.confidence_field is None
+    assert alone.kept and alone.weights.beta > 0
+    assert alone.weighted.accuracy < both.weighted.accuracy

@@ -5,7 +5,8 @@ The work is :func:`isocompute.solver.votes.fit.fit_vote`: the weight w = (len/T)
 folds on shared random k-subsets, kept only where a one-sided paired bootstrap of its out-of-fold gain over
 plain majority supports it at ``--level``; otherwise the file holds β = γ = 0 (plain majority). The printed
 summary gives both out-of-fold accuracies and the gain's 95% CI; ``isocompute serve --vote vote.json`` then
-answers ``strategy: "weighted"`` with it. Example::
+answers ``strategy: "weighted"`` with it — by length only, as its engines return no logprobs: ``--no-confidence``
+fits that (γ = 0), so what is served is what was validated. Example::
 
     isocompute vote runs/real/math500_gpt-oss-20b.jsonl --k 8 --out runs/vote.json
 """
@@ -29,6 +30,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--draws", type=int, default=256, help="random k-subsets per prompt")
     p.add_argument("--level", type=float, default=0.95, help="one-sided bootstrap level to keep the weighting")
+    p.add_argument("--no-confidence", action="store_true",
+                   help="fit the length weight alone (γ = 0): what the gateway applies, its engines return no logprobs")
     p.add_argument("--json", action="store_true", help="print the fit record as one JSON object")
     p.set_defaults(func=run)
 
@@ -41,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     if not 0.5 <= args.level < 1 or args.folds < 2 or args.draws < 1:
         raise InputError("--level must be in [0.5, 1), --folds ≥ 2 and --draws ≥ 1")
     fit = fit_vote(read_outcomes(args.table), args.k, folds=args.folds, seed=args.seed, draws=args.draws,
-                   level=args.level)
+                   level=args.level, use_confidence=not args.no_confidence)
     path = fit.weights.save(args.out)
     rec = fit.weights.fit or {}
     if args.json:

@@ -32,6 +32,7 @@ Ignores: stage-level retries.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 
 from isocompute.app.accounting.ledger import Ledger
@@ -75,6 +76,11 @@ class Answers:
         self.verifier = verifier
         self.ledger = ledger
         self.vote = None if settings.vote_file is None else load_vote(settings.vote_file)
+        if self.vote is not None and self.vote.gamma != 0:
+            logging.getLogger("isocompute.gateway").warning(
+                "%s has a confidence weight (gamma = %g) that the engines cannot feed (no logprobs): only its length "
+                "term applies; fit one with `isocompute vote --no-confidence` to serve what was validated",
+                settings.vote_file, self.vote.gamma)
 
     async def answer(self, prompts: list[str], routing: Routing, *, max_tokens: int, temperature: float,
                      seed: int | None, strategy: str, deadline: Deadline,

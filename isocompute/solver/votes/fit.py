@@ -68,15 +68,18 @@ def study(table: OutcomeTable, k: int, *, folds: int = 5, seed: int = 0, draws: 
 
 
 def fit_vote(table: OutcomeTable, k: int, *, folds: int = 5, seed: int = 0, draws: int = 256,
-             level: float = 0.95, vs: VoteStudy | None = None) -> VoteFit:
-    """Fit, compare and decide (module docstring); ``vs`` reuses a study of the same table and k."""
+             level: float = 0.95, use_confidence: bool = True, vs: VoteStudy | None = None) -> VoteFit:
+    """Fit, compare and decide (module docstring); ``vs`` reuses a study of the same table and k.
+    ``use_confidence=False`` fits length alone (γ = 0), what a gateway without logprobs can apply."""
     vs = vs or study(table, k, folds=folds, seed=seed, draws=draws, level=level)
-    cands = candidates(vs.ev.confidence is not None)
+    cands = candidates(vs.ev.confidence is not None, confidence=use_confidence)
     weighted = vs.cross_fit("weighted", "weights", cands)
     keep, best = keep_decision(vs.grid("weights", cands), cands.index((0.0, 0.0)), cands, folds=vs.n_folds,
                                seed=vs.seed, level=vs.level)
     beta, gamma = cands[best]
     fitted = vs.weights(beta, gamma) if keep else vs.weights(0.0, 0.0)
+    if not use_confidence:
+        fitted = replace(fitted, confidence_field=None, confidence_mean=0.0, confidence_std=1.0)
     out = VoteFit(k=k, weights=fitted, kept=keep, candidate=(beta, gamma), majority=vs.majority, weighted=weighted)
     record = {**out.record(), "folds": vs.n_folds, "seed": vs.seed, "draws": int(vs.sub.idx.shape[1]),
               "exact": vs.sub.exact, "level": vs.level, "table_sha256": table.sha256, "prompts": len(table)}
