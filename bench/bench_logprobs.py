@@ -9,7 +9,7 @@ logprobs/plain of each throughput; printed: the per-phase means and the mean rat
 rounds and a bootstrap interval (10,000 resamples of the rounds). The seeds are the same in both phases, so
 the token counts should match (printed: how many rounds they did; vLLM's default ``raw_logprobs`` mode reads
 the logprobs off the logits and leaves sampling alone). The cost factor to price a logprob-asking sample is
-1 / (ratio of completion tokens/s): :data:`isocompute.flops.analytic.LOGPROB_COST_FACTOR` records the figure.
+1 / (ratio of completion tokens/s): :data:`isocompute.flops.logprobs.LOGPROB_COST_FACTOR` records the figure.
 
     .venv/bin/python bench/bench_logprobs.py --model runs/models/smollm2-135m-instruct \\
         [--rounds 6] [--prompts 24] [--n 4] [--max-tokens 128] [--logprobs 5] [--concurrency 8] [--json OUT]
