@@ -9,7 +9,8 @@ logprobs/plain of each throughput; printed: the per-phase means and the mean rat
 rounds and a bootstrap interval (10,000 resamples of the rounds). The seeds are the same in both phases, so
 the token counts should match (printed: how many rounds they did; vLLM's default ``raw_logprobs`` mode reads
 the logprobs off the logits and leaves sampling alone). The cost factor to price a logprob-asking sample is
-1 / (ratio of completion tokens/s): :data:`isocompute.flops.logprobs.LOGPROB_COST_FACTOR` records the figure.
+1 / (mean ratio of completion tokens/s), its interval the reciprocal of the ratio's:
+:data:`isocompute.flops.logprobs.LOGPROB_COST_FACTOR` records the figure.
 
     .venv/bin/python bench/bench_logprobs.py --model runs/models/smollm2-135m-instruct \\
         [--rounds 6] [--prompts 24] [--n 4] [--max-tokens 128] [--logprobs 5] [--concurrency 8] [--json OUT]
@@ -116,10 +117,10 @@ def report(rows: list[dict], args: argparse.Namespace) -> None:
         m, tlo, thi, blo, bhi = intervals(lp / plain)
         print(f"{what}: plain {plain.mean():.2f}, logprobs={args.logprobs} {lp.mean():.2f}; ratio logprobs/plain "
               f"{m:.3f} (95% t-interval {tlo:.3f}–{thi:.3f}, bootstrap {blo:.3f}–{bhi:.3f}; {len(rows)} rounds)")
-    tok_ratio = np.asarray([r["logprobs"]["tok_s"] / r["plain"]["tok_s"] for r in rows])
+    m, tlo, thi, blo, bhi = intervals(np.asarray([r["logprobs"]["tok_s"] / r["plain"]["tok_s"] for r in rows]))
     same = sum(r["plain"]["tokens"] == r["logprobs"]["tokens"] for r in rows)
-    print(f"cost factor (1 / tokens/s ratio): {float(np.mean(1 / tok_ratio)):.3f}; rounds with equal token counts "
-          f"in both phases: {same}/{len(rows)}")
+    print(f"cost factor 1 / ratio of tokens/s: {1 / m:.3f} (95% t {1 / thi:.3f}–{1 / tlo:.3f}, bootstrap "
+          f"{1 / bhi:.3f}–{1 / blo:.3f}); rounds with equal token counts in both phases: {same}/{len(rows)}")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rounds": rows}, indent=1))
 
