@@ -87,7 +87,8 @@ def parse_completions(data: dict[str, Any], n: int, *, logprobs: int | None = No
         if logprobs is None:
             return comps, split
         choices = sorted(data["choices"], key=lambda c: c.get("index", 0))
-        return [_with_confidence(c, ch, logprobs, confidence_window) for c, ch in zip(comps, choices, strict=True)], split
+        pairs = zip(comps, choices, strict=True)
+        return [_with_confidence(c, ch, logprobs, confidence_window) for c, ch in pairs], split
     except (AttributeError, LookupError, TypeError, ValueError) as e:
         raise UpstreamBadResponse(f"the upstream sent a completions reply this engine cannot read "
                                   f"({describe(e)}); is it an OpenAI-compatible completions server? "
@@ -121,7 +122,9 @@ def _with_confidence(c: Completion, choice: dict[str, Any], k: int, window: int)
         raise ValueError("a choice without logprobs, though they were asked for")
     tops = [list(d.values()) for d in lp["top_logprobs"]]
     stats = sample_confidence([float(x) for x in lp["token_logprobs"]], tops, k=k, window=window)
-    return c if stats is None else dataclasses.replace(c, logprob_mean=stats[0], confidence_min_window=stats[1])
+    if stats is None:
+        return c
+    return dataclasses.replace(c, logprob_mean=stats[0], confidence_min_window=stats[1])
 
 
 def check_status(url: str, r: httpx.Response, model: Any) -> None:

@@ -172,8 +172,8 @@ Finish = tuple[int, Completion]  # a streamed wave's finished row and its comple
 Put = Callable[[Finish | None], None]
 
 
-def batch_finish_watch(completion: Callable[[list[int], int, int], Completion], eos_ids: frozenset[int], width: int,
-                       prompt_tokens: int, max_tokens: int, stop: threading.Event, put: Put) -> Any:
+def batch_finish_watch(completion: Callable[[list[int], int, int], Completion], eos_ids: frozenset[int],
+                       width: int, prompt_tokens: int, max_tokens: int, stop: threading.Event, put: Put) -> Any:
     """A ``transformers.StoppingCriteria`` that hands ``(row, completion(ids, prompt_tokens, max_tokens))`` to
     ``put`` at the step each row emits eos or reaches ``max_tokens`` (new tokens start after the prompt's
     ``width`` columns; the padding after a finish is not looked at), and stops every row once ``stop`` is set

@@ -34,8 +34,8 @@ distribution, before temperature, as vLLM's default ``raw_logprobs``) and sets e
 ``logprob_mean`` and ``confidence_min_window`` from their log-softmax (:mod:`isocompute.tasks.confidence`);
 a micro-batch then holds rows × steps × vocab floats (lower ``micro_batch`` for a large vocabulary).
 
-Ignores: stop strings, logprobs in ``stream_wave``, top-k/top-p/repetition penalties, and freeing a finished row's slot before its whole
-batch ends (it decodes padding until then).
+Ignores: stop strings, logprobs in ``stream_wave``, top-k/top-p/repetition penalties, and freeing a
+finished row's slot before its whole batch ends (it decodes padding until then).
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ class TransformersEngine:
         logprobs: int | None = None,
         confidence_window: int = DEFAULT_WINDOW,
     ) -> list[list[Completion]]:
-        """Sample ``n`` completions for each prompt (see the module docstring for counts, seeding, logprobs)."""
+        """Sample ``n`` completions for each prompt (module docstring: counts, seeding, logprobs)."""
         check_generate_args(n, max_tokens, temperature, logprobs, confidence_window)
         if not prompts:
             return []
@@ -248,7 +248,8 @@ class TransformersEngine:
     ) -> list[list[Completion]]:
         """The blocking form of :meth:`generate`, for scripts and benchmarks without an event loop."""
         check_generate_args(n, max_tokens, temperature, logprobs, confidence_window)
-        return self._generate_locked(list(prompts), n, max_tokens, temperature, seed, (logprobs, confidence_window))
+        conf = (logprobs, confidence_window)
+        return self._generate_locked(list(prompts), n, max_tokens, temperature, seed, conf)
 
     @contextmanager
     def _running(self) -> Iterator[None]:
@@ -277,8 +278,8 @@ class TransformersEngine:
             torch.manual_seed(seed)
             yield
 
-    def _generate_locked(self, prompts: list[str], n: int, max_tokens: int, temperature: float, seed: int | None,
-                         conf: _Conf = (None, DEFAULT_WINDOW)) -> list[list[Completion]]:
+    def _generate_locked(self, prompts: list[str], n: int, max_tokens: int, temperature: float,
+                         seed: int | None, conf: _Conf = (None, DEFAULT_WINDOW)) -> list[list[Completion]]:
         with self._running(), self._seeded(seed):
             return self._generate_rows(prompts, n, max_tokens, temperature, conf)
 
@@ -306,12 +307,12 @@ class TransformersEngine:
         rows = [p for p in prompts for _ in range(n)]
         flat: list[Completion] = []
         for start in range(0, len(rows), self.micro_batch):
-            flat.extend(self._generate_batch(rows[start : start + self.micro_batch], max_tokens, temperature, conf))
+            batch = rows[start : start + self.micro_batch]
+            flat.extend(self._generate_batch(batch, max_tokens, temperature, conf))
         return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
 
-    def _generate_batch(self, rows: list[str], max_tokens: int, temperature: float, conf: _Conf) -> list[Completion]:
-        import torch
-
+    def _generate_batch(self, rows: list[str], max_tokens: int, temperature: float,
+                        conf: _Conf) -> list[Completion]:
         k, window = conf
         enc = self._encoder(rows, return_tensors="pt", padding=True).to(self.device)
         out = self._run_generate(enc, max_tokens, temperature, logits=k is not None)
@@ -319,12 +320,12 @@ class TransformersEngine:
         seqs = out if k is None else out.sequences
         new_tokens = seqs[:, width:].tolist()
         prompt_lens = enc["attention_mask"].sum(dim=1).tolist()
-        comps = [self._completion(ids, int(plen), max_tokens) for ids, plen in zip(new_tokens, prompt_lens, strict=True)]
+        comps = [self._completion(ids, int(plen), max_tokens)
+                 for ids, plen in zip(new_tokens, prompt_lens, strict=True)]
         if k is None:
             return comps
-        raw = torch.stack(out.logits, dim=1)  # (rows, steps, vocab): the raw logits, before temperature
-        return [_with_confidence(c, raw[r, : c.completion_tokens].float().cpu().numpy(), new_tokens[r], k, window)
-                for r, c in enumerate(comps)]
+        # out.logits: one (rows, vocab) tensor of raw logits (before temperature) per step
+        return [_with_confidence(c, out.logits, r, new_tokens[r], k, window) for r, c in enumerate(comps)]
 
     def _run_generate(self, enc: Any, max_tokens: int, temperature: float, stopping: Any = None,
                       logits: bool = False) -> Any:
@@ -378,7 +379,12 @@ class TransformersEngine:
             self.model = None  # type: ignore[assignment]
 
 
-def _with_confidence(c: Completion, logits: Any, ids: list[int], k: int, window: int) -> Completion:
-    """``c`` with its confidence from its steps' raw ``logits`` and generated ``ids`` (eos included)."""
-    stats = stats_from_logits(logits, ids[: c.completion_tokens], k=k, window=window)
+def _with_confidence(c: Completion, logits: Any, row: int, ids: list[int], k: int, window: int) -> Completion:
+    """``c`` with its confidence from row ``row`` of the steps' raw ``logits`` and its generated ``ids``
+    (eos included; the steps after it are padding)."""
+    import torch
+
+    m = c.completion_tokens
+    mine = torch.stack([step[row] for step in logits[:m]]).float().cpu().numpy() if m else None
+    stats = stats_from_logits(mine, ids[:m], k=k, window=window) if m else None
     return c if stats is None else replace(c, logprob_mean=stats[0], confidence_min_window=stats[1])

@@ -10,8 +10,11 @@ rejects ``n > 1`` without sampling).
 
 ``LLM.generate`` blocks, so it runs in a worker thread behind a lock (concurrent calls serialise).
 ``import vllm`` happens in ``__init__`` only; without vLLM the constructor raises
-:class:`~isocompute.errors.EngineUnavailable` saying how to get it. With ``logprobs=K`` every sample is asked with ``SamplingParams(logprobs=K)`` and carries its
+:class:`~isocompute.errors.EngineUnavailable` saying how to get it.
+
+With ``logprobs=K`` every sample is asked with ``SamplingParams(logprobs=K)`` and carries its
 ``logprob_mean`` and ``confidence_min_window`` (:mod:`isocompute.tasks.confidence`, vLLM's raw logprobs).
+
 Ignores: LoRA adapters, stop strings.
 """
 
@@ -127,6 +130,6 @@ def _confidence(sample: Any, k: int | None, window: int) -> tuple[float | None, 
     if k is None or not sample.logprobs:
         return None, None
     steps = list(zip(sample.token_ids, sample.logprobs, strict=True))
-    stats = sample_confidence([d[t].logprob for t, d in steps], [[lp.logprob for lp in d.values()] for _, d in steps],
-                              k=k, window=window)
+    sampled = [d[t].logprob for t, d in steps]
+    stats = sample_confidence(sampled, [[lp.logprob for lp in d.values()] for _, d in steps], k=k, window=window)
     return (None, None) if stats is None else stats
