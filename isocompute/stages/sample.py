@@ -79,10 +79,11 @@ class SampleConfig:
     grade_workers: int = option(2, type=int, help="grading processes (math-verify)")
     timeout: float = option(600.0, type=float, help="seconds one vllm-http request may take")
     progress: bool = option(True, flag="--no-progress", action="store_false", help="hide the progress bar")
-    logprobs: int | None = option(None, type=int, help="ask for the K top log-probabilities of every token and "
-                                  "record each sample's logprob_mean and confidence_min_window (off by default)")
-    confidence_window: int = option(DEFAULT_WINDOW, type=int,
-                                    help="tokens per window of confidence_min_window (a shorter sample: one window)")
+    logprobs: int | None = option(None, type=int, metavar="K",
+                                  help="ask for the K top log-probabilities of every token and record each "
+                                       "sample's logprob_mean and confidence_min_window (off by default)")
+    confidence_window: int = option(DEFAULT_WINDOW, type=int, metavar="W",
+                                    help="tokens per window of confidence_min_window (shorter: one window)")
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
