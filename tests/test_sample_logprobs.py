@@ -70,12 +70,14 @@ def test_asking_for_logprobs_leaves_sampling_alone(engine):
         engine.generate_sync(PROMPTS, 1, 4, 1.0, logprobs=21)
 
 
-def test_sample_cli_records_the_fields_and_the_price(tiny_dir, tmp_path):
+def test_sample_cli_records_the_fields_and_the_price(tiny_dir, tmp_path, capsys):
     out = tmp_path / "lp.jsonl"
     args = ["sample", "--task", "arith", "--limit", "4", "--engine", "transformers", "--model", str(tiny_dir),
             "--n", "3", "--max-tokens", "8", "--seed", "1", "--threads", "1", "--no-progress", "--out", str(out)]
     assert main([*args, "--logprobs", "5", "--confidence-window", "4"]) == 0
     rows = [json.loads(x) for x in out.read_text().splitlines()]
+    tokens = sum(x["completion_tokens"] for r in rows for x in r["samples"])
+    assert f"with logprobs=5 priced as {tokens * LOGPROB_COST_FACTOR:.0f} tokens" in capsys.readouterr().out
     assert all("logprob_mean" in s and "confidence_min_window" in s for r in rows for s in r["samples"])
     meta = rows[0]["meta"]
     assert (meta["logprobs"], meta["confidence_window"], meta["logprob_cost_factor"]) == (5, 4, LOGPROB_COST_FACTOR)

