@@ -808,3 +808,25 @@ def test_requests_on_a_drained_upstream_that_gets_no_new_request_go_elsewhere_wi
     assert b["up"] is False and b["outstanding"] == 0 and b["last_error"]
     assert any("refuses new connections" in r.getMessage() and "2 request(s) in flight" in r.getMessage()
                for r in caplog.records)
+
+
+def test_completions_reply_with_logprobs_is_read_into_confidence():
+    """The shape vLLM answers with ``"logprobs": 2, "return_tokens_as_token_ids": true``: per choice the
+    sampled tokens' logprobs and, per position, the top 2 plus the sampled token when it is not among them."""
+    from isocompute.engines.base import UpstreamBadResponse
+    from isocompute.engines.openai_replies import parse_completions
+
+    choice = {"index": 0, "text": "ab", "token_ids": [5, 9], "finish_reason": "stop", "logprobs": {
+        "tokens": ["token_id:5", "token_id:9"], "token_logprobs": [-0.1, -3.0],
+        "top_logprobs": [{"token_id:5": -0.1, "token_id:6": -2.3},
+                         {"token_id:7": -0.5, "token_id:8": -1.5, "token_id:9": -3.0}]}}
+    reply = {"choices": [choice], "usage": {"prompt_tokens": 4, "completion_tokens": 2}}
+    [c], split = parse_completions(reply, 1, logprobs=2)
+    assert not split and c.completion_tokens == 2
+    assert c.logprob_mean == pytest.approx(-1.55)
+    assert c.confidence_min_window == pytest.approx((1.2 + 1.0) / 2)  # the sampled -3.0 is outside the top 2
+    [c], _ = parse_completions(reply, 1, logprobs=2, confidence_window=1)
+    assert c.confidence_min_window == pytest.approx(1.0)
+    assert parse_completions(reply, 1)[0][0].logprob_mean is None  # not asked: not read
+    with pytest.raises(UpstreamBadResponse, match="cannot read"):
+        parse_completions({**reply, "choices": [{**choice, "logprobs": None}]}, 1, logprobs=2)

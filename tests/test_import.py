@@ -8,6 +8,7 @@ import math
 from datetime import datetime
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from isocompute.cli import main
@@ -178,6 +179,24 @@ def test_generic_jsonl_with_a_mapping_file_answers_and_scores(tmp_path):
     assert [m["answer_kind"] for m in table.metas] == ["choice", "date"]
 
 
+def test_generic_import_keeps_logprob_evidence_where_the_dump_has_it(tmp_path):
+    src = tmp_path / "d.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in [
+        {"question": "1+1?", "gold": "2", "answers": ["2", "3"], "logprob_mean": [-0.2, -1.1],
+         "confidence_min_window": [4.5, None]},
+        {"question": "2+2?", "gold": "4", "answers": ["4"]},  # a record without them
+    ]) + "\n")
+    _, table = imp(tmp_path, "jsonl", src, task="gsm8k")
+    np.testing.assert_array_equal(table.logprob_mean, [[-0.2, -1.1], [np.nan, np.nan]])
+    np.testing.assert_array_equal(table.confidence_min_window, [[4.5, np.nan], [np.nan, np.nan]])
+    assert "confidence_min_window" not in table.records[0]["samples"][1]
+    # mapped from other names, through a nested path
+    src.write_text(json.dumps({"q": "1+1?", "g": "2", "s": [{"a": "2", "lp": -0.5, "c": 2.0}]}) + "\n")
+    _, table = imp(tmp_path, "jsonl", src, name="m.jsonl", task="gsm8k",
+                   fields=["question=q", "gold=g", "answers=s[].a", "logprob_mean=s[].lp", "confidence_min_window=s[].c"])
+    assert (table.logprob_mean.tolist(), table.confidence_min_window.tolist()) == ([[-0.5]], [[2.0]])
+
+
 def test_unreadable_gold_is_reported_with_its_id_and_left_out(tmp_path, capsys):
     src = tmp_path / "d.jsonl"
     src.write_text("\n".join(json.dumps({"id": i, "question": "q", "gold": g, "answers": ["18", "7"]})
@@ -212,6 +231,11 @@ ERRORS = [
                                       "completion_tokens": [4, 5]})}, ["--task", "gsm8k"],
      r"line 1: completion_tokens has 2 entries but answers has 3"),
     ("jsonl", {"d.jsonl": json.dumps({"question": "q", "gold": "1"})}, ["--task", "gsm8k"], r"line 1: no samples"),
+    ("jsonl", {"d.jsonl": json.dumps({"question": "q", "gold": "1", "answers": ["1"], "logprob_mean": [0.3]})},
+     ["--task", "gsm8k"], r"line 1: logprob_mean must be a list of finite numbers <= 0 or null; it holds 0.3"),
+    ("jsonl", {"d.jsonl": json.dumps({"question": "q", "gold": "1", "answers": ["1", "1"],
+                                      "confidence_min_window": [1.0]})}, ["--task", "gsm8k"],
+     r"line 1: confidence_min_window has 1 entries but answers has 2"),
     ("jsonl", {"d.jsonl": json.dumps({"question": "q", "gold": "1", "answers": [["1"]]})}, ["--task", "gsm8k"],
      r"line 1: answers must be a list of strings, numbers or null"),
     ("jsonl", {"d.jsonl": OK}, [], r"line 1: no task: the record has none and --task was not given"),

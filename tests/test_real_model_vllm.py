@@ -99,6 +99,24 @@ def test_greedy_agrees_with_the_transformers_engine(server, tokenizer, real_dir)
                                                                      for o in ref]
 
 
+def test_logprobs_on_the_real_model_agree_with_the_transformers_engine(server, tokenizer, real_dir):
+    """``logprobs=5`` on the 49,152-token vocabulary: vLLM's raw logprobs and the transformers engine's raw
+    logits give the same logprob_mean and confidence_min_window for the same greedy answer; and sampled
+    answers carry plausible figures (a chat model is fairly sure of most of its tokens)."""
+    from isocompute.engines.transformers_engine import TransformersEngine
+
+    prompts = chat_prompts(tokenizer)[:2]
+    served = generate(server.url, prompts, n=1, max_tokens=24, temperature=0.0, logprobs=5, confidence_window=8)
+    ref = TransformersEngine(real_dir, threads=1).generate_sync(prompts, 1, 24, 0.0, logprobs=5, confidence_window=8)
+    for [c], [d] in zip(served, ref, strict=True):
+        assert (c.text, c.completion_tokens) == (d.text, d.completion_tokens)
+        assert c.logprob_mean == pytest.approx(d.logprob_mean, abs=2e-3)
+        assert c.confidence_min_window == pytest.approx(d.confidence_min_window, abs=2e-3)
+    sampled = generate(server.url, chat_prompts(tokenizer), n=4, max_tokens=64, temperature=0.7, seed=0, logprobs=5)
+    for c in (c for o in sampled for c in o):
+        assert -3.0 < c.logprob_mean <= 0 and 0 < c.confidence_min_window < 30
+
+
 def test_the_gateway_votes_on_answers_extracted_from_its_output(server, tokenizer):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from app_fakes import FakePolicy

@@ -128,8 +128,10 @@ def test_inprocess_vllm_engine(server, tiny_dir):
         out = asyncio.run(eng.generate({PROMPTS!r}, n=2, max_tokens=12, temperature=0.0))
         seeded = asyncio.run(eng.generate({PROMPTS!r}, n=2, max_tokens=12, temperature=1.0, seed=5))
         again = asyncio.run(eng.generate({PROMPTS!r}, n=2, max_tokens=12, temperature=1.0, seed=5))
+        lp = asyncio.run(eng.generate({PROMPTS!r}, n=1, max_tokens=12, temperature=0.0, logprobs=5))
         rows = lambda o: [[[c.text, c.prompt_tokens, c.completion_tokens, c.finish_reason] for c in x] for x in o]
-        print("RESULT " + json.dumps({{"greedy": rows(out), "same_seed": seeded == again}}))
+        conf = [[x[0].logprob_mean, x[0].confidence_min_window] for x in lp]
+        print("RESULT " + json.dumps({{"greedy": rows(out), "same_seed": seeded == again, "conf": conf}}))
     """)
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="WARNING")
     proc = subprocess.run([str(find_vllm_python()), "-c", script], capture_output=True, text=True, env=env,
@@ -141,6 +143,28 @@ def test_inprocess_vllm_engine(server, tiny_dir):
     assert result["greedy"] == [[[c.text, c.prompt_tokens, c.completion_tokens, c.finish_reason] for c in o]
                                 for o in served]
     assert result["same_seed"] is True
+    # logprobs=5 in-process (SamplingParams(logprobs=5)) and over HTTP: the same engine core, the same figures
+    over_http, _ = generate(server.url, PROMPTS, n=1, max_tokens=12, temperature=0.0, logprobs=5)
+    for (lp, conf), [c] in zip(result["conf"], over_http, strict=True):
+        assert lp == pytest.approx(c.logprob_mean, abs=1e-4) and conf == pytest.approx(c.confidence_min_window, abs=1e-4)
+
+
+def test_logprobs_over_http_match_the_transformers_engine(server, tiny_dir):
+    """vLLM's raw logprobs (top 5 and the sampled token's) against the transformers engine's raw logits on
+    the same greedy tokens: two implementations, the same logprob_mean and confidence_min_window."""
+    out, _ = generate(server.url, PROMPTS, n=2, max_tokens=12, temperature=0.0, logprobs=5, confidence_window=4)
+    ref = TransformersEngine(tiny_dir, threads=1).generate_sync(PROMPTS, 2, 12, 0.0, logprobs=5, confidence_window=4)
+    for o, r in zip(out, ref, strict=True):
+        for c, d in zip(o, r, strict=True):
+            assert (c.text, c.completion_tokens) == (d.text, d.completion_tokens)
+            assert c.logprob_mean == pytest.approx(d.logprob_mean, abs=1e-3)
+            assert c.confidence_min_window == pytest.approx(d.confidence_min_window, abs=1e-3)
+    # sampled: asking for logprobs does not change the samples of a seed
+    plain, _ = generate(server.url, PROMPTS, n=3, max_tokens=10, temperature=1.0, seed=11)
+    asked, _ = generate(server.url, PROMPTS, n=3, max_tokens=10, temperature=1.0, seed=11, logprobs=5)
+    assert [[c.text for c in o] for o in plain] == [[c.text for c in o] for o in asked]
+    assert all(c.logprob_mean <= 0 <= c.confidence_min_window for o in asked for c in o)
+    assert all(c.logprob_mean is None for o in plain for c in o)
 
 
 def test_server_stops_by_pid(tiny_dir):

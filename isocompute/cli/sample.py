@@ -2,7 +2,8 @@
 outcome table.
 
 The options are :class:`isocompute.stages.sample.SampleConfig`'s fields (argparse generated from them);
-the work is :func:`isocompute.stages.sample.sample`. This module prints one line about the run.
+the work is :func:`isocompute.stages.sample.sample`. This module prints one line about the run (with
+``--logprobs``, also its tokens priced at :data:`isocompute.flops.logprobs.LOGPROB_COST_FACTOR`).
 """
 
 from __future__ import annotations
@@ -35,5 +36,6 @@ def run(args: argparse.Namespace) -> int:
         f"wrote {res.written} prompts to {res.out} ({res.skipped} already there, {res.total} in the task); "
         f"{res.completion_tokens} completion tokens in {res.seconds:.1f} s "
         f"({res.completion_tokens_per_s:.0f} tok/s); accuracy {res.accuracy:.3f}"
+        + (f"; with logprobs={res.logprobs} priced as {res.priced_tokens:.0f} tokens" if res.logprobs else "")
     )
     return 0

@@ -6,6 +6,10 @@ that shares the prompt prefix across the ``n`` samples reports ``prompt_tokens``
 Engines are async so the gateway can serve many requests on one event loop; CPU-bound engines run their
 work in a thread.
 
+``generate(…, logprobs=K, confidence_window=W)`` also asks for the ``K`` top log-probabilities of every
+generated token and sets each completion's ``logprob_mean`` and ``confidence_min_window`` from them
+(:mod:`isocompute.tasks.confidence`, window ``W`` tokens); off (``logprobs=None``) by default.
+
 ``probe_entropy(prompts, max_tokens)`` is the policy's probe feature, one greedy answer per prompt and its
 mean token entropy (:mod:`isocompute.engines.probe`); each back-end computes it its own way.
 
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from isocompute.errors import EngineUnavailable, InputError
+from isocompute.tasks.confidence import DEFAULT_WINDOW
 
 if TYPE_CHECKING:
     from isocompute.engines.probe import ProbeResult
@@ -39,12 +44,17 @@ class Completion:
     ``finish_reason`` follows OpenAI: ``"stop"`` (an end token or stop string) or ``"length"``
     (``max_tokens`` reached); ``"abort"`` marks a sample of a streamed wave stopped before it finished
     (:func:`stream_wave`): its text and tokens are what it had generated then.
+
+    ``logprob_mean`` and ``confidence_min_window`` (:mod:`isocompute.tasks.confidence`) are set when the
+    call asked for them (``generate(…, logprobs=K)``), else None.
     """
 
     text: str
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str = "stop"
+    logprob_mean: float | None = None
+    confidence_min_window: float | None = None
 
 
 REQUEST_DEADLINE: ContextVar[float | None] = ContextVar("isocompute_request_deadline", default=None)
@@ -72,13 +82,18 @@ class UpstreamMisconfigured(UpstreamBadResponse):
     key): an operator's fix, not the caller's; the message says which setting to change."""
 
 
-def check_generate_args(n: int, max_tokens: int, temperature: float) -> None:
+def check_generate_args(n: int, max_tokens: int, temperature: float, logprobs: int | None = None,
+                        confidence_window: int = DEFAULT_WINDOW) -> None:
     """Every engine's argument check, so a bad request fails the same way on every back-end."""
     if n < 1 or max_tokens < 1 or temperature < 0:
         raise InputError(
             f"need n >= 1, max_tokens >= 1 and temperature >= 0; got n={n}, "
             f"max_tokens={max_tokens}, temperature={temperature}"
         )
+    if (logprobs is not None and not 1 <= logprobs <= 20) or confidence_window < 1:
+        raise InputError(f"need 1 <= logprobs <= 20 (top log-probabilities per token; vLLM's default cap is "
+                         f"20) and confidence_window >= 1; got logprobs={logprobs}, "
+                         f"confidence_window={confidence_window}")
 
 
 async def gather_or_cancel(aws: list[Awaitable[Any]]) -> list[Any]:
@@ -106,8 +121,12 @@ class Engine(Protocol):
         max_tokens: int,
         temperature: float,
         seed: int | None = None,
+        *,
+        logprobs: int | None = None,
+        confidence_window: int = DEFAULT_WINDOW,
     ) -> list[list[Completion]]:
-        """Return ``len(prompts)`` lists of ``n`` completions each, in prompt order.
+        """Return ``len(prompts)`` lists of ``n`` completions each, in prompt order (with their confidence
+        when ``logprobs`` is given; module docstring).
 
         Raises :class:`isocompute.errors.EngineUnavailable` when the back-end cannot serve.
         """

@@ -13,17 +13,26 @@ configured wrong (an unknown model name, a key the upstream wants) and say what 
 4xx is the caller's (:class:`~isocompute.errors.InputError`). A reply that is not the JSON expected
 raises :class:`~isocompute.engines.base.UpstreamBadResponse`.
 
-Ignores: streaming replies and logprobs (the entropy probe reads those itself).
+Logprobs: asked with ``"logprobs": K`` (and ``"return_tokens_as_token_ids": true``, so that two tokens
+that decode to the same text stay two keys of a position's ``top_logprobs``), each choice carries
+``logprobs.token_logprobs`` (the sampled tokens') and ``logprobs.top_logprobs`` (one ``{token: logprob}``
+per position, the ``K`` highest plus the sampled token when it is not among them); :func:`parse_completions`
+with ``logprobs=K`` turns them into each completion's ``logprob_mean`` and ``confidence_min_window``
+(:func:`isocompute.tasks.confidence.sample_confidence`). A choice without them is a bad response.
+
+Ignores: streaming replies, and the entropy probe's logprobs (it reads those itself).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import httpx
 
 from isocompute.engines.base import Completion, UpstreamBadResponse
 from isocompute.errors import InputError
+from isocompute.tasks.confidence import DEFAULT_WINDOW, sample_confidence
 
 __all__ = ["Retryable", "check_status", "describe", "parse_completions", "split_evenly"]
 
@@ -67,12 +76,19 @@ class Retryable(Exception):
         return self.kind in ("refused", "dead", "down", "wrong")
 
 
-def parse_completions(data: dict[str, Any], n: int) -> tuple[list[Completion], bool]:
+def parse_completions(data: dict[str, Any], n: int, *, logprobs: int | None = None,
+                      confidence_window: int = DEFAULT_WINDOW) -> tuple[list[Completion], bool]:
     """The ``n`` completions of one ``/v1/completions`` reply, in index order, and whether the per-sample
-    token counts had to be split evenly from the usage totals. Raises UpstreamBadResponse when the reply
-    cannot be read."""
+    token counts had to be split evenly from the usage totals; with ``logprobs=K`` (the request's), each
+    completion's confidence too (module docstring). Raises UpstreamBadResponse when the reply cannot be
+    read."""
     try:
-        return _completions(data, n)
+        comps, split = _completions(data, n)
+        if logprobs is None:
+            return comps, split
+        choices = sorted(data["choices"], key=lambda c: c.get("index", 0))
+        pairs = zip(comps, choices, strict=True)
+        return [_with_confidence(c, ch, logprobs, confidence_window) for c, ch in pairs], split
     except (AttributeError, LookupError, TypeError, ValueError) as e:
         raise UpstreamBadResponse(f"the upstream sent a completions reply this engine cannot read "
                                   f"({describe(e)}); is it an OpenAI-compatible completions server? "
@@ -98,6 +114,17 @@ def _completions(data: dict[str, Any], n: int) -> tuple[list[Completion], bool]:
             raise TypeError(f"choice text is a {type(text).__name__}, not a string")
         out.append(Completion(text, prompt_tokens, k, str(c.get("finish_reason") or "stop")))
     return out, split
+
+
+def _with_confidence(c: Completion, choice: dict[str, Any], k: int, window: int) -> Completion:
+    lp = choice.get("logprobs")
+    if not isinstance(lp, dict) or lp.get("top_logprobs") is None:
+        raise ValueError("a choice without logprobs, though they were asked for")
+    tops = [list(d.values()) for d in lp["top_logprobs"]]
+    stats = sample_confidence([float(x) for x in lp["token_logprobs"]], tops, k=k, window=window)
+    if stats is None:
+        return c
+    return dataclasses.replace(c, logprob_mean=stats[0], confidence_min_window=stats[1])
 
 
 def check_status(url: str, r: httpx.Response, model: Any) -> None:

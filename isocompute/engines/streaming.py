@@ -29,6 +29,10 @@ shortened to the caller's deadline. A stream abandoned by the pool (its upstream
 listening: :mod:`isocompute.engines.circuit`) is retried like a failed start while no sample was handed
 out, else raises :class:`~isocompute.errors.EngineUnavailable` at once.
 
+The in-process counterpart (the transformers engine's ``stream_wave``, one batch stopped mid-decode):
+:func:`batch_finish_watch`, a stopping criterion that hands each row to the event loop as it finishes, and
+:func:`consume_finishes`, which awaits ``on_finish`` on them and aborts the rows still running.
+
 Ignores: chat completions, logprobs, several prompts per request (the gateway streams one prompt per
 request so each can stop on its own vote).
 """
@@ -37,7 +41,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -47,7 +53,8 @@ from isocompute.engines.openai_replies import describe
 from isocompute.engines.upstream_calls import open_stream, with_retries
 from isocompute.errors import EngineUnavailable
 
-__all__ = ["ChoiceState", "read_chunk", "stream_completions"]
+__all__ = ["ChoiceState", "Finish", "Put", "batch_finish_watch", "consume_finishes", "read_chunk",
+           "stream_completions"]
 
 STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
 
@@ -157,3 +164,52 @@ async def stream_completions(engine: Any, body: dict[str, Any], on_finish: OnFin
 
     # samples already handed out: the wave cannot start again elsewhere
     return await with_retries(engine, attempt, what="stream", restartable=lambda: not order)
+
+
+# ------------------------------------------------------------------- the in-process batch (transformers)
+
+Finish = tuple[int, Completion]  # a streamed wave's finished row and its completion; None ends the stream
+Put = Callable[[Finish | None], None]
+
+
+def batch_finish_watch(completion: Callable[[list[int], int, int], Completion], eos_ids: frozenset[int],
+                       width: int, prompt_tokens: int, max_tokens: int, stop: threading.Event, put: Put) -> Any:
+    """A ``transformers.StoppingCriteria`` that hands ``(row, completion(ids, prompt_tokens, max_tokens))`` to
+    ``put`` at the step each row emits eos or reaches ``max_tokens`` (new tokens start after the prompt's
+    ``width`` columns; the padding after a finish is not looked at), and stops every row once ``stop`` is set
+    (that step's finishes go first)."""
+    import torch
+    from transformers import StoppingCriteria
+
+    class FinishWatch(StoppingCriteria):
+        def __init__(self) -> None:
+            self.done: set[int] = set()
+
+        def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+            steps = input_ids.shape[1] - width
+            for j, tok in enumerate(input_ids[:, -1].tolist()):
+                if j not in self.done and (tok in eos_ids or steps >= max_tokens):
+                    self.done.add(j)
+                    put((j, completion(input_ids[j, width:].tolist(), prompt_tokens, max_tokens)))
+            return torch.full((input_ids.shape[0],), stop.is_set(), dtype=torch.bool, device=input_ids.device)
+
+    return FinishWatch()
+
+
+async def consume_finishes(queue: asyncio.Queue[Finish | None], worker: asyncio.Future[tuple[int, int]],
+                           stop: threading.Event, on_finish: OnFinish, n: int) -> WaveStream:
+    """Await ``on_finish`` on each finish the worker puts until it says stop (later finishes are kept, not
+    shown to it); after the worker's end (``None``), abort the rows that never finished."""
+    done: dict[int, Completion] = {}
+    order: list[int] = []
+    asked = False
+    while (item := await queue.get()) is not None:
+        j, c = item
+        done[j] = c
+        order.append(j)
+        if not asked and await on_finish(j, c):
+            asked = True
+            stop.set()
+    prompt_tokens, steps = await worker  # raises what the thread raised
+    comps = [done.get(j) or Completion("", prompt_tokens, steps, "abort") for j in range(n)]
+    return WaveStream(comps, order, asked and len(done) < n)

@@ -29,8 +29,13 @@ not shown to ``on_finish``). Worked example: rows finish at 6 and 9 tokens, stop
 notices at step 10: a row ending at 10 is finished, the five others are aborted at 10 tokens each. A wave
 wider than ``micro_batch`` is generated whole and replayed (:func:`~isocompute.engines.base.replay_finishes`).
 
-Ignores: stop strings, top-k/top-p/repetition penalties, and freeing a finished row's slot before its whole
-batch ends (it decodes padding until then).
+``generate(…, logprobs=K)`` also returns every step's raw logits (``output_logits=True``: the model's own
+distribution, before temperature, as vLLM's default ``raw_logprobs``) and sets each completion's
+``logprob_mean`` and ``confidence_min_window`` from their log-softmax (:mod:`isocompute.tasks.confidence`);
+a micro-batch then holds rows × steps × vocab floats (lower ``micro_batch`` for a large vocabulary).
+
+Ignores: stop strings, logprobs in ``stream_wave``, top-k/top-p/repetition penalties, and freeing a
+finished row's slot before its whole batch ends (it decodes padding until then).
 """
 
 from __future__ import annotations
@@ -39,19 +44,21 @@ import asyncio
 import copy
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from isocompute.engines.base import Completion, OnFinish, WaveStream, check_generate_args, replay_finishes
 from isocompute.engines.probe import ProbeResult, entropy_from_logits, mean_entropy
+from isocompute.engines.streaming import Finish, Put, batch_finish_watch, consume_finishes
 from isocompute.errors import EngineUnavailable, InputError
+from isocompute.tasks.confidence import DEFAULT_WINDOW, stats_from_logits
 
 __all__ = ["TransformersEngine", "apply_chat_template", "count_completion", "resolve_device"]
 
-_Finish = tuple[int, Completion]  # a streamed wave's finished row and its completion; None ends the stream
-_Put = Callable[[_Finish | None], None]
+_Conf = tuple[int | None, int]  # (top logprobs asked, confidence window); None: not asked
 
 
 def resolve_device(device: str) -> str:
@@ -195,12 +202,16 @@ class TransformersEngine:
         max_tokens: int,
         temperature: float,
         seed: int | None = None,
+        *,
+        logprobs: int | None = None,
+        confidence_window: int = DEFAULT_WINDOW,
     ) -> list[list[Completion]]:
-        """Sample ``n`` completions for each prompt (see the module docstring for counts and seeding)."""
-        check_generate_args(n, max_tokens, temperature)
+        """Sample ``n`` completions for each prompt (module docstring: counts, seeding, logprobs)."""
+        check_generate_args(n, max_tokens, temperature, logprobs, confidence_window)
         if not prompts:
             return []
-        return await asyncio.to_thread(self._generate_locked, list(prompts), n, max_tokens, temperature, seed)
+        return await asyncio.to_thread(self._generate_locked, list(prompts), n, max_tokens, temperature, seed,
+                                       (logprobs, confidence_window))
 
     async def stream_wave(self, prompt: str, n: int, max_tokens: int, temperature: float, seed: int | None,
                           on_finish: OnFinish) -> WaveStream:
@@ -210,10 +221,10 @@ class TransformersEngine:
             [comps] = await self.generate([prompt], n, max_tokens, temperature, seed)
             return await replay_finishes(comps, on_finish)
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[_Finish | None] = asyncio.Queue()
+        queue: asyncio.Queue[Finish | None] = asyncio.Queue()
         stop = threading.Event()
 
-        def put(item: _Finish | None) -> None:
+        def put(item: Finish | None) -> None:
             try:
                 loop.call_soon_threadsafe(queue.put_nowait, item)
             except RuntimeError:  # the loop has closed: nobody listens any more
@@ -223,7 +234,7 @@ class TransformersEngine:
             asyncio.to_thread(self._stream_locked, prompt, n, max_tokens, temperature, seed, stop, put))
         worker.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved even if nobody awaits
         try:
-            return await _consume(queue, worker, stop, on_finish, n)
+            return await consume_finishes(queue, worker, stop, on_finish, n)
         except Exception:
             stop.set()
             await asyncio.wait([worker])  # the thread ends within a step; the lock is free on return
@@ -232,10 +243,13 @@ class TransformersEngine:
             stop.set()  # cancelled: generate ends at its next step and releases the lock
 
     def generate_sync(
-        self, prompts: list[str], n: int, max_tokens: int, temperature: float, seed: int | None = None
+        self, prompts: list[str], n: int, max_tokens: int, temperature: float, seed: int | None = None,
+        *, logprobs: int | None = None, confidence_window: int = DEFAULT_WINDOW,
     ) -> list[list[Completion]]:
         """The blocking form of :meth:`generate`, for scripts and benchmarks without an event loop."""
-        return self._generate_locked(list(prompts), n, max_tokens, temperature, seed)
+        check_generate_args(n, max_tokens, temperature, logprobs, confidence_window)
+        conf = (logprobs, confidence_window)
+        return self._generate_locked(list(prompts), n, max_tokens, temperature, seed, conf)
 
     @contextmanager
     def _running(self) -> Iterator[None]:
@@ -264,14 +278,13 @@ class TransformersEngine:
             torch.manual_seed(seed)
             yield
 
-    def _generate_locked(
-        self, prompts: list[str], n: int, max_tokens: int, temperature: float, seed: int | None
-    ) -> list[list[Completion]]:
+    def _generate_locked(self, prompts: list[str], n: int, max_tokens: int, temperature: float,
+                         seed: int | None, conf: _Conf = (None, DEFAULT_WINDOW)) -> list[list[Completion]]:
         with self._running(), self._seeded(seed):
-            return self._generate_rows(prompts, n, max_tokens, temperature)
+            return self._generate_rows(prompts, n, max_tokens, temperature, conf)
 
     def _stream_locked(self, prompt: str, n: int, max_tokens: int, temperature: float, seed: int | None,
-                       stop: threading.Event, put: _Put) -> tuple[int, int]:
+                       stop: threading.Event, put: Put) -> tuple[int, int]:
         """One prompt's ``n`` rows in one ``generate`` call, each finish ``put`` as it happens, all rows
         stopped once ``stop`` is set; returns (prompt tokens, tokens every unfinished row had then)."""
         from transformers import StoppingCriteriaList
@@ -282,38 +295,48 @@ class TransformersEngine:
                 width, plen = enc["input_ids"].shape[1], int(enc["attention_mask"][0].sum())
                 if stop.is_set():  # stopped (cancelled) while waiting for the lock
                     return plen, 0
-                watch = _finish_watch(self, width, plen, max_tokens, stop, put)
+                watch = batch_finish_watch(self._completion, self.eos_ids, width, plen, max_tokens, stop, put)
                 out = self._run_generate(enc, max_tokens, temperature, StoppingCriteriaList([watch]))
                 return plen, out.shape[1] - width
         finally:
             put(None)
 
-    def _generate_rows(
-        self, prompts: list[str], n: int, max_tokens: int, temperature: float
-    ) -> list[list[Completion]]:
+    def _generate_rows(self, prompts: list[str], n: int, max_tokens: int, temperature: float,
+                       conf: _Conf) -> list[list[Completion]]:
         # Row r samples prompt r // n; rows are contiguous per prompt so results regroup by slicing.
         rows = [p for p in prompts for _ in range(n)]
         flat: list[Completion] = []
         for start in range(0, len(rows), self.micro_batch):
-            flat.extend(self._generate_batch(rows[start : start + self.micro_batch], max_tokens, temperature))
+            batch = rows[start : start + self.micro_batch]
+            flat.extend(self._generate_batch(batch, max_tokens, temperature, conf))
         return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
 
-    def _generate_batch(self, rows: list[str], max_tokens: int, temperature: float) -> list[Completion]:
+    def _generate_batch(self, rows: list[str], max_tokens: int, temperature: float,
+                        conf: _Conf) -> list[Completion]:
+        k, window = conf
         enc = self._encoder(rows, return_tensors="pt", padding=True).to(self.device)
-        out = self._run_generate(enc, max_tokens, temperature)
+        out = self._run_generate(enc, max_tokens, temperature, logits=k is not None)
         width = enc["input_ids"].shape[1]
-        new_tokens = out[:, width:].tolist()
+        seqs = out if k is None else out.sequences
+        new_tokens = seqs[:, width:].tolist()
         prompt_lens = enc["attention_mask"].sum(dim=1).tolist()
-        return [self._completion(ids, int(plen), max_tokens)
-                for ids, plen in zip(new_tokens, prompt_lens, strict=True)]
+        comps = [self._completion(ids, int(plen), max_tokens)
+                 for ids, plen in zip(new_tokens, prompt_lens, strict=True)]
+        if k is None:
+            return comps
+        # out.logits: one (rows, vocab) tensor of raw logits (before temperature) per step
+        return [_with_confidence(c, out.logits, r, new_tokens[r], k, window) for r, c in enumerate(comps)]
 
-    def _run_generate(self, enc: Any, max_tokens: int, temperature: float, stopping: Any = None) -> Any:
-        """``model.generate`` on encoded rows: plain temperature sampling, or greedy at 0."""
+    def _run_generate(self, enc: Any, max_tokens: int, temperature: float, stopping: Any = None,
+                      logits: bool = False) -> Any:
+        """``model.generate`` on encoded rows: plain temperature sampling, or greedy at 0; ``logits``: return
+        the ``generate`` output object with every step's raw logits (``output_logits=True``)."""
         sampling: dict[str, Any] = ({"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
                                     if temperature > 0 else {"do_sample": False})
+        extra = {"output_logits": True, "return_dict_in_generate": True} if logits else {}
         return self.model.generate(**enc, max_new_tokens=max_tokens, eos_token_id=sorted(self.eos_ids),
                                    pad_token_id=self.tokenizer.pad_token_id, stopping_criteria=stopping,
-                                   **sampling)
+                                   **sampling, **extra)
 
     def _completion(self, ids: list[int], prompt_tokens: int, max_tokens: int) -> Completion:
         """One generated row as a :class:`Completion` (:func:`count_completion`; eos not in the text)."""
@@ -356,44 +379,12 @@ class TransformersEngine:
             self.model = None  # type: ignore[assignment]
 
 
-def _finish_watch(engine: TransformersEngine, width: int, prompt_tokens: int, max_tokens: int,
-                  stop: threading.Event, put: _Put) -> Any:
-    """A ``transformers.StoppingCriteria`` that hands ``(row, completion)`` to ``put`` at the step each row
-    emits eos or reaches ``max_tokens`` (new tokens start after the prompt's ``width`` columns; the padding
-    after a finish is not looked at), and stops every row once ``stop`` is set (that step's finishes go
-    first)."""
+def _with_confidence(c: Completion, logits: Any, row: int, ids: list[int], k: int, window: int) -> Completion:
+    """``c`` with its confidence from row ``row`` of the steps' raw ``logits`` and its generated ``ids``
+    (eos included; the steps after it are padding)."""
     import torch
-    from transformers import StoppingCriteria
 
-    class FinishWatch(StoppingCriteria):
-        def __init__(self) -> None:
-            self.done: set[int] = set()
-
-        def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
-            steps = input_ids.shape[1] - width
-            for j, tok in enumerate(input_ids[:, -1].tolist()):
-                if j not in self.done and (tok in engine.eos_ids or steps >= max_tokens):
-                    self.done.add(j)
-                    put((j, engine._completion(input_ids[j, width:].tolist(), prompt_tokens, max_tokens)))
-            return torch.full((input_ids.shape[0],), stop.is_set(), dtype=torch.bool, device=input_ids.device)
-
-    return FinishWatch()
-
-
-async def _consume(queue: asyncio.Queue[_Finish | None], worker: asyncio.Future[tuple[int, int]],
-                   stop: threading.Event, on_finish: OnFinish, n: int) -> WaveStream:
-    """Await ``on_finish`` on each finish the worker puts until it says stop (later finishes are kept, not
-    shown to it); after the worker's end (``None``), abort the rows that never finished."""
-    done: dict[int, Completion] = {}
-    order: list[int] = []
-    asked = False
-    while (item := await queue.get()) is not None:
-        j, c = item
-        done[j] = c
-        order.append(j)
-        if not asked and await on_finish(j, c):
-            asked = True
-            stop.set()
-    prompt_tokens, steps = await worker  # raises what the thread raised
-    comps = [done.get(j) or Completion("", prompt_tokens, steps, "abort") for j in range(n)]
-    return WaveStream(comps, order, asked and len(done) < n)
+    m = c.completion_tokens
+    mine = torch.stack([step[row] for step in logits[:m]]).float().cpu().numpy() if m else None
+    stats = stats_from_logits(mine, ids[:m], k=k, window=window) if m else None
+    return c if stats is None else replace(c, logprob_mean=stats[0], confidence_min_window=stats[1])

@@ -41,7 +41,10 @@ JSON (the entropy probe, :mod:`isocompute.engines.probe`, asks for ``logprobs`` 
 ``stream_wave(prompt, n, …, on_finish)`` streams one prompt's wave and closes the request when
 ``on_finish`` says stop (:mod:`isocompute.engines.streaming`).
 
-Ignores: chat completions (prompts arrive already templated), logprobs in ``generate``, stop strings.
+``generate(…, logprobs=K)`` asks each request for ``"logprobs": K`` and returns completions with their
+``logprob_mean`` and ``confidence_min_window`` (:mod:`isocompute.engines.openai_replies`); off by default.
+
+Ignores: chat completions (prompts arrive already templated), logprobs in ``stream_wave``, stop strings.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ from isocompute.engines.upstream_calls import (
     with_retries,
 )
 from isocompute.errors import EngineUnavailable, InputError
+from isocompute.tasks.confidence import DEFAULT_WINDOW
 
 __all__ = ["START_HINT", "Upstream", "VLLMHTTPEngine", "split_evenly"]
 
@@ -163,18 +167,22 @@ class VLLMHTTPEngine:
         max_tokens: int,
         temperature: float,
         seed: int | None = None,
+        *,
+        logprobs: int | None = None,
+        confidence_window: int = DEFAULT_WINDOW,
     ) -> list[list[Completion]]:
-        """Send one ``/v1/completions`` request per prompt, concurrently; results in prompt order."""
-        check_generate_args(n, max_tokens, temperature)
+        """Send one ``/v1/completions`` request per prompt, concurrently; results in prompt order. With
+        ``logprobs=K`` each request asks for ``"logprobs": K`` and the completions carry their confidence
+        (:mod:`isocompute.engines.openai_replies`)."""
+        check_generate_args(n, max_tokens, temperature, logprobs, confidence_window)
         if not prompts:
             return []
         model = await self._model_name()
         # vLLM refuses n > 1 with greedy decoding (all samples would be equal): ask once, copy n times.
         n_req = 1 if temperature == 0 else n
         tasks = [
-            self._complete_one(
-                model, p, n_req, max_tokens, temperature, None if seed is None else seed + i * n
-            )
+            self._complete_one(model, p, n_req, max_tokens, temperature, None if seed is None else seed + i * n,
+                               logprobs, confidence_window)
             for i, p in enumerate(prompts)
         ]
         return [comps * (n // n_req) for comps in await gather_or_cancel(tasks)]
@@ -315,7 +323,8 @@ class VLLMHTTPEngine:
         return await fetch_model_name(self._ensure_client(), up.url)
 
     async def _complete_one(
-        self, model: str, prompt: str, n: int, max_tokens: int, temperature: float, seed: int | None
+        self, model: str, prompt: str, n: int, max_tokens: int, temperature: float, seed: int | None,
+        logprobs: int | None = None, confidence_window: int = DEFAULT_WINDOW,
     ) -> list[Completion]:
         body: dict[str, Any] = {"model": model, "prompt": prompt, "n": n, "max_tokens": max_tokens,
                                 "temperature": temperature}
@@ -323,7 +332,15 @@ class VLLMHTTPEngine:
             body["seed"] = seed
         if self.return_token_ids:
             body["return_token_ids"] = True
-        return self._parse(await self.request(body), n)
+        if logprobs is not None:
+            body |= {"logprobs": logprobs, "return_tokens_as_token_ids": True}
+        comps, split = parse_completions(await self.request(body), n, logprobs=logprobs,
+                                         confidence_window=confidence_window)
+        if split and not self._warned_split:
+            log.warning("upstream returned no per-choice token_ids; splitting usage.completion_tokens evenly over "
+                        "the choices (per-sample counts are then only right on average)")
+            self._warned_split = True
+        return comps
 
     async def request(self, body: dict[str, Any]) -> dict[str, Any]:
         """POST one ``/v1/completions`` body through the balancer with retries; return the JSON answer.
@@ -340,14 +357,6 @@ class VLLMHTTPEngine:
         client = httpx_client if self._session is None else self._session
         return await with_retries(self, lambda up, _epoch, budget: post_completions(client, up.url, body, budget),
                                   what="request", hint=f"; {START_HINT}")
-
-    def _parse(self, data: dict[str, Any], n: int) -> list[Completion]:
-        comps, split = parse_completions(data, n)
-        if split and not self._warned_split:
-            log.warning("upstream returned no per-choice token_ids; splitting usage.completion_tokens evenly over "
-                        "the choices (per-sample counts are then only right on average)")
-            self._warned_split = True
-        return comps
 
     async def probe_entropy(self, prompts: list[str], max_tokens: int) -> ProbeResult:
         """Mean top-20 entropy of one greedy answer per prompt, from ``/v1/completions`` with

@@ -10,7 +10,12 @@ rejects ``n > 1`` without sampling).
 
 ``LLM.generate`` blocks, so it runs in a worker thread behind a lock (concurrent calls serialise).
 ``import vllm`` happens in ``__init__`` only; without vLLM the constructor raises
-:class:`~isocompute.errors.EngineUnavailable` saying how to get it. Ignores: LoRA adapters, stop strings.
+:class:`~isocompute.errors.EngineUnavailable` saying how to get it.
+
+With ``logprobs=K`` every sample is asked with ``SamplingParams(logprobs=K)`` and carries its
+``logprob_mean`` and ``confidence_min_window`` (:mod:`isocompute.tasks.confidence`, vLLM's raw logprobs).
+
+Ignores: LoRA adapters, stop strings.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 from isocompute.engines.base import Completion, check_generate_args
 from isocompute.engines.probe import TOP_LOGPROBS, ProbeResult, mean_entropy, topk_entropy
 from isocompute.errors import EngineUnavailable
+from isocompute.tasks.confidence import DEFAULT_WINDOW, sample_confidence
 
 __all__ = ["VLLMEngine"]
 
@@ -58,14 +64,19 @@ class VLLMEngine:
         max_tokens: int,
         temperature: float,
         seed: int | None = None,
+        *,
+        logprobs: int | None = None,
+        confidence_window: int = DEFAULT_WINDOW,
     ) -> list[list[Completion]]:
-        check_generate_args(n, max_tokens, temperature)
+        check_generate_args(n, max_tokens, temperature, logprobs, confidence_window)
         if not prompts:
             return []
-        return await asyncio.to_thread(self._generate_locked, list(prompts), n, max_tokens, temperature, seed)
+        return await asyncio.to_thread(self._generate_locked, list(prompts), n, max_tokens, temperature, seed,
+                                       logprobs, confidence_window)
 
     def _generate_locked(
-        self, prompts: list[str], n: int, max_tokens: int, temperature: float, seed: int | None
+        self, prompts: list[str], n: int, max_tokens: int, temperature: float, seed: int | None,
+        logprobs: int | None = None, confidence_window: int = DEFAULT_WINDOW,
     ) -> list[list[Completion]]:
         # vLLM refuses n > 1 with greedy decoding (all samples would be equal): ask once, copy n times.
         n_req = 1 if temperature == 0 else n
@@ -75,6 +86,7 @@ class VLLMEngine:
                 max_tokens=max_tokens,
                 temperature=temperature,
                 seed=None if seed is None else seed + i * n,
+                logprobs=logprobs,
             )
             for i in range(len(prompts))
         ]
@@ -84,7 +96,8 @@ class VLLMEngine:
         for out in outputs:
             plen = len(out.prompt_token_ids or [])
             samples = sorted(out.outputs, key=lambda s: s.index)
-            comps = [Completion(s.text, plen, len(s.token_ids), s.finish_reason or "stop") for s in samples]
+            comps = [Completion(s.text, plen, len(s.token_ids), s.finish_reason or "stop",
+                                *_confidence(s, logprobs, confidence_window)) for s in samples]
             result.append(comps * (n // n_req))
         return result
 
@@ -109,3 +122,14 @@ class VLLMEngine:
     async def aclose(self) -> None:
         with self._lock:
             self.llm = None
+
+
+def _confidence(sample: Any, k: int | None, window: int) -> tuple[float | None, float | None]:
+    """A vLLM sample's ``(logprob_mean, confidence_min_window)`` from its per-token ``{token id: Logprob}``
+    (the ``k`` highest plus the sampled token), or ``(None, None)`` when logprobs were not asked."""
+    if k is None or not sample.logprobs:
+        return None, None
+    steps = list(zip(sample.token_ids, sample.logprobs, strict=True))
+    sampled = [d[t].logprob for t, d in steps]
+    stats = sample_confidence(sampled, [[lp.logprob for lp in d.values()] for _, d in steps], k=k, window=window)
+    return (None, None) if stats is None else stats

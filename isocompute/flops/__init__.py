@@ -5,6 +5,7 @@
 - :mod:`~isocompute.flops.analytic` — matmul + attention counts of prefill, decode, requests with and
   without prefix sharing, full and LoRA updates, reward-model passes;
 - :mod:`~isocompute.flops.race` — the RACE parameter–token convention (c_fwd, c_bwd, f_eff, a);
+- :mod:`~isocompute.flops.logprobs` — the measured price of asking an engine for logprobs, a factor on tokens;
 - :mod:`~isocompute.flops.breakdown` / :mod:`~isocompute.flops.ledger` — rollout / update / reward
   totals with the update fraction ρ, accumulated, merged and saved as JSON.
 """

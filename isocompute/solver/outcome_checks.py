@@ -22,7 +22,7 @@ import numpy as np
 
 from isocompute.errors import InputError
 
-__all__ = ["NULL_CODE"]
+__all__ = ["EVIDENCE_FIELDS", "NULL_CODE"]
 
 NULL_CODE = -1  # answer code of a sample whose answer is null
 
@@ -118,6 +118,41 @@ def _check_samples(flat: list, locate: Callable[[int], tuple[str, int]]) -> tupl
     return correct, answer, score, tokens, classes
 
 
+# Optional per-sample evidence (DeepConf-style, isocompute.tasks.confidence): field → (rule, holds).
+EVIDENCE_FIELDS = ("logprob_mean", "confidence_min_window")
+_EVIDENCE_RULES = {"logprob_mean": ("a finite number <= 0 (a mean log-probability)", np.less_equal),
+                   "confidence_min_window": ("a finite number >= 0 (a mean of −log-probabilities)",
+                                             np.greater_equal)}
+
+
+def _check_evidence(flat: list, locate: Callable[[int], tuple[str, int]]) -> dict[str, np.ndarray | None]:
+    """Validate the optional evidence fields of samples (of many records, back to back); each field's
+    flat float column (NaN where absent), or None when no sample has it. Vectorised like
+    :func:`_check_samples`: a location is only built for an error."""
+    out: dict[str, np.ndarray | None] = {}
+    for name in EVIDENCE_FIELDS:
+        col = list(map(operator.methodcaller("get", name), flat))
+        absent = col.count(None)
+        if absent == len(col):
+            out[name] = None
+            continue
+        rule, holds = _EVIDENCE_RULES[name]
+        bad = None
+        if not set(map(type, col)) <= _SCORE_TYPES:
+            bad = next(f for f, v in enumerate(col) if type(v) not in _SCORE_TYPES)
+        else:
+            x = np.asarray(col, dtype=np.float64)  # None -> NaN
+            given = np.fromiter((v is not None for v in col), bool, len(col))
+            wrong = given & ~(np.isfinite(x) & holds(np.nan_to_num(x, nan=0.0), 0.0))
+            if wrong.any():
+                bad = int(np.argmax(wrong))
+        if bad is not None:
+            where, j = locate(bad)
+            raise InputError(f"{where}: samples[{j}].{name} must be {rule}, got {col[bad]!r}. {_FIX}")
+        out[name] = x
+    return out
+
+
 _get_correct = operator.itemgetter("correct")
 _get_answer = operator.itemgetter("answer")
 _get_score = operator.methodcaller("get", "score")
@@ -131,6 +166,7 @@ def _check_record(obj: Any, where: Callable[[], str]) -> None:
     samples = _check_header(obj, where)
     _, answer, score, tokens, classes = _check_samples(samples, lambda f: (where(), f))
     _class_codes(classes, answer, np.asarray([len(samples)]), lambda f: (where(), f))
+    _check_evidence(samples, lambda f: (where(), f))
     bad = [j for j, (s, t) in enumerate(zip(score, tokens, strict=True))
            if (s is not None and not math.isfinite(s)) or (t is not None and t < 0)]
     if bad:

@@ -29,6 +29,8 @@ class Sample:
     completion_tokens: int | None = None
     score: float | None = None
     answer_class: int | None = None
+    logprob_mean: float | None = None
+    confidence_min_window: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +66,10 @@ def _sample_to_dict(s: Sample, with_class: bool) -> dict[str, Any]:
         out["completion_tokens"] = s.completion_tokens
     if s.score is not None:
         out["score"] = s.score
+    if s.logprob_mean is not None:
+        out["logprob_mean"] = s.logprob_mean
+    if s.confidence_min_window is not None:
+        out["confidence_min_window"] = s.confidence_min_window
     return out
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from isocompute.errors import InputError
 from isocompute.solver.outcome_checks import (
     _FIX,
+    _check_evidence,
     _check_header,
     _check_samples,
     _class_codes,
@@ -37,7 +38,9 @@ class OutcomeTable:
 
     Shapes: ``N`` prompts, ``n_max`` = the largest number of samples of any prompt. Entries of the
     (N, n_max) views beyond a prompt's ``n_samples`` are padding: ``mask`` False, ``correct`` False,
-    ``answer_codes`` :data:`PAD_CODE`, ``scores``/``completion_tokens`` NaN.
+    ``answer_codes`` :data:`PAD_CODE`, ``scores``/``completion_tokens`` NaN. The optional evidence views
+    ``logprob_mean`` and ``confidence_min_window`` are NaN where a sample lacks the field, and None when no
+    sample of the table has it.
 
     ``answer_codes[i, j]`` is dense per row: the distinct non-null answers of row i get codes
     0..G_i−1 (equal strings share a code; the numbering carries no meaning), a null answer gets
@@ -60,6 +63,8 @@ class OutcomeTable:
     metas: list[dict[str, Any]]
     source: str
     sha256: str | None
+    logprob_mean: np.ndarray | None = None  # (N, n_max) float64, NaN when absent; None when no sample has it
+    confidence_min_window: np.ndarray | None = None  # the same
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -116,12 +121,14 @@ class OutcomeTable:
         n = self.n_samples[idx]
         w = int(n.max())
         pick = lambda xs: [xs[i] for i in idx]  # noqa: E731
+        rows = lambda a: None if a is None else a[idx, :w]  # noqa: E731
         return OutcomeTable(
             records=pick(self.records), ids=pick(self.ids), prompts=pick(self.prompts), golds=pick(self.golds),
             n_samples=n, mask=self.mask[idx, :w], correct=self.correct[idx, :w],
             answer_codes=self.answer_codes[idx, :w], scores=self.scores[idx, :w],
             completion_tokens=self.completion_tokens[idx, :w], prompt_tokens=self.prompt_tokens[idx],
             metas=pick(self.metas), source=self.source, sha256=self.sha256,
+            logprob_mean=rows(self.logprob_mean), confidence_min_window=rows(self.confidence_min_window),
         )
 
 
@@ -155,6 +162,7 @@ def _build(items: Iterable[tuple[Any, Callable[[], str]]], source: str, sha256: 
         return wheres[i](), f - int(starts[i])
 
     corr_all, ans_all, score_all, tok_all, cls_all = _check_samples(flat, locate)
+    evidence = _check_evidence(flat, locate)
     mask = np.arange(n.max())[None, :] < n[:, None]
 
     def padded(col: np.ndarray, fill: Any) -> np.ndarray:
@@ -182,6 +190,7 @@ def _build(items: Iterable[tuple[Any, Callable[[], str]]], source: str, sha256: 
         scores=padded(scores_flat, np.nan), completion_tokens=padded(tokens_flat, np.nan),
         prompt_tokens=np.asarray([r.get("prompt_tokens") for r in records], dtype=np.float64),
         metas=[r.get("meta") or {} for r in records], source=source, sha256=sha256,
+        **{k: None if v is None else padded(v, np.nan) for k, v in evidence.items()},
     )
 
 

@@ -22,9 +22,11 @@ Fields (required unless marked optional):
   * ``correct`` — ``true``/``false``, the grader's verdict on this sample.
   * ``completion_tokens`` (optional) — generated tokens, integer ≥ 0.
   * ``score`` (optional) — verifier / reward-model score, a finite number (needed for best-of-k).
-  * ``logprob_mean``, ``confidence_min_window`` (optional) — the mean sampled-token logprob (≤ 0) and DeepConf's
-    lowest sliding-window confidence (≥ 0, higher = more confident); kept in ``records``, read by the weighted
-    votes (:mod:`isocompute.solver.votes.evidence`) when every sample has one.
+  * ``logprob_mean`` (optional) — mean log-probability of the sample's tokens, a finite number ≤ 0.
+  * ``confidence_min_window`` (optional) — DeepConf's lowest window confidence (mean over a sliding window
+    of tokens of −mean top-k log-probability; :mod:`isocompute.tasks.confidence`), a finite number ≥ 0.
+    Both are written by ``isocompute sample --logprobs K`` and kept by ``import`` where a dump has them;
+    :attr:`OutcomeTable.logprob_mean` and :attr:`OutcomeTable.confidence_min_window` are their views.
 
 * ``prompt_tokens`` (optional) — prompt length in tokens, integer ≥ 0.
 * ``meta`` (optional) — free-form object (task, model, temperature, …).

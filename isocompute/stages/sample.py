@@ -16,7 +16,11 @@ exactly so when ``batch_prompts`` is 1 (the ``vllm-http`` default).
 
 Each line's ``meta`` holds task, engine, model, temperature, n, max_tokens, seed, the model's
 ``config.json`` (``model_config``, what :mod:`isocompute.flops` reads for FLOP costs) and its sha256,
-plus the problem's own meta (``problem``, e.g. arith difficulty). Token counts come from the engine:
+plus the problem's own meta (``problem``, e.g. arith difficulty).
+With ``--logprobs K`` each sample also gets ``logprob_mean`` and ``confidence_min_window``
+(:mod:`isocompute.tasks.confidence`, windows of ``--confidence-window`` tokens) and meta records
+``logprobs``, ``confidence_window`` and ``logprob_cost_factor`` (the measured price of asking,
+:data:`isocompute.flops.logprobs.LOGPROB_COST_FACTOR`). Token counts come from the engine:
 ``prompt_tokens`` once per prompt, ``completion_tokens`` per sample (up to and including EOS).
 
 Prompt format: ``chat`` wraps the task prompt in the tokenizer's chat template (needs a tokenizer:
@@ -36,7 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from isocompute.errors import InputError
+from isocompute.flops.logprobs import LOGPROB_COST_FACTOR, priced_tokens
 from isocompute.stages.options import option
+from isocompute.tasks.confidence import DEFAULT_WINDOW
 
 TASK_CHOICES = ("arith", "gsm8k", "math", "math500")
 ENGINE_CHOICES = ("transformers", "vllm-http", "vllm")
@@ -73,6 +79,11 @@ class SampleConfig:
     grade_workers: int = option(2, type=int, help="grading processes (math-verify)")
     timeout: float = option(600.0, type=float, help="seconds one vllm-http request may take")
     progress: bool = option(True, flag="--no-progress", action="store_false", help="hide the progress bar")
+    logprobs: int | None = option(None, type=int, metavar="K",
+                                  help="ask for the K top log-probabilities of every token and record each "
+                                       "sample's logprob_mean and confidence_min_window (off by default)")
+    confidence_window: int = option(DEFAULT_WINDOW, type=int, metavar="W",
+                                    help="tokens per window of confidence_min_window (shorter: one window)")
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
@@ -91,6 +102,9 @@ class SampleConfig:
              f"--concurrency must be >= 1; you passed {self.concurrency}"),
             (self.threads is None or self.threads >= 1, f"--threads must be >= 1; you passed {self.threads}"),
             (self.grade_workers >= 1, f"--grade-workers must be >= 1; you passed {self.grade_workers}"),
+            (self.logprobs is None or 1 <= self.logprobs <= 20,
+             f"--logprobs must be 1 … 20 (top log-probabilities per token); you passed {self.logprobs}"),
+            (self.confidence_window >= 1, f"--confidence-window must be >= 1; you passed {self.confidence_window}"),
             (self.engine != "vllm-http" or bool(self.upstreams),
              "--engine vllm-http needs --upstream URL (repeatable), e.g. --upstream http://127.0.0.1:8000"),
             (self.engine == "vllm-http" or self.model is not None,
@@ -120,6 +134,12 @@ class SampleResult:
     correct: int
     samples: int
     seconds: float
+    logprobs: int | None = None
+
+    @property
+    def priced_tokens(self) -> float:
+        """The completion tokens priced as tokens without logprobs (:func:`isocompute.flops.logprobs.priced_tokens`)."""
+        return priced_tokens(self.completion_tokens, self.logprobs)
 
     @property
     def completion_tokens_per_s(self) -> float:
@@ -145,6 +165,15 @@ def model_config_meta(model_dir: str | Path | None) -> dict[str, Any]:
         return {}
     data = path.read_bytes()
     return {"model_config": json.loads(data), "model_config_sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _logprob_meta(cfg: SampleConfig) -> dict[str, Any]:
+    """What a logprob-asking run records in meta: K, the window, and the measured cost factor its tokens
+    are priced at (:data:`isocompute.flops.logprobs.LOGPROB_COST_FACTOR`); nothing for a plain run."""
+    if cfg.logprobs is None:
+        return {}
+    return {"logprobs": cfg.logprobs, "confidence_window": cfg.confidence_window,
+            "logprob_cost_factor": LOGPROB_COST_FACTOR}
 
 
 def _load_tokenizer(model_dir: str | Path | None) -> Any:
@@ -213,11 +242,11 @@ async def sample_async(cfg: SampleConfig, engine: Any | None = None) -> SampleRe
         meta_common = {
             "task": cfg.task, "engine": engine.name, "model": model_name, "temperature": cfg.temperature,
             "n": cfg.n, "max_tokens": cfg.max_tokens, "seed": cfg.seed,
-            **model_config_meta(model_dir),
+            **model_config_meta(model_dir), **_logprob_meta(cfg),
         }
         with OutcomeWriter(cfg.out) as writer:
             todo = [p for p in problems if p.id not in writer.completed]
-            result = SampleResult(cfg.out, len(problems), len(problems) - len(todo), 0, 0, 0, 0, 0, 0.0)
+            result = SampleResult(cfg.out, len(problems), len(problems) - len(todo), 0, 0, 0, 0, 0, 0.0, cfg.logprobs)
             await _sample_into(cfg, engine, grader, writer, todo, fmt, meta_common, result)
     finally:
         grader.close()
@@ -236,11 +265,14 @@ async def _sample_into(cfg, engine, grader, writer, todo, fmt, meta_common, resu
     bar = _progress(cfg, len(todo), result.skipped)
     t0 = time.perf_counter()
 
+    # Only a run that asks for logprobs passes them: an engine without the option still samples.
+    asks = {} if cfg.logprobs is None else {"logprobs": cfg.logprobs, "confidence_window": cfg.confidence_window}
+
     async def one(batch: list) -> None:
         async with sem:
             outs = await engine.generate(
                 [fmt(p.prompt) for p in batch], cfg.n, cfg.max_tokens, cfg.temperature,
-                derive_seed(cfg.seed, batch[0].id),
+                derive_seed(cfg.seed, batch[0].id), **asks,
             )
         async with grade_lock:
             graded, classes = await asyncio.to_thread(_grade_and_classify, grader, batch, outs)
@@ -250,7 +282,8 @@ async def _sample_into(cfg, engine, grader, writer, todo, fmt, meta_common, resu
             for c, cls in zip(comps, row, strict=True):
                 # An answer that normalises to nothing has no class; it is then no answer at all.
                 answer = graded.answers[k] if cls is not None else None
-                samples.append(Sample(answer, graded.correct[k], c.completion_tokens, answer_class=cls))
+                samples.append(Sample(answer, graded.correct[k], c.completion_tokens, answer_class=cls,
+                                      logprob_mean=c.logprob_mean, confidence_min_window=c.confidence_min_window))
                 k += 1
             meta = {**meta_common, **({"problem": p.meta} if p.meta else {})}
             writer.write(OutcomeRecord(p.id, p.prompt, p.gold, tuple(samples), comps[0].prompt_tokens, meta))

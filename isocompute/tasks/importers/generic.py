@@ -18,6 +18,8 @@ the completions. Given by ``--field KEY=PATH`` flags or a JSON mapping file (``{
 | ``answers`` / ``completions`` | one or both | a list of extracted answers (strings, numbers or null) / of completion texts (answers are extracted from them when ``answers`` is absent; with both, they are only counted for tokens) |
 | ``completion_tokens`` | no | a list of integers ≥ 0, one per sample |
 | ``scores`` | no | a list of numbers, one per sample (verifier scores for best-of-k) |
+| ``logprob_mean`` | no | a list of numbers ≤ 0 (or null), one per sample: mean token log-probability |
+| ``confidence_min_window`` | no | a list of numbers ≥ 0 (or null), one per sample: DeepConf's lowest window confidence (:mod:`isocompute.tasks.confidence`) |
 | ``prompt_tokens`` | no | an integer ≥ 0 |
 | ``id`` | no | a string or integer; default ``<file stem>-<index>`` |
 | ``task`` | no | the record's task or answer kind (else ``--task``) |
@@ -42,7 +44,7 @@ from isocompute.tasks.importers.records import RawRecord, iter_json, malformed
 __all__ = ["FIELDS", "load_mapping", "read_generic"]
 
 FIELDS = ("id", "question", "gold", "answers", "completions", "completion_tokens", "scores",
-          "prompt_tokens", "task", "meta")
+          "logprob_mean", "confidence_min_window", "prompt_tokens", "task", "meta")
 _ABSENT = object()
 
 
@@ -128,6 +130,14 @@ def _is_score(v: Any) -> bool:
     return v is None or (type(v) in (int, float) and math.isfinite(v))
 
 
+def _is_logprob(v: Any) -> bool:
+    return v is None or (type(v) in (int, float) and math.isfinite(v) and v <= 0)
+
+
+def _is_confidence(v: Any) -> bool:
+    return v is None or (type(v) in (int, float) and math.isfinite(v) and v >= 0)
+
+
 def read_generic(path: str | Path, *, mapping: Mapping[str, str], task: str | None) -> Iterator[RawRecord]:
     """The dump's records in file order, mapped (module docstring)."""
     stem = Path(path).stem
@@ -174,6 +184,11 @@ def read_generic(path: str | Path, *, mapping: Mapping[str, str], task: str | No
             completion_tokens=_check_list(_get(rec, mapping, "completion_tokens", where), "completion_tokens",
                                           _is_count, "integers >= 0", where),
             scores=_check_list(_get(rec, mapping, "scores", where), "scores", _is_score, "finite numbers", where),
+            logprob_mean=_check_list(_get(rec, mapping, "logprob_mean", where), "logprob_mean", _is_logprob,
+                                     "finite numbers <= 0 or null", where),
+            confidence_min_window=_check_list(_get(rec, mapping, "confidence_min_window", where),
+                                              "confidence_min_window", _is_confidence,
+                                              "finite numbers >= 0 or null", where),
             prompt_tokens=prompt_tokens,
             meta={"index": index, **(meta or {})},
         )

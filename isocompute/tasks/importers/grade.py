@@ -125,6 +125,10 @@ def _line(rec: RawRecord, kind: str, answers: list[str | None], classes: list[in
             s["completion_tokens"] = tokens[j]
         if rec.scores is not None and rec.scores[j] is not None:
             s["score"] = rec.scores[j]
+        for name in ("logprob_mean", "confidence_min_window"):
+            values = getattr(rec, name)
+            if values is not None and values[j] is not None:
+                s[name] = values[j]
         samples.append(s)
     out: dict[str, Any] = {"id": rec.id, "prompt": rec.prompt, "gold": rec.gold}
     if prompt_tokens is not None:

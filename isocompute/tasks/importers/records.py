@@ -31,8 +31,9 @@ class RawRecord:
     extracted from ``completions`` (full texts) with :func:`isocompute.tasks.answers.extract.extract_answer`.
     When both are given, ``completions`` only serve to count completion tokens with a tokenizer.
     ``gold`` is None when the dump's gold could not be read (the importer says why in
-    ``gold_problem``); such a record is reported and left out, never graded wrong. ``completion_tokens``
-    and ``scores`` are per sample (same length as the samples) or None.
+    ``gold_problem``); such a record is reported and left out, never graded wrong. ``completion_tokens``,
+    ``scores``, ``logprob_mean`` and ``confidence_min_window`` are per sample (same length as the samples)
+    or None.
     """
 
     id: str
@@ -44,6 +45,8 @@ class RawRecord:
     completions: list[str] | None = None
     completion_tokens: list[int | None] | None = None
     scores: list[float | None] | None = None
+    logprob_mean: list[float | None] | None = None
+    confidence_min_window: list[float | None] | None = None
     prompt_tokens: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     gold_problem: str | None = None
@@ -58,7 +61,8 @@ class RawRecord:
         n = self.n_samples
         if n == 0:
             raise malformed(self.where, "no samples", "every prompt needs at least one sample")
-        for name in ("answers", "completions", "completion_tokens", "scores"):
+        for name in ("answers", "completions", "completion_tokens", "scores", "logprob_mean",
+                     "confidence_min_window"):
             values = getattr(self, name)
             if values is not None and len(values) != n:
                 what = "answers" if self.answers is not None else "completions"
