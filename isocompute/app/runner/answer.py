@@ -136,7 +136,7 @@ def plan_info(run: PlanRun, routing: Routing, i: int, picked: Picked, *, strateg
         stop_statistic=run.statistic, stop_detail=run.detail, k=run.drawn,
         answer=picked.answer, votes=run.votes.as_dict(), votes_complete=run.votes.complete,
         samples_received=received, partial=run.lost > 0 or run.stopped in ("deadline", "upstream_error"),
-        latency=latency, latency_s=wave_seconds([run]), vote_weights=picked.vote_weights,
+        latency=latency, latency_s=wave_seconds([run]), vote_weights=picked.vote_weights, evidence=run.evidence,
         **_routing_info(routing, i, strategy=strategy, flops=flops),
     )
 

@@ -80,19 +80,33 @@ class StreamOutcome:
     saved_tokens: int | None = None
 
 
+def _evidence(spent: dict | None, lengths: list[int], n: int, before: int) -> dict | None:
+    """The evidence at a finish of this wave: every running sample has generated the last finisher's
+    tokens (lock-step decoding), so tokens = earlier waves' + this wave's finished + running × that."""
+    if spent is None:
+        return None
+    here = lengths[before:]
+    running = n - len(here)
+    return {"lengths": lengths, "running": running, "wave": spent["wave"],
+            "tokens": spent["tokens"] + sum(here) + running * here[-1], "latency": spent["latency"] + here[-1]}
+
+
 async def stream_prompt(engine: Engine, prompt: str, n: int, plan: Plan, earlier: list[str | None], *,
                         voter: Voter, extract: Callable[[str], str | None], max_tokens: int, temperature: float,
-                        seed: int | None, deadline_at: float) -> StreamOutcome:
-    """Run one prompt's parallel-stop wave of ``n`` (module docstring); ``earlier``: its answers so far."""
+                        seed: int | None, deadline_at: float, spent: dict | None = None) -> StreamOutcome:
+    """Run one prompt's parallel-stop wave of ``n`` (module docstring); ``earlier``: its answers so far;
+    ``spent``: for a rule that reads evidence, what the earlier waves drew (:meth:`PlanRun.spent`)."""
     answers = list(earlier)
     stop: dict[str, object] = {}
+    lengths = list(spent["lengths"]) if spent else []
 
     async def on_finish(j: int, c: Completion) -> bool:
         answers.append(None if c.finish_reason in FAILED_REASONS else extract(c.text))
+        lengths.append(c.completion_tokens)
         if len(answers) >= len(earlier) + n:
             return False  # the wave's last finish: the round's Plan.step checks it
         [votes] = await voter.classes([answers], deadline_at)
-        step = plan.on_finish(votes.classes, running=True)
+        step = plan.on_finish(votes.classes, running=True, evidence=_evidence(spent, lengths, n, len(earlier)))
         if step.stop:
             stop.update(step=step, votes=votes)
         return step.stop

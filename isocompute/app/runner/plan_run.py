@@ -103,6 +103,14 @@ class PlanRun:
     statistic: float | None = None
     detail: str | None = None
     wave_runs: list[WaveRecord] = field(default_factory=list)
+    evidence: dict | None = None  # an evidence rule's last verdict: what it saw and priced
+
+    def spent(self) -> dict:
+        """What an evidence rule reads at a wave's start: the lengths of the samples so far (in the order of
+        :attr:`answers`), the tokens they generated and the latency so far (each wave's longest sample)."""
+        lengths = [0 if c is None else c.completion_tokens for c in self.samples]
+        return {"lengths": lengths, "tokens": float(sum(lengths)), "latency": float(sum(w.longest for w in self.wave_runs)),
+                "wave": len(self.wave_sizes)}
 
     @property
     def drawn(self) -> int:
@@ -146,6 +154,7 @@ class PlanRun:
         """The plan's rule fired mid-wave (``step``, from :meth:`Plan.on_finish`); ``votes`` over every
         sample drawn, the aborted ones voting None."""
         self.votes, self.stopped = votes, "rule"
+        self.evidence = step.decision.detail or self.evidence
         prob = float(step.decision.prob)
         self.statistic = prob if math.isfinite(prob) else None
         self.wave_runs[-1] = dataclasses.replace(self.wave_runs[-1], ended="rule")
@@ -153,7 +162,11 @@ class PlanRun:
     def check(self, votes: Votes) -> None:
         """The plan's step on the merged classes of every sample so far."""
         self.votes = votes
-        step = self.plan.step(votes.classes)
+        evidence = None
+        if getattr(self.plan.rule, "needs_evidence", False):
+            evidence = {**self.spent(), "running": 0, "wave": len(self.wave_sizes) - 1}
+        step = self.plan.step(votes.classes, evidence)
+        self.evidence = step.decision.detail or self.evidence
         prob = float(step.decision.prob)
         self.statistic = prob if math.isfinite(prob) else None  # the rule none's is −inf
         if step.stop:
@@ -251,7 +264,8 @@ async def _round(backend: Backend, prompts: list[str], runs: list[PlanRun], wait
     streams = [stream_prompt(backend.engine, prompts[i], runs[i].next_wave or 0, runs[i].plan, runs[i].answers,
                              voter=voter, extract=extract, max_tokens=max_tokens, temperature=temperature,
                              seed=None if seed is None else seed + k * (runs[i].next_wave or 0),
-                             deadline_at=deadline_at)
+                             deadline_at=deadline_at,
+                             spent=runs[i].spent() if getattr(runs[i].plan.rule, "needs_evidence", False) else None)
                for k, i in enumerate(par)]
     waited, *streamed = await gather_or_cancel([waiting(), *streams])
     return waited, streamed

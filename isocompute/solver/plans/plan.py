@@ -46,9 +46,9 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from isocompute.errors import InputError
 from isocompute.solver.plans.rules import RULES, NoRule, StopDecision, StoppingRule, parse_rule
@@ -160,41 +160,53 @@ class Plan:
         """Samples drawn after each wave: the cumulative sums of the waves."""
         return tuple(itertools.accumulate(self.waves))
 
-    def step(self, answers: Sequence[Hashable | None]) -> PlanStep:
+    def _decide(self, answers: Sequence[Hashable | None], evidence: Mapping[str, Any] | None) -> StopDecision:
+        """The rule's verdict; a rule that reads evidence (``needs_evidence``: the finished samples' lengths
+        and what is spent, :mod:`isocompute.policy.evidence.rule`) gets it where the runner has it."""
+        if evidence is not None and getattr(self.rule, "needs_evidence", False):
+            return self.rule.should_stop_given(answers, evidence)  # type: ignore[attr-defined]
+        return self.rule.should_stop(answers)
+
+    def step(self, answers: Sequence[Hashable | None], evidence: Mapping[str, Any] | None = None) -> PlanStep:
         """After a wave: ``answers`` are the answer classes of every sample drawn so far (None = no
-        answer), in order; their number must be one of :attr:`boundaries`."""
+        answer), in order; their number must be one of :attr:`boundaries`. ``evidence``: see
+        :meth:`on_finish`."""
         bounds = self.boundaries
         try:
             done = bounds.index(len(answers)) + 1
         except ValueError:
             raise InputError(f"plan {self.name} checks its rule after {list(bounds)} samples, not after "
                              f"{len(answers)}; pass every answer drawn so far.") from None
-        decision = self.rule.should_stop(answers)
+        decision = self._decide(answers, evidence)
         if decision.stop:
             return PlanStep(decision, True, "rule", None, done)
         if done == len(bounds):
             return PlanStep(decision, True, "plan_end", None, done)
         return PlanStep(decision, False, "continue", self.waves[done], done)
 
-    def on_finish(self, answers: Sequence[Hashable | None], *, running: bool) -> PlanStep:
+    def on_finish(self, answers: Sequence[Hashable | None], *, running: bool,
+                  evidence: Mapping[str, Any] | None = None) -> PlanStep:
         """After a sample finishes, for an online runner: ``answers`` are the answer classes of every
         sample finished so far (earlier waves' and this wave's, in finish order; None = no answer) and
         ``running`` says whether samples of the current wave are still decoding. Not running: the wave
         is complete and this is :meth:`step`. Running: in a parallel-stop wave the rule is checked —
         ``"rule"`` (stop, abort the rest) or ``"running"``; a waiting wave is not checked until complete.
+        ``evidence`` (``lengths`` of the finished samples in tokens, in the order of ``answers``;
+        ``running``, ``wave``, ``tokens`` and ``latency`` so far; optionally ``confidence``) is read only by
+        rules that need it; other rules ignore it.
 
         >>> plan = parse_plan("lead:m=2@4s")
         >>> plan.on_finish(["a"], running=True).reason, plan.on_finish(["a", "a"], running=True).reason
         ('running', 'rule')
         """
         if not running:
-            return self.step(answers)
+            return self.step(answers, evidence)
         bounds = self.boundaries
         wave = next((i for i, b in enumerate(bounds) if len(answers) < b), None)
         if wave is None:
             raise InputError(f"plan {self.name} draws {self.max_samples} samples: none can be running after "
                              f"{len(answers)} finished; pass running=False after the wave's last finish.")
-        decision = self.rule.should_stop(answers)
+        decision = self._decide(answers, evidence)
         if self.parallel[wave] and decision.stop:
             return PlanStep(decision, True, "rule", None, wave + 1)
         return PlanStep(decision, False, "running", None, wave)

@@ -102,6 +102,7 @@ class StopDecision:
     most_common: Hashable | None
     prob: float
     stop: bool
+    detail: dict | None = None  # what an evidence rule saw and priced (Plan.on_finish's evidence)
 
 
 def vote_state(answers: Sequence[Hashable | None]) -> tuple[VoteStates, Hashable | None]:
