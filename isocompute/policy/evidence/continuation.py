@@ -47,8 +47,6 @@ ROUNDS = 150
 
 def continuation_labels(w: Walks, horizons: tuple[int, ...] = HORIZONS) -> dict[str, np.ndarray]:
     """(D, M, len(horizons)) gains, extra tokens and extra latency of each continuation (module docstring)."""
-    M = w.n_checks
-    t = np.arange(M)
     ends = np.stack([_end(w, K) for K in horizons], axis=-1)
     out = {}
     for name, x in (("gain", w.utility), ("tokens", w.tokens), ("latency", w.latency)):

@@ -98,7 +98,7 @@ def walk(codes: np.ndarray, correct: np.ndarray, lengths: np.ndarray, n_samples:
     order = np.argsort(keys, axis=1, kind="stable")[:, :M]
     L = lengths[prompt[:, None], order] / unit
     bounds = np.cumsum((0,) + waves)
-    for a, b in zip(bounds[:-1], bounds[1:]):
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
         inner = np.argsort(L[:, a:b], axis=1, kind="stable")
         order[:, a:b] = np.take_along_axis(order[:, a:b], inner, axis=1)
         L[:, a:b] = np.take_along_axis(L[:, a:b], inner, axis=1)
@@ -123,7 +123,7 @@ def _spend(L: np.ndarray, waves: tuple[int, ...], running: np.ndarray) -> tuple[
     latency = L.copy()
     bounds = np.cumsum((0,) + waves)
     done = np.zeros(L.shape[0])
-    for a, b in zip(bounds[:-1], bounds[1:]):
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
         latency[:, a:b] += done[:, None]
         done = done + L[:, b - 1]  # a wave's last finisher is its longest sample
     return tokens, latency
