@@ -19,7 +19,8 @@ folds, the served chain is compared with
 * **uniform** — the best mixture of ``none@k`` at the chain's realised tokens (and latency).
 
 Differences are in points with 95% paired-bootstrap CIs over prompts. The ``reach`` line: the fewest
-tokens at which the chain, at uniform@16's latency, reaches uniform@16's accuracy − 0.2 pt. A calibration
+tokens at which the chain, at uniform@16's latency budget, reaches uniform@16's accuracy − 0.2 pt with a
+realised latency within 1% of uniform@16's. A calibration
 plot (predicted vs realised gain of going to the plan's end, binned) is written per table.
 
 Caveat stated in the docs: the chain's choice on folds ≠ f reads those prompts' out-of-fold values,
@@ -46,6 +47,7 @@ from isocompute.solver.plans.plan import default_plans, parallel_plans  # noqa: 
 
 BUDGETS_X = (2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0)
 LATENCIES = (None, 0.75, 1.0, 1.5)
+LATENCY_SLACK = 0.01  # the served mix's latency varies a little from fold to fold around its budget
 
 
 def ci(d: np.ndarray, seed: int = 0) -> tuple[float, float, float]:
@@ -131,7 +133,7 @@ def _reach(values, fixed, menu, x, rows) -> None:
     A16, T16, L16 = FU[:, j16].mean(), FT[:, j16].mean(), FL[:, j16].mean()
     for bx in np.geomspace(1.5, 16, 25):
         chain, _, _ = served(values, fixed, values.fold_of, bx * x, L16)
-        if chain[0].mean() >= A16 - 0.002 and chain[2].mean() <= L16:
+        if chain[0].mean() >= A16 - 0.002 and chain[2].mean() <= L16 * (1 + LATENCY_SLACK):
             print(f"reach uniform@16 ({A16:.4f} at {T16 / x:.1f}x, latency {L16 / x:.3f}): {chain[0].mean():.4f} at "
                   f"{chain[1].mean() / x:.2f}x tokens = {chain[1].mean() / T16:.3f} of its tokens, latency "
                   f"{chain[2].mean() / x:.3f} (budget {bx:.2f}x)")

@@ -16,8 +16,10 @@ from isocompute import __version__
 from isocompute.cli.running import run_parsed
 
 # Order is the order shown by --help. A module listed here must exist.
-SUBCOMMANDS: tuple[str, ...] = ("sample", "import", "solve", "fit", "report", "vote", "serve", "train", "sweep", "demo")
-_MODULES = {"import": "import_"}  # `import` is a Python keyword, so its module is import_
+SUBCOMMANDS: tuple[str, ...] = ("sample", "import", "solve", "fit", "report", "vote", "evidence", "serve", "train",
+                                 "sweep", "demo")
+# `import` is a Python keyword, so its module is import_; vote and evidence both fit on a table's answers
+_MODULES = {"import": "import_", "vote": "answers", "evidence": "answers"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,8 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"isocompute {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    done: set[str] = set()
     for name in SUBCOMMANDS:
-        importlib.import_module(f"isocompute.cli.{_MODULES.get(name, name)}").register(sub)
+        module = _MODULES.get(name, name)
+        if module not in done:  # a module registers every subcommand it holds
+            importlib.import_module(f"isocompute.cli.{module}").register(sub)
+            done.add(module)
     return parser
 
 

@@ -1,6 +1,7 @@
 """Loading a policy artifact whichever kind it holds: :class:`~isocompute.policy.policy.Policy` (one model)
 or :class:`~isocompute.policy.multi.policy.MultiPolicy` (several), read from its config. The gateway and the
 report load through :func:`load_policy`; ``Policy.load`` and ``MultiPolicy.load`` read their own kind only.
+A policy directory with ``evidence.json`` loads as :class:`~isocompute.policy.evidence.serving.EvidencePolicy`.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from isocompute.policy.evidence.serving import EvidencePolicy, read_evidence
 from isocompute.policy.multi.policy import MultiPolicy
 from isocompute.policy.policy import Policy
 
@@ -21,4 +23,6 @@ def load_policy(artifact_dir: str | Path) -> Policy:
         multi = bool(json.loads(meta.read_text())["config"].get("model_actions"))
     except (OSError, KeyError, TypeError, ValueError, AttributeError):
         multi = False  # Policy.load says what is wrong with the artifact
-    return (MultiPolicy if multi else Policy).load(artifact_dir)
+    policy = (MultiPolicy if multi else Policy).load(artifact_dir)
+    evidence = read_evidence(artifact_dir)  # evidence plans fitted into it (isocompute evidence)
+    return policy if evidence is None else EvidencePolicy(policy, evidence)  # type: ignore[return-value]

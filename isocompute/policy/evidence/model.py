@@ -3,7 +3,7 @@
 :func:`fit_evidence` does the whole job on a table with token counts:
 
 1. the fixed plans' exact values per prompt (:func:`isocompute.solver.plans.estimates.estimate_table`,
-   the menu ``default_plans() + parallel_plans()`` unless given): utility, tokens, latency;
+   the menu ``default_plans() + parallel_plans()`` within the table's samples per prompt unless given): utility, tokens, latency;
 2. the learned continuation's out-of-fold values at every price (:func:`~isocompute.policy.evidence.crossfit.crossfit_values`);
 3. the chain per budget (:func:`~isocompute.policy.evidence.chain.chain_entry`) on a grid of token budgets
    × latency budgets (none, and :data:`LATENCY_LEVELS` where reachable);
@@ -116,7 +116,9 @@ def fit_evidence(table, waves: tuple[int, ...] = (4, 8), *, menu: list[Plan] | N
         raise InputError(f"evidence plans need completion_tokens on every sample; {table.source} lacks some.")
     lengths = table.completion_tokens[table.mask]
     unit, per_sample = float(np.median(lengths)), float(np.mean(lengths))
-    menu = list(menu) if menu is not None else default_plans() + parallel_plans()
+    if menu is None:  # the fixed plans the table can price: at most its fewest samples per prompt
+        menu = [p for p in default_plans() + parallel_plans() if p.max_samples <= int(table.n_samples.min())]
+    menu = list(menu)
     fixed = fixed_values(table, menu, unit)
     values = crossfit_values(table, tuple(waves), unit=unit, folds=folds, draws=draws, eval_draws=eval_draws,
                              seed=seed)
