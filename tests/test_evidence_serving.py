@@ -144,3 +144,40 @@ def test_cli_fits_evidence_into_a_policy(policy, table, tmp_path, capsys):
     assert isinstance(load_policy(tmp_path / "pol2"), EvidencePolicy)
     assert main(["evidence", str(path), "--policy", str(tmp_path / "pol"), "--out", str(tmp_path / "p3"),
                  "--waves", "two"]) == 2
+
+
+def test_evidence_block_rows_markdown_and_plot(table, tmp_path):
+    from isocompute.evaluation.evidence_report import evidence_block, evidence_markdown, plot_calibration
+
+    t = table[0]
+    L = t.completion_tokens[t.mask]
+    menu = ["none@1", "none@2", "none@4", "none@8", "lead:m=2@1x8", "lead:m=2@4s", "first:m=1@4s"]
+    block = evidence_block(t, WAVES, menu, unit=float(np.median(L)), per_sample=float(np.mean(L)), draws=4,
+                           eval_draws=4, folds=2, budgets_x=(2.0, 3.0), latencies=(None, 1.0))
+    assert len(block["rows"]) == 4 and block["reach"] is None  # the menu has no none@16
+    for r in block["rows"]:
+        assert r["folds"] == 2 and 0 <= r["evidence_folds"] <= 2
+        lo, hi = r["vs_cv"][1], r["vs_cv"][2]
+        assert lo <= r["vs_cv"][0] <= hi
+        if r["evidence_folds"] == 0:  # the fixed plan served in every fold: the chain is the CV fixed plan
+            assert r["vs_cv"][0] == 0 and r["accuracy"] == r["cv_accuracy"]
+        if r["latency_budget"] is not None:
+            assert r["cv_latency"] <= r["latency_budget"] * 1.2
+    assert block["calibration"] and sum(c["n"] for c in block["calibration"]) > 0
+    md = evidence_markdown(block, "— synthetic")
+    assert md.count("\n| ") == 5 and "Evidence-aware plans — synthetic" in md
+    plot_calibration(block, tmp_path / "cal.png")
+    assert (tmp_path / "cal.png").stat().st_size > 1000
+
+
+def test_report_on_an_evidence_policy_has_the_evidence_block(policy, fitted, table, tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in table[1]))
+    EvidencePolicy(policy, fitted).save(tmp_path / "pol")
+    rc = main(["report", str(path), "--policy", str(tmp_path / "pol"), "--out", str(tmp_path / "rep"), "--folds", "2",
+               "--seeds", "1", "--bootstrap", "200", "--budgets", "40,80"])
+    assert rc == 0
+    rep = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert rep["evidence"]["waves"] == list(WAVES) and rep["evidence"]["rows"]
+    assert "Evidence-aware plans" in (tmp_path / "rep" / "report.md").read_text()
+    assert (tmp_path / "rep" / "calibration.png").exists()

@@ -380,5 +380,11 @@ def write_report(out_dir: str | Path, report: dict[str, Any], *, inputs: dict[st
         plot_accuracy_cost(report, d / "accuracy_cost.png")
         plot_actions(report, d / "actions.png")
         plot_confusion(report, d / "confusion.png")
-        (d / "report.md").write_text(render_markdown(report))
+        md = render_markdown(report)
+        if report.get("evidence"):  # a policy with evidence plans (isocompute evidence)
+            from isocompute.evaluation.evidence_report import evidence_markdown, plot_calibration
+
+            plot_calibration(report["evidence"], d / "calibration.png")
+            md += "\n" + evidence_markdown(report["evidence"]) + "\n![calibration](calibration.png)\n"
+        (d / "report.md").write_text(md)
     return Path(out_dir)

@@ -26,9 +26,9 @@ the policy, the oracle, uniform and every fixed-plan baseline alike; report.json
 O may be measured: ``wave_overhead`` a gateway's metrics scrape (path or URL), turned into samples by
 :mod:`isocompute.evaluation.wave_overhead` at this table's unit, recorded as ``wave_overhead_source``.
 With ``decode_speed`` (tokens per second) every row also has ``latency_s`` = L × latency_unit_tokens /
-decode_speed. Example: decode latency 1.2 and 2.5 expected waves at O = 0.1 give L = 1.45; at 1,735 tokens
-per sample and 50 tokens/s, 50.3 s. The ``reach`` block: :mod:`isocompute.evaluation.reach`. The
-imitation ceiling (``label_reps``) redraws k-sample labels, for one-wave actions only.
+decode_speed (e.g. decode latency 1.2, 2.5 waves, O = 0.1: L = 1.45; at 1,735 tokens per sample, 50 tokens/s:
+50.3 s). Blocks: ``reach`` (:mod:`isocompute.evaluation.reach`); ``evidence`` for a policy with evidence plans
+(:mod:`isocompute.evaluation.evidence_report`); the imitation ceiling (``label_reps``, one-wave actions only).
 
 A multi-model policy (``--outcomes NAME=TABLE … --policy DIR``): the tables go through the fit stage's
 pipeline (:func:`~isocompute.stages.inputs.load_estimates`) with the menu the policy was fitted on (stored
@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from isocompute.errors import InputError
+from isocompute.evaluation.evidence_report import model_block
 from isocompute.evaluation.wave_overhead import overhead_arg, resolve_overhead
 from isocompute.stages.inputs import ModelInputs, load_estimates, model_flops_for, read_table, several
 from isocompute.stages.options import group, option
@@ -103,8 +104,7 @@ class ReportConfig:
 
 @dataclasses.dataclass
 class ReportResult:
-    """The report (what report.json holds), the policy it scored, the prompts scored, the mode
-    (cross-validation or holdout), and for several models the report's markdown."""
+    """The report (report.json's), the policy scored, prompts scored, mode, and (several models) the markdown."""
 
     out: Path
     report: dict[str, Any]
@@ -117,7 +117,6 @@ class ReportResult:
 @dataclasses.dataclass
 class _Data:
     """The table's prompts the policy keeps, with every array the evaluation takes."""
-
     table: Any
     inputs: dict[str, str]
     prep: Any
@@ -158,6 +157,8 @@ def report(cfg: ReportConfig) -> ReportResult:
         _add_label_noise(cfg, policy, data, budgets, summary)
     rep = _assemble(cfg, policy, data, ev, seeds, budgets, summary)
     rep["targets"] = check_targets(summary)
+    if hasattr(policy, "evidence"):  # evidence plans (isocompute evidence): evaluation.evidence_report
+        rep["evidence"] = model_block(policy.evidence, data.table, seed=cfg.seed)
     params = {"folds": ev.n_folds, "seeds": list(seeds), "budgets": [float(b) for b in budgets],
               "holdout": bool(cfg.holdout), "bootstrap": cfg.bootstrap, "bootstrap_seed": cfg.seed,
               "wave_overhead": cfg.wave_overhead, "decode_speed": cfg.decode_speed}
