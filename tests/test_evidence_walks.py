@@ -198,17 +198,11 @@ def test_state_features_equal_walk_features(prompt, seed, conf_kind):
         conf = per_sample[w.order]
     X = walk_features(w, conf)
     assert X.shape == (6, sum(waves), len(NAMES))
-    cl = NAMES.index("conf_leader")
     for d in range(6):
         got = _state_rows(w, d, unit, conf)
-        if conf is not None:  # known mismatch while no finisher has a confidence yet (xfail test below)
-            blind = np.isnan(np.fmin.accumulate(conf[d]))
-            got[blind, cl] = X[d][blind, cl]
         np.testing.assert_allclose(got, X[d], rtol=1e-12, atol=1e-12, equal_nan=True)
 
 
-@pytest.mark.xfail(strict=True, reason="walk_features counts a missing confidence as 0 once any finisher of the "
-                   "batch has one; state_features gives NaN while none of the finished has one")
 def test_conf_leader_before_any_confidence_matches():
     w = walk([[0, 0, 1]], [[1, 1, 0]], [[1, 2, 3]], np.array([3]), (3,), unit=1.0, draws=1, seed=0)
     conf = np.array([[np.nan, -1.0, -0.5]])  # the first finisher (length 1) has none

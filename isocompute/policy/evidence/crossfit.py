@@ -93,7 +93,8 @@ def play(pred: dict[str, np.ndarray], w: Walks, lam: float, mu: float) -> tuple[
 
 
 def crossfit_values(table, waves: tuple[int, ...], *, unit: float, folds: int = 5, draws: int = 16,
-                    eval_draws: int = 16, seed: int = 0, fold_of: np.ndarray | None = None) -> Values:
+                    eval_draws: int = 16, seed: int = 0, fold_of: np.ndarray | None = None,
+                    horizons: tuple[int, ...] = HORIZONS) -> Values:
     """The learned continuation's out-of-fold values at every price (module docstring)."""
     N = len(table)
     fold_of = np.random.default_rng(seed).permutation(N) % folds if fold_of is None else fold_of
@@ -103,24 +104,26 @@ def crossfit_values(table, waves: tuple[int, ...], *, unit: float, folds: int = 
     for f in range(int(fold_of.max()) + 1):
         train, test = np.flatnonzero(fold_of != f), np.flatnonzero(fold_of == f)
         w, conf = walks_of(table, waves, train, unit=unit, draws=draws, seed=seed + 7 * f)
-        heads = train_heads(w, seed=seed + f, confidence=conf)
+        heads = train_heads(w, seed=seed + f, horizons=horizons, confidence=conf)
         w, conf = walks_of(table, waves, test, unit=unit, draws=eval_draws, seed=seed + 7 * f + 1000)
         pred = predict_walks(heads, w, conf)
         for j, (lam, mu) in enumerate(prices):
             for k, v in zip(("utility", "tokens", "latency"), play(pred, w, lam, mu), strict=True):
                 out[k][test, j] = v.reshape(test.size, -1).mean(axis=1)
-        p, r = _calibration(pred, w, LAMBDAS[len(LAMBDAS) // 2])
+        p, r = _calibration(pred, w, LAMBDAS[len(LAMBDAS) // 2], horizons)
         cal_p.append(p)
         cal_r.append(r)
     return Values(prices, out["utility"], out["tokens"], out["latency"],
                   (np.concatenate(cal_p), np.concatenate(cal_r)), fold_of)
 
 
-def _calibration(pred: dict[str, np.ndarray], w: Walks, lam: float) -> tuple[np.ndarray, np.ndarray]:
+def _calibration(pred: dict[str, np.ndarray], w: Walks, lam: float,
+                 horizons: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """Predicted and realised gain of going to the plan's end, at each check point the rule at λ visits."""
     t = stop_points(scores(pred, lam, 0.0))
     M = w.n_checks
     visited = np.arange(M)[None, :] <= t[:, None]
-    end = list(pred["gain"].shape)[-1] - 1  # the last horizon: to the plan's end (HORIZONS[-1] == 0)
     realised = w.utility[:, -1:] - w.utility
-    return pred["gain"][..., end][visited], realised[visited]
+    if 0 not in horizons:
+        return np.zeros(0), np.zeros(0)
+    return pred["gain"][..., horizons.index(0)][visited], realised[visited]

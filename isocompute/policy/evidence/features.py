@@ -16,7 +16,8 @@ table's median sample), on a log scale. :data:`NAMES` lists the columns:
     conf_leader, conf_min              mean confidence of the leader's voters, lowest of any finished
                                        (DeepConf's lowest window mean; NaN when the upstream gave none)
 
-The leader is the class with the most votes; among tied classes the one with the shortest mean length.
+The leader is the class with the most votes; among tied classes the one with the shortest mean length, then
+the one voted for first. A sample without a confidence counts in neither confidence column.
 :func:`walk_features` computes the columns for every check point of a batch of walks at once;
 :func:`state_features` for one prompt's state as the gateway sees it — the same numbers (tested).
 
@@ -33,6 +34,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from isocompute.errors import InputError
 from isocompute.policy.evidence.walks import Walks
 
 __all__ = ["NAMES", "state_features", "walk_features"]
@@ -42,11 +44,15 @@ NAMES = ("finished", "running", "wave", "top1", "top2", "margin", "classes", "nu
          "tokens", "latency", "conf_leader", "conf_min")
 
 
-def _leader(counts: np.ndarray, log_sums: np.ndarray) -> np.ndarray:
-    """Index of the leading class along the last axis: most votes, then shortest mean log length."""
+def _leader(counts: np.ndarray, log_sums: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Index of the leading class along the last axis: most votes, then shortest mean log length, then the
+    class that finished first (``first`` (D, G): the check point of each class's first vote)."""
     top = counts.max(axis=-1, keepdims=True)
     mean_log = np.where(counts > 0, log_sums / np.maximum(counts, 1), np.inf)
-    return np.argmin(np.where((counts == top) & (top > 0), mean_log, np.inf), axis=-1)
+    key = np.where((counts == top) & (top > 0), mean_log, np.inf)
+    best = key.min(axis=-1, keepdims=True)
+    tied = np.isfinite(key) & (key <= best + 1e-12)
+    return np.argmin(np.where(tied, first[:, None, :], np.iinfo(np.int64).max), axis=-1)
 
 
 def walk_features(w: Walks, confidence: np.ndarray | None = None) -> np.ndarray:
@@ -56,7 +62,8 @@ def walk_features(w: Walks, confidence: np.ndarray | None = None) -> np.ndarray:
     G = counts.shape[-1]
     onehot = w.codes[:, :, None] == np.arange(G)[None, None, :]
     log_sums = np.cumsum(onehot * logL[:, :, None], axis=1)
-    lead = _leader(counts, log_sums)
+    first = np.where(onehot.any(axis=1), onehot.argmax(axis=1), w.n_checks)
+    lead = _leader(counts, log_sums, first)
     srt = np.sort(counts, axis=-1)
     top1 = srt[..., -1].astype(float)
     top2 = (srt[..., -2] if G > 1 else np.zeros_like(srt[..., -1])).astype(float)
@@ -89,11 +96,12 @@ def _confidence(conf: np.ndarray | None, onehot: np.ndarray, counts: np.ndarray,
     if conf is None or np.isnan(conf).all():
         nan = np.full(counts.shape[:2], np.nan)
         return {"conf_leader": nan, "conf_min": nan}
-    c = np.nan_to_num(conf, nan=0.0)
-    sums = np.cumsum(onehot * c[:, :, None], axis=1)
+    known = ~np.isnan(conf)  # a sample without a confidence counts in neither mean nor minimum
+    sums = np.cumsum(onehot * np.where(known, conf, 0.0)[:, :, None], axis=1)
+    ns = np.cumsum(onehot * known[:, :, None], axis=1)
     lead_sum = np.take_along_axis(sums, lead[..., None], axis=-1)[..., 0]
-    lead_n = np.take_along_axis(counts, lead[..., None], axis=-1)[..., 0]
-    return {"conf_leader": np.where(has, lead_sum / np.maximum(lead_n, 1), np.nan),
+    lead_n = np.take_along_axis(ns, lead[..., None], axis=-1)[..., 0]
+    return {"conf_leader": np.where(has & (lead_n > 0), lead_sum / np.maximum(lead_n, 1), np.nan),
             "conf_min": np.fmin.accumulate(conf, axis=1)}
 
 
@@ -104,8 +112,12 @@ def state_features(classes: Sequence[int | None], lengths: Sequence[float], *, r
     finished so far in finish order (None = no answer), ``running`` samples still decoding in wave
     ``wave``, ``tokens`` and ``latency`` spent so far in tokens; ``unit`` the typical length."""
     n = len(classes)
-    names = {c for c in classes if c is not None}
-    index = {c: g for g, c in enumerate(sorted(names, key=str))}
+    if len(lengths) != n:
+        raise InputError(f"evidence needs one length per finished sample: {n} answers, {len(lengths)} lengths.")
+    index: dict = {}
+    for c in classes:  # codes in order of first vote (the tie-break's last key does not read them)
+        if c is not None and c not in index:
+            index[c] = len(index)
     codes = np.array([[index[c] if c is not None else -1 for c in classes]])
     G = max(len(index), 1)
     w = Walks(np.zeros(1, dtype=int), np.zeros((1, n), dtype=int), codes, np.zeros((1, n), dtype=bool),

@@ -121,7 +121,7 @@ def fit_evidence(table, waves: tuple[int, ...] = (4, 8), *, menu: list[Plan] | N
     menu = list(menu)
     fixed = fixed_values(table, menu, unit)
     values = crossfit_values(table, tuple(waves), unit=unit, folds=folds, draws=draws, eval_draws=eval_draws,
-                             seed=seed)
+                             seed=seed, horizons=horizons)
     entries = []
     for lv in (None, *LATENCY_LEVELS):
         lv_units = None if lv is None else lv * per_sample / unit
