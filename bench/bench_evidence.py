@@ -35,6 +35,7 @@ def main() -> None:
     ap.add_argument("--draws", type=int, default=16)
     ap.add_argument("--eval-draws", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--confidence", action="store_true", help="the heads also read confidence (offline only)")
     ap.add_argument("--out", default=None, help="folder for evidence_<table>.json and calibration_<table>.png")
     a = ap.parse_args()
     waves = tuple(int(w) for w in a.waves.split(","))
@@ -44,8 +45,9 @@ def main() -> None:
         menu = [p.name for p in default_plans() + parallel_plans() if p.max_samples <= int(t.n_samples.min())]
         t0 = time.perf_counter()
         block = evidence_block(t, waves, menu, unit=float(np.median(L)), per_sample=float(np.mean(L)),
-                               draws=a.draws, eval_draws=a.eval_draws, seed=a.seed)
-        name = Path(path).stem
+                               draws=a.draws, eval_draws=a.eval_draws, seed=a.seed,
+                               use_confidence=a.confidence)
+        name = Path(path).stem + ("-confidence" if a.confidence else "")
         print(evidence_markdown(block, f"— {name} ({len(t)} prompts, {time.perf_counter() - t0:.0f} s)"), flush=True)
         if a.out:
             out = Path(a.out)

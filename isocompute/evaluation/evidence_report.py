@@ -80,12 +80,15 @@ def served(values: Any, fixed: tuple[np.ndarray, ...], b: float, lb: float | Non
 
 def evidence_block(table: Any, waves: tuple[int, ...], menu: list[str], *, unit: float, per_sample: float,
                    draws: int = 16, eval_draws: int = 32, folds: int = 5, seed: int = 0,
-                   budgets_x: tuple[float, ...] = BUDGETS_X, latencies: tuple = LATENCIES) -> dict[str, Any]:
+                   budgets_x: tuple[float, ...] = BUDGETS_X, latencies: tuple = LATENCIES,
+                   use_confidence: bool = False) -> dict[str, Any]:
     """The block (module docstring); tokens in "x" (one sample's mean tokens ``per_sample``), latency in
-    sample lengths."""
+    sample lengths; ``use_confidence``: the heads also read the samples' confidence (offline only: the
+    gateway's streams carry none)."""
     plans = [parse_plan(n) for n in menu]
     fixed = fixed_values(table, plans, unit)
-    values = crossfit_values(table, waves, unit=unit, folds=folds, draws=draws, eval_draws=eval_draws, seed=seed)
+    values = crossfit_values(table, waves, unit=unit, folds=folds, draws=draws, eval_draws=eval_draws, seed=seed,
+                             use_confidence=use_confidence)
     x = per_sample / unit
     FU, FT, FL = fixed
     uni = [j for j, p in enumerate(plans) if p.rule.kind == "none" and p.n_waves == 1]
@@ -108,7 +111,7 @@ def evidence_block(table: Any, waves: tuple[int, ...], menu: list[str], *, unit:
     idx = np.clip(np.searchsorted(edges, p, side="right") - 1, 0, max(len(edges) - 2, 0))
     cal = [{"predicted": float(p[idx == k].mean()), "realised": float(r[idx == k].mean()), "n": int((idx == k).sum())}
            for k in range(max(len(edges) - 1, 1)) if (idx == k).any()]
-    return {"waves": list(waves), "unit_tokens": unit, "tokens_per_sample": per_sample, "folds": folds,
+    return {"waves": list(waves), "unit_tokens": unit, "confidence": use_confidence, "tokens_per_sample": per_sample, "folds": folds,
             "draws": draws, "eval_draws": eval_draws, "rows": rows, "calibration": cal,
             "reach": _reach(values, fixed, plans, x)}
 

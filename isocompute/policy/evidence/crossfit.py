@@ -94,8 +94,9 @@ def play(pred: dict[str, np.ndarray], w: Walks, lam: float, mu: float) -> tuple[
 
 def crossfit_values(table, waves: tuple[int, ...], *, unit: float, folds: int = 5, draws: int = 16,
                     eval_draws: int = 16, seed: int = 0, fold_of: np.ndarray | None = None,
-                    horizons: tuple[int, ...] = HORIZONS) -> Values:
-    """The learned continuation's out-of-fold values at every price (module docstring)."""
+                    horizons: tuple[int, ...] = HORIZONS, use_confidence: bool = True) -> Values:
+    """The learned continuation's out-of-fold values at every price (module docstring); ``use_confidence``
+    False leaves the confidence columns out (NaN) even where the table has them."""
     N = len(table)
     fold_of = np.random.default_rng(seed).permutation(N) % folds if fold_of is None else fold_of
     prices = tuple((lam, rho * lam) for rho in RHOS for lam in LAMBDAS)
@@ -104,9 +105,9 @@ def crossfit_values(table, waves: tuple[int, ...], *, unit: float, folds: int = 
     for f in range(int(fold_of.max()) + 1):
         train, test = np.flatnonzero(fold_of != f), np.flatnonzero(fold_of == f)
         w, conf = walks_of(table, waves, train, unit=unit, draws=draws, seed=seed + 7 * f)
-        heads = train_heads(w, seed=seed + f, horizons=horizons, confidence=conf)
+        heads = train_heads(w, seed=seed + f, horizons=horizons, confidence=conf if use_confidence else None)
         w, conf = walks_of(table, waves, test, unit=unit, draws=eval_draws, seed=seed + 7 * f + 1000)
-        pred = predict_walks(heads, w, conf)
+        pred = predict_walks(heads, w, conf if use_confidence else None)
         for j, (lam, mu) in enumerate(prices):
             for k, v in zip(("utility", "tokens", "latency"), play(pred, w, lam, mu), strict=True):
                 out[k][test, j] = v.reshape(test.size, -1).mean(axis=1)

@@ -110,8 +110,10 @@ def _budgets(values: Values, fixed: tuple[np.ndarray, np.ndarray, np.ndarray]) -
 
 def fit_evidence(table, waves: tuple[int, ...] = (4, 8), *, menu: list[Plan] | None = None, folds: int = 5,
                  draws: int = 16, eval_draws: int = 16, seed: int = 0, level: float = 0.95,
-                 horizons: tuple[int, ...] = HORIZONS) -> EvidenceModel:
-    """Fit the evidence-aware plan on ``table`` (module docstring)."""
+                 horizons: tuple[int, ...] = HORIZONS, use_confidence: bool = False) -> EvidenceModel:
+    """Fit the evidence-aware plan on ``table`` (module docstring). ``use_confidence`` (off by default) lets
+    the heads read the samples' confidence where the table has it; leave it off for the gateway, whose
+    streamed waves carry no logprobs (the served features would then differ from the trained ones)."""
     if not table.has_token_counts and np.isnan(table.completion_tokens[table.mask]).any():
         raise InputError(f"evidence plans need completion_tokens on every sample; {table.source} lacks some.")
     lengths = table.completion_tokens[table.mask]
@@ -121,14 +123,14 @@ def fit_evidence(table, waves: tuple[int, ...] = (4, 8), *, menu: list[Plan] | N
     menu = list(menu)
     fixed = fixed_values(table, menu, unit)
     values = crossfit_values(table, tuple(waves), unit=unit, folds=folds, draws=draws, eval_draws=eval_draws,
-                             seed=seed, horizons=horizons)
+                             seed=seed, horizons=horizons, use_confidence=use_confidence)
     entries = []
     for lv in (None, *LATENCY_LEVELS):
         lv_units = None if lv is None else lv * per_sample / unit
         for b in _budgets(values, fixed):
             entries.append(chain_entry(values, fixed, float(b), lv_units, level=level, seed=seed))
     w, conf = walks_of(table, tuple(waves), np.arange(len(table)), unit=unit, draws=draws, seed=seed + 99)
-    heads = train_heads(w, seed=seed, horizons=horizons, confidence=conf)
+    heads = train_heads(w, seed=seed, horizons=horizons, confidence=conf if use_confidence else None)
     return EvidenceModel(tuple(waves), unit, per_sample, heads, entries, tuple(p.name for p in menu), level, values)
 
 
