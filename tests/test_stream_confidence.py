@@ -177,3 +177,59 @@ def test_heads_trained_with_confidence_make_an_evidence_rule_that_reads_it(monke
     assert not Heads.from_dict({"boosters": {}}).confidence  # an artifact from before the field
     assert EvidenceRule(0.01, heads=confident).needs_confidence
     assert not EvidenceRule(0.01, heads=plain).needs_confidence and not EvidenceRule(0.01).needs_confidence
+
+
+def _logprob_stream(n: int) -> bytes:
+    """A vLLM-style stream of ``n`` choices with logprobs: choice j streams j + 2 tokens, one per chunk, token
+    t of choice j at log-probability −(t + 1)·0.1·(j + 1), its top 5 that and four lower ones."""
+    import json
+
+    lines = []
+    for step in range(n + 1):
+        for j in range(n):
+            if step >= j + 2:
+                continue
+            lp = -(step + 1) * 0.1 * (j + 1)
+            top = {f"token_id:{7 + i}": lp - i for i in range(5)}
+            chunk = {"choices": [{"index": j, "text": "x", "token_ids": [7],
+                                  "logprobs": {"tokens": ["x"], "token_logprobs": [lp], "top_logprobs": [top],
+                                               "text_offset": [step]},
+                                  "finish_reason": "stop" if step == j + 1 else None}],
+                     "usage": {"prompt_tokens": 3, "completion_tokens": step + 1}}
+            lines.append(f"data: {json.dumps(chunk)}\n\n")
+    lines += ['data: {"choices": [], "usage": {}}\n\n', "data: [DONE]\n\n"]
+    return "".join(lines).encode()
+
+
+def test_a_vllm_http_stream_asks_logprobs_and_folds_each_choices_chunks():
+    import json
+
+    import httpx
+
+    from isocompute.engines.vllm_http import VLLMHTTPEngine
+    from isocompute.tasks.confidence import sample_confidence
+
+    bodies = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "m"}]})
+        bodies.append(json.loads(request.content))
+        return httpx.Response(200, content=_logprob_stream(3), headers={"content-type": "text/event-stream"})
+
+    async def go(**kw):
+        eng = VLLMHTTPEngine(["http://a:1"], transport=httpx.MockTransport(handler))
+        try:
+            return await eng.stream_wave("p", 3, 8, 1.0, 1, _never, **kw)
+        finally:
+            await eng.aclose()
+
+    ws = asyncio.run(go(logprobs=5, confidence_window=2))
+    assert bodies[-1]["logprobs"] == 5 and bodies[-1]["return_tokens_as_token_ids"] and bodies[-1]["stream"]
+    for j, c in enumerate(ws.completions):
+        lps = [-(t + 1) * 0.1 * (j + 1) for t in range(j + 2)]
+        want = sample_confidence(lps, [[x - i for i in range(5)] for x in lps], k=5, window=2)
+        assert c.completion_tokens == j + 2
+        assert (c.logprob_mean, c.confidence_min_window) == pytest.approx(want)
+    plain = asyncio.run(go())
+    assert "logprobs" not in bodies[-1] and all(c.confidence_min_window is None for c in plain.completions)
