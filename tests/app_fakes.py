@@ -85,7 +85,7 @@ class FakePolicy:
     def decide(self, prompts, budget, *, probe=None):
         self.calls.append((list(prompts), float(budget)))
         if self.plan is not None:
-            plans = [parse_plan(self.plan)] * len(prompts)
+            plans = [parse_plan(self.plan) if isinstance(self.plan, str) else self.plan] * len(prompts)
         else:
             ks = [max([a for a in ACTIONS if a <= max(2 * budget if "hard" in p else budget / 2, 1)])
                   for p in prompts]

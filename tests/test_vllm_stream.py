@@ -61,9 +61,9 @@ def settled(url: str) -> float:
     return vllm_metric(url, "vllm:generation_tokens_total")
 
 
-def stream(url, stop_after: int | None):
+def stream(url, stop_after: int | None, **kw):
     """The seeded wave streamed, stopped after ``stop_after`` finishes (None: never): the WaveStream and
-    the finishes handed out."""
+    the finishes handed out; ``kw``: stream_wave's (logprobs)."""
     async def go():
         eng = VLLMHTTPEngine([url])
         finished = []
@@ -73,18 +73,18 @@ def stream(url, stop_after: int | None):
             return stop_after is not None and len(finished) >= stop_after
 
         try:
-            return await eng.stream_wave(PROMPT, N, MAX_TOKENS, 1.0, SEED, on_finish), finished
+            return await eng.stream_wave(PROMPT, N, MAX_TOKENS, 1.0, SEED, on_finish, **kw), finished
         finally:
             await eng.aclose()
 
     return asyncio.run(go())
 
 
-def generate(url):
+def generate(url, **kw):
     async def go():
         eng = VLLMHTTPEngine([url])
         try:
-            return (await eng.generate([PROMPT], N, MAX_TOKENS, 1.0, SEED))[0]
+            return (await eng.generate([PROMPT], N, MAX_TOKENS, 1.0, SEED, **kw))[0]
         finally:
             await eng.aclose()
 
@@ -98,6 +98,16 @@ def test_a_stream_run_to_its_end_counts_what_generate_counts(server):
     assert [c.completion_tokens for c in ws.completions] == [c.completion_tokens for c in whole]
     assert [j for j, _ in finished] == ws.finish_order
     assert min(c.completion_tokens for c in whole) < MAX_TOKENS  # one finishes early: finish order ≠ index
+
+
+def test_a_stream_asked_for_logprobs_gives_each_finished_sample_generates_confidence(server):
+    (ws, finished), whole = stream(server.url, None, logprobs=5), generate(server.url, logprobs=5)
+    assert not ws.stopped and [c.text for c in ws.completions] == [c.text for c in whole]
+    for c, g in zip(ws.completions, whole, strict=True):
+        assert c.confidence_min_window >= 0 and c.logprob_mean <= 0
+        assert c.confidence_min_window == pytest.approx(g.confidence_min_window, abs=1e-5)
+        assert c.logprob_mean == pytest.approx(g.logprob_mean, abs=1e-5)
+    assert [c for _, c in finished] == [ws.completions[j] for j, _ in finished]  # on_finish saw them so
 
 
 def test_a_stream_stopped_at_its_first_finish_is_aborted_upstream(server):

@@ -198,12 +198,19 @@ async def replay_finishes(comps: list[Completion], on_finish: OnFinish) -> WaveS
 
 
 async def stream_wave(engine: Engine, prompt: str, n: int, max_tokens: int, temperature: float,
-                      seed: int | None, on_finish: OnFinish) -> WaveStream:
+                      seed: int | None, on_finish: OnFinish, *, logprobs: int | None = None,
+                      confidence_window: int = DEFAULT_WINDOW) -> WaveStream:
     """``n`` samples of ``prompt``, ``on_finish`` called as each finishes, the rest aborted when it says
     stop: the engine's own ``stream_wave`` where it has one (vllm-http streams and closes the request;
-    the transformers engine stops its batch mid-decode), else ``generate`` and :func:`replay_finishes`."""
+    the transformers engine stops its batch mid-decode), else ``generate`` and :func:`replay_finishes`.
+
+    ``logprobs=K``: each finished sample carries its ``logprob_mean`` and ``confidence_min_window``
+    (window ``confidence_window``), as ``generate(…, logprobs=K)`` gives them; aborted samples carry none.
+    Off (None) by default: the call is then exactly the one without these arguments."""
     own = getattr(engine, "stream_wave", None)
+    conf: dict[str, Any] = ({} if logprobs is None
+                            else {"logprobs": logprobs, "confidence_window": confidence_window})
     if own is not None:
-        return await own(prompt, n, max_tokens, temperature, seed, on_finish)
-    [comps] = await engine.generate([prompt], n, max_tokens, temperature, seed)
+        return await own(prompt, n, max_tokens, temperature, seed, on_finish, **conf)
+    [comps] = await engine.generate([prompt], n, max_tokens, temperature, seed, **conf)
     return await replay_finishes(list(comps), on_finish)

@@ -33,13 +33,23 @@ The in-process counterpart (the transformers engine's ``stream_wave``, one batch
 :func:`batch_finish_watch`, a stopping criterion that hands each row to the event loop as it finishes, and
 :func:`consume_finishes`, which awaits ``on_finish`` on them and aborts the rows still running.
 
-Ignores: chat completions, logprobs, several prompts per request (the gateway streams one prompt per
-request so each can stop on its own vote).
+Confidence: with ``"logprobs": K`` in the body (:func:`stream_completions`' ``confidence_window``: the
+window), each chunk's choice carries its delta's ``logprobs`` (``token_logprobs``, ``top_logprobs``: one
+``{token: logprob}`` per token, the ``K`` highest plus the sampled one when not among them, as in the
+non-streamed reply, :mod:`isocompute.engines.openai_replies`); a choice's are accumulated until it
+finishes, and the finished completion handed to ``on_finish`` carries its ``logprob_mean`` and
+``confidence_min_window`` (:func:`isocompute.tasks.confidence.sample_confidence`); an aborted one none,
+nor a choice streamed without logprobs. Asking costs throughput: the stream's tokens are priced
+:data:`isocompute.flops.logprobs.LOGPROB_COST_FACTOR` times a plain token's (the gateway's ledger does).
+
+Ignores: chat completions, several prompts per request (the gateway streams one prompt per request so
+each can stop on its own vote).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
@@ -52,32 +62,50 @@ from isocompute.engines.base import Completion, OnFinish, UpstreamBadResponse, W
 from isocompute.engines.openai_replies import describe
 from isocompute.engines.upstream_calls import open_stream, with_retries
 from isocompute.errors import EngineUnavailable
+from isocompute.tasks.confidence import DEFAULT_WINDOW, sample_confidence
 
-__all__ = ["ChoiceState", "Finish", "Put", "batch_finish_watch", "consume_finishes", "read_chunk",
+__all__ = ["ChoiceState", "Finish", "Put", "StepConfidence", "batch_finish_watch", "consume_finishes", "read_chunk",
            "stream_completions"]
 
 STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
 
 
 class ChoiceState:
-    """What one choice has streamed so far: text, tokens (see the module docstring) and finish reason."""
+    """What one choice has streamed so far: text, tokens (see the module docstring), finish reason and, when
+    asked (``conf``: top logprobs K, window), its tokens' log-probabilities."""
 
-    __slots__ = ("deltas", "finish_reason", "ids", "parts", "usage")
+    __slots__ = ("conf", "deltas", "finish_reason", "ids", "logprobs", "parts", "tops", "usage")
 
-    def __init__(self) -> None:
+    def __init__(self, conf: tuple[int, int] | None = None) -> None:
         self.parts: list[str] = []
         self.ids = 0
         self.usage: int | None = None
         self.deltas = 0
         self.finish_reason: str | None = None
+        self.conf = conf
+        self.logprobs: list[float] = []
+        self.tops: list[list[float]] = []
 
     @property
     def tokens(self) -> int:
         return self.ids or self.usage or self.deltas
 
+    def add_logprobs(self, lp: Any) -> None:
+        """Fold one delta's ``logprobs`` object (None: the chunk had none)."""
+        if self.conf is not None and isinstance(lp, dict) and lp.get("token_logprobs") is not None:
+            self.logprobs += [float(x) for x in lp["token_logprobs"]]
+            self.tops += [list((d or {}).values()) for d in lp.get("top_logprobs") or []]
+
     def completion(self, prompt_tokens: int, finish_reason: str | None = None) -> Completion:
-        return Completion("".join(self.parts), prompt_tokens, self.tokens,
-                          finish_reason or self.finish_reason or "stop")
+        reason = finish_reason or self.finish_reason or "stop"
+        c = Completion("".join(self.parts), prompt_tokens, self.tokens, reason)
+        if self.conf is None or reason == "abort" or not self.logprobs:
+            return c
+        try:
+            stats = sample_confidence(self.logprobs, self.tops, k=self.conf[0], window=self.conf[1])
+        except ValueError as e:
+            raise UpstreamBadResponse(f"the upstream streamed logprobs this engine cannot read ({e})") from None
+        return c if stats is None else dataclasses.replace(c, logprob_mean=stats[0], confidence_min_window=stats[1])
 
 
 def read_chunk(line: str, states: list[ChoiceState]) -> tuple[list[int], int | None, bool]:
@@ -98,6 +126,7 @@ def read_chunk(line: str, states: list[ChoiceState]) -> tuple[list[int], int | N
             st = states[int(c["index"])]
             text, ids = c.get("text") or "", c.get("token_ids")
             st.parts.append(text)
+            st.add_logprobs(c.get("logprobs"))
             st.ids += len(ids) if ids else 0
             st.deltas += bool(text or ids)
             if len(choices) == 1 and usage.get("completion_tokens") is not None:
@@ -112,9 +141,10 @@ def read_chunk(line: str, states: list[ChoiceState]) -> tuple[list[int], int | N
                                   f"{payload[:200]!r}") from None
 
 
-async def _read(r: httpx.Response, n: int, on_finish: OnFinish, started: float, order: list[int]) -> WaveStream:
+async def _read(r: httpx.Response, n: int, on_finish: OnFinish, started: float, order: list[int],
+                conf: tuple[int, int] | None = None) -> WaveStream:
     """The stream's chunks folded into ``n`` choices; ``order`` (the caller's, empty) gets each finished index."""
-    states = [ChoiceState() for _ in range(n)]
+    states = [ChoiceState(conf) for _ in range(n)]
     prompt_tokens = 0
     first: float | None = None
     async for line in r.aiter_lines():
@@ -135,12 +165,15 @@ async def _read(r: httpx.Response, n: int, on_finish: OnFinish, started: float, 
                       saved_tokens=0)
 
 
-async def stream_completions(engine: Any, body: dict[str, Any], on_finish: OnFinish) -> WaveStream:
+async def stream_completions(engine: Any, body: dict[str, Any], on_finish: OnFinish, *,
+                             confidence_window: int = DEFAULT_WINDOW) -> WaveStream:
     """Stream ``body`` (``n`` choices of one prompt) through ``engine``'s balancer (module docstring);
     ``engine`` is a :class:`~isocompute.engines.vllm_http.VLLMHTTPEngine` (its pool, client, semaphore and
-    retry settings; not imported here, which would make an import circle)."""
+    retry settings; not imported here, which would make an import circle). A body with ``"logprobs": K``:
+    each finished completion's confidence, window ``confidence_window``."""
     started = time.perf_counter()
     n = int(body.get("n", 1))
+    conf = None if body.get("logprobs") is None else (int(body["logprobs"]), confidence_window)
     body = {**body, "stream": True, "stream_options": STREAM_OPTIONS}
     engine.pool.fail_fast()
     client = engine._ensure_client()
@@ -152,7 +185,7 @@ async def stream_completions(engine: Any, body: dict[str, Any], on_finish: OnFin
         r = await open_stream(client, up.url, body, budget)
         try:
             async with asyncio.timeout_at(end):
-                return await _read(r, n, on_finish, started, order)
+                return await _read(r, n, on_finish, started, order, conf)
         except TimeoutError:
             engine.pool.failed(up, "the stream stalled", epoch, hard=False)  # slow: a strike
             raise EngineUnavailable(f"{up.url} streamed no end within {budget:.3g} s") from None
@@ -172,12 +205,65 @@ Finish = tuple[int, Completion]  # a streamed wave's finished row and its comple
 Put = Callable[[Finish | None], None]
 
 
+class StepConfidence:
+    """The per-step log-probabilities a streamed batch's confidence needs (``stream_wave(…, logprobs=K)``),
+    kept as it decodes: :meth:`processor` is a ``transformers.LogitsProcessor`` that sees each step's
+    logits before temperature (it runs ahead of the sampling warpers, after the model's own processors —
+    none under plain sampling — and changes nothing) and keeps their log-softmax's top ``k``; the finish
+    watch calls :meth:`step` once the step's tokens are drawn, which keeps the sampled tokens' log-probs.
+    :meth:`attach` gives a finished row's completion its ``logprob_mean`` and ``confidence_min_window``
+    from its first ``completion_tokens`` steps — the figures ``generate(…, logprobs=K)`` computes from
+    the same raw logits (:func:`isocompute.tasks.confidence.stats_from_logits`). Memory: rows × steps ×
+    (k + 1) floats, not the vocabulary."""
+
+    def __init__(self, k: int, window: int) -> None:
+        self.k, self.window = k, window
+        self.logp: Any = None  # the current step's log-softmax, (rows, vocab)
+        self.sampled: list[Any] = []  # per step, (rows,) the sampled tokens' log-probabilities
+        self.tops: list[Any] = []  # per step, (rows, k) the highest log-probabilities
+
+    def processor(self) -> Any:
+        from transformers import LogitsProcessor
+
+        conf = self
+
+        class Record(LogitsProcessor):
+            def __call__(self, input_ids: Any, scores: Any) -> Any:
+                conf.record(scores)
+                return scores
+
+        return Record()
+
+    def record(self, scores: Any) -> None:
+        import torch
+
+        self.logp = torch.log_softmax(scores.double(), dim=-1)
+        self.tops.append(self.logp.topk(min(self.k, self.logp.shape[-1]), dim=-1).values.cpu())
+
+    def step(self, input_ids: Any) -> None:
+        if self.logp is not None:
+            self.sampled.append(self.logp.gather(1, input_ids[:, -1:])[:, 0].cpu())
+            self.logp = None
+
+    def attach(self, c: Completion, row: int) -> Completion:
+        import torch
+
+        m = min(c.completion_tokens, len(self.sampled))
+        if m == 0:
+            return c
+        sampled = torch.stack([s[row] for s in self.sampled[:m]]).tolist()
+        tops = torch.stack([t[row] for t in self.tops[:m]]).tolist()
+        stats = sample_confidence(sampled, tops, k=min(self.k, len(tops[0])), window=self.window)
+        return c if stats is None else dataclasses.replace(c, logprob_mean=stats[0], confidence_min_window=stats[1])
+
+
 def batch_finish_watch(completion: Callable[[list[int], int, int], Completion], eos_ids: frozenset[int],
-                       width: int, prompt_tokens: int, max_tokens: int, stop: threading.Event, put: Put) -> Any:
+                       width: int, prompt_tokens: int, max_tokens: int, stop: threading.Event, put: Put,
+                       conf: StepConfidence | None = None) -> Any:
     """A ``transformers.StoppingCriteria`` that hands ``(row, completion(ids, prompt_tokens, max_tokens))`` to
     ``put`` at the step each row emits eos or reaches ``max_tokens`` (new tokens start after the prompt's
     ``width`` columns; the padding after a finish is not looked at), and stops every row once ``stop`` is set
-    (that step's finishes go first)."""
+    (that step's finishes go first). ``conf``: each finished row's confidence too (:class:`StepConfidence`)."""
     import torch
     from transformers import StoppingCriteria
 
@@ -187,10 +273,13 @@ def batch_finish_watch(completion: Callable[[list[int], int, int], Completion], 
 
         def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
             steps = input_ids.shape[1] - width
+            if conf is not None:
+                conf.step(input_ids)
             for j, tok in enumerate(input_ids[:, -1].tolist()):
                 if j not in self.done and (tok in eos_ids or steps >= max_tokens):
                     self.done.add(j)
-                    put((j, completion(input_ids[j, width:].tolist(), prompt_tokens, max_tokens)))
+                    c = completion(input_ids[j, width:].tolist(), prompt_tokens, max_tokens)
+                    put((j, c if conf is None else conf.attach(c, j)))
             return torch.full((input_ids.shape[0],), stop.is_set(), dtype=torch.bool, device=input_ids.device)
 
     return FinishWatch()

@@ -33,9 +33,11 @@ wider than ``micro_batch`` is generated whole and replayed (:func:`~isocompute.e
 distribution, before temperature, as vLLM's default ``raw_logprobs``) and sets each completion's
 ``logprob_mean`` and ``confidence_min_window`` from their log-softmax (:mod:`isocompute.tasks.confidence`);
 a micro-batch then holds rows × steps × vocab floats (lower ``micro_batch`` for a large vocabulary).
+``stream_wave(…, logprobs=K)`` gives each finished row the same figures, kept step by step as it decodes
+(:class:`~isocompute.engines.streaming.StepConfidence`: rows × steps × (K + 1) floats).
 
-Ignores: stop strings, logprobs in ``stream_wave``, top-k/top-p/repetition penalties, and freeing a
-finished row's slot before its whole batch ends (it decodes padding until then).
+Ignores: stop strings, top-k/top-p/repetition penalties, and freeing a finished row's slot before its
+whole batch ends (it decodes padding until then).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from typing import Any
 
 from isocompute.engines.base import Completion, OnFinish, WaveStream, check_generate_args, replay_finishes
 from isocompute.engines.probe import ProbeResult, entropy_from_logits, mean_entropy
-from isocompute.engines.streaming import Finish, Put, batch_finish_watch, consume_finishes
+from isocompute.engines.streaming import Finish, Put, StepConfidence, batch_finish_watch, consume_finishes
 from isocompute.errors import EngineUnavailable, InputError
 from isocompute.tasks.confidence import DEFAULT_WINDOW, stats_from_logits
 
@@ -214,11 +216,14 @@ class TransformersEngine:
                                        (logprobs, confidence_window))
 
     async def stream_wave(self, prompt: str, n: int, max_tokens: int, temperature: float, seed: int | None,
-                          on_finish: OnFinish) -> WaveStream:
+                          on_finish: OnFinish, *, logprobs: int | None = None,
+                          confidence_window: int = DEFAULT_WINDOW) -> WaveStream:
         """``n`` samples of ``prompt`` in one batch, stopped when ``on_finish`` says so (module docstring)."""
-        check_generate_args(n, max_tokens, temperature)
+        check_generate_args(n, max_tokens, temperature, logprobs, confidence_window)
+        conf = (logprobs, confidence_window)
         if n > self.micro_batch:
-            [comps] = await self.generate([prompt], n, max_tokens, temperature, seed)
+            [comps] = await self.generate([prompt], n, max_tokens, temperature, seed, logprobs=logprobs,
+                                          confidence_window=confidence_window)
             return await replay_finishes(comps, on_finish)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Finish | None] = asyncio.Queue()
@@ -231,7 +236,7 @@ class TransformersEngine:
                 stop.set()
 
         worker = asyncio.ensure_future(
-            asyncio.to_thread(self._stream_locked, prompt, n, max_tokens, temperature, seed, stop, put))
+            asyncio.to_thread(self._stream_locked, prompt, n, max_tokens, temperature, seed, stop, put, conf))
         worker.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved even if nobody awaits
         try:
             return await consume_finishes(queue, worker, stop, on_finish, n)
@@ -284,10 +289,14 @@ class TransformersEngine:
             return self._generate_rows(prompts, n, max_tokens, temperature, conf)
 
     def _stream_locked(self, prompt: str, n: int, max_tokens: int, temperature: float, seed: int | None,
-                       stop: threading.Event, put: Put) -> tuple[int, int]:
-        """One prompt's ``n`` rows in one ``generate`` call, each finish ``put`` as it happens, all rows
-        stopped once ``stop`` is set; returns (prompt tokens, tokens every unfinished row had then)."""
-        from transformers import StoppingCriteriaList
+                       stop: threading.Event, put: Put, conf: _Conf) -> tuple[int, int]:
+        """One prompt's ``n`` rows in one ``generate`` call, each finish ``put`` as it happens (with its
+        confidence when ``conf`` asks), all rows stopped once ``stop`` is set; returns (prompt tokens, tokens
+        every unfinished row had then)."""
+        from transformers import LogitsProcessorList, StoppingCriteriaList
+
+        steps = None if conf[0] is None else StepConfidence(conf[0], conf[1])
+        processors = LogitsProcessorList([] if steps is None else [steps.processor()])
 
         try:
             with self._running(), self._seeded(seed):
@@ -295,8 +304,8 @@ class TransformersEngine:
                 width, plen = enc["input_ids"].shape[1], int(enc["attention_mask"][0].sum())
                 if stop.is_set():  # stopped (cancelled) while waiting for the lock
                     return plen, 0
-                watch = batch_finish_watch(self._completion, self.eos_ids, width, plen, max_tokens, stop, put)
-                out = self._run_generate(enc, max_tokens, temperature, StoppingCriteriaList([watch]))
+                watch = batch_finish_watch(self._completion, self.eos_ids, width, plen, max_tokens, stop, put, steps)
+                out = self._run_generate(enc, max_tokens, temperature, StoppingCriteriaList([watch]), processors=processors)
                 return plen, out.shape[1] - width
         finally:
             put(None)
@@ -328,15 +337,16 @@ class TransformersEngine:
         return [_with_confidence(c, out.logits, r, new_tokens[r], k, window) for r, c in enumerate(comps)]
 
     def _run_generate(self, enc: Any, max_tokens: int, temperature: float, stopping: Any = None,
-                      logits: bool = False) -> Any:
+                      logits: bool = False, processors: Any = None) -> Any:
         """``model.generate`` on encoded rows: plain temperature sampling, or greedy at 0; ``logits``: return
-        the ``generate`` output object with every step's raw logits (``output_logits=True``)."""
+        the ``generate`` output object with every step's raw logits (``output_logits=True``); ``processors``:
+        extra logits processors (they run before the temperature)."""
         sampling: dict[str, Any] = ({"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
                                     if temperature > 0 else {"do_sample": False})
         extra = {"output_logits": True, "return_dict_in_generate": True} if logits else {}
         return self.model.generate(**enc, max_new_tokens=max_tokens, eos_token_id=sorted(self.eos_ids),
                                    pad_token_id=self.tokenizer.pad_token_id, stopping_criteria=stopping,
-                                   **sampling, **extra)
+                                   logits_processor=processors, **sampling, **extra)
 
     def _completion(self, ids: list[int], prompt_tokens: int, max_tokens: int) -> Completion:
         """One generated row as a :class:`Completion` (:func:`count_completion`; eos not in the text)."""

@@ -44,7 +44,10 @@ JSON (the entropy probe, :mod:`isocompute.engines.probe`, asks for ``logprobs`` 
 ``generate(…, logprobs=K)`` asks each request for ``"logprobs": K`` and returns completions with their
 ``logprob_mean`` and ``confidence_min_window`` (:mod:`isocompute.engines.openai_replies`); off by default.
 
-Ignores: chat completions (prompts arrive already templated), logprobs in ``stream_wave``, stop strings.
+``stream_wave(…, logprobs=K)`` asks the stream for them too: each finished sample carries its confidence
+(:mod:`isocompute.engines.streaming`).
+
+Ignores: chat completions (prompts arrive already templated), stop strings.
 """
 
 from __future__ import annotations
@@ -188,12 +191,15 @@ class VLLMHTTPEngine:
         return [comps * (n // n_req) for comps in await gather_or_cancel(tasks)]
 
     async def stream_wave(self, prompt: str, n: int, max_tokens: int, temperature: float, seed: int | None,
-                          on_finish: OnFinish) -> WaveStream:
+                          on_finish: OnFinish, *, logprobs: int | None = None,
+                          confidence_window: int = DEFAULT_WINDOW) -> WaveStream:
         """``n`` samples of ``prompt`` in one streamed request, ``on_finish`` called as each finishes; the
-        request is closed (vLLM aborts it) when it returns True. Greedy: one sample, replayed ``n`` times."""
-        check_generate_args(n, max_tokens, temperature)
+        request is closed (vLLM aborts it) when it returns True. Greedy: one sample, replayed ``n`` times.
+        ``logprobs=K``: each finished sample's confidence (module docstring)."""
+        check_generate_args(n, max_tokens, temperature, logprobs, confidence_window)
         if temperature == 0:
-            [comps] = await self.generate([prompt], n, max_tokens, temperature, seed)
+            [comps] = await self.generate([prompt], n, max_tokens, temperature, seed, logprobs=logprobs,
+                                          confidence_window=confidence_window)
             return await replay_finishes(list(comps), on_finish)
         body: dict[str, Any] = {"model": await self._model_name(), "prompt": prompt, "n": n,
                                 "max_tokens": max_tokens, "temperature": temperature}
@@ -201,7 +207,9 @@ class VLLMHTTPEngine:
             body["seed"] = seed
         if self.return_token_ids:
             body["return_token_ids"] = True
-        return await stream_completions(self, body, on_finish)
+        if logprobs is not None:
+            body |= {"logprobs": logprobs, "return_tokens_as_token_ids": True}
+        return await stream_completions(self, body, on_finish, confidence_window=confidence_window)
 
     async def aclose(self) -> None:
         await self.pool.aclose()

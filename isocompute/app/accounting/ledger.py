@@ -28,7 +28,7 @@ serving rule did not read them; :meth:`BudgetPlan.charge`: a tokens budget pays 
 tokens)::
 
     samples budget:  cost = d + c_probe + c_extra
-    tokens budget:   cost = m + c_probe + c_extra
+    tokens budget:   cost = m' + c_probe + c_extra               (m' = m, a wave that asked logprobs × 1.07)
     FLOP budget:     cost = usage.flops                          (measured; probe and extras included)
                      cost = d · F_sample + c_probe + c_extra     (no FLOP model: the request's conversion)
 
@@ -36,6 +36,11 @@ Worked example: a 4-sample budget whose prompt drew waves 1, 1, 4 (d = 6) after 
 0.5 charges 6.5 — the samples drawn, not the plan's maximum. A non-finite cost is not charged. FLOPs:
 waves 1, 1, 2 with 10 prompt tokens and completions of 5, 6, 5, 7 tokens → with prefix caching
 ``prefill(10) + Σ decode``; without it ``3 · prefill(10) + Σ decode``.
+
+Logprobs: a wave whose request asked for the tokens' logprobs (``WaveRecord.logprobs``: a parallel-stop wave
+whose rule reads confidence, :mod:`isocompute.app.runner.parallel_wave`) decodes slower, so a tokens budget
+is charged its tokens at :data:`isocompute.flops.logprobs.LOGPROB_COST_FACTOR` (:func:`priced_tokens_of`);
+the usage reported and the FLOPs are its real tokens' (logprobs add no matmul).
 
 Ignores: which pool drew the samples (the controller keeps one budget per key across models).
 """
@@ -53,7 +58,7 @@ from isocompute.app.routing import Routing
 from isocompute.app.runner.action_run import ActionRun
 from isocompute.app.runner.plan_run import PlanRun
 
-__all__ = ["Bill", "Ledger", "StageCost", "plan_flops", "stage_costs", "wave_tokens"]
+__all__ = ["Bill", "Ledger", "StageCost", "plan_flops", "priced_tokens_of", "stage_costs", "wave_tokens"]
 
 
 def wave_tokens(run: PlanRun) -> list[list[int]]:
@@ -63,6 +68,14 @@ def wave_tokens(run: PlanRun) -> list[list[int]]:
         waves.append([c.completion_tokens for c in run.samples[start:start + n] if c is not None])
         start += n
     return waves
+
+
+def priced_tokens_of(run: PlanRun) -> float:
+    """``run``'s completion tokens as a tokens budget pays them: each wave's at the logprob cost factor when
+    it asked for logprobs (module docstring), else as they are."""
+    from isocompute.flops.logprobs import priced_tokens
+
+    return float(sum(priced_tokens(sum(w), rec.logprobs) for w, rec in zip(wave_tokens(run), run.wave_runs, strict=True)))
 
 
 def plan_flops(model: Any, prompt_tokens: int, run: PlanRun, *, prefix_caching: bool) -> float:
@@ -128,7 +141,7 @@ class Ledger:
         flops = self.paid_flops(routing, i, sum(known)) if len(known) == len(costs) else None
         self.count(run.drawn, len(run.wave_sizes), run.stopped)
         completion_tokens = sum(c.completion_tokens for c in costs)
-        self.charge(routing, i, run.drawn, flops, completion_tokens)
+        self.charge(routing, i, run.drawn, flops, sum(priced_tokens_of(st.run) for st in run.stages))
         latency = self.time(routing, [w for st in run.stages for w in wave_tokens(st.run)])
         return Bill(sum(c.prompt_tokens for c in costs), completion_tokens, flops, stage_flops, latency)
 
@@ -165,9 +178,10 @@ class Ledger:
         self.metrics.flops.inc(flops)
         return flops
 
-    def charge(self, routing: Routing, i: int, drawn: int, flops: float | None, tokens: int) -> None:
+    def charge(self, routing: Routing, i: int, drawn: int, flops: float | None, tokens: float) -> None:
         """Charge the key's controller what prompt ``i`` cost, in the request's unit (module docstring):
-        ``drawn`` samples, ``tokens`` their completion tokens, ``flops`` their FLOPs (None: unknown)."""
+        ``drawn`` samples, ``tokens`` their completion tokens (priced: :func:`priced_tokens_of`), ``flops``
+        their FLOPs (None: unknown)."""
         plan, pr, fe = routing.plan, routing.probe, routing.features
         paid = (0.0 if pr is None else pr.costs[i]) + (0.0 if fe is None else fe.costs[i])
         if plan.unit == "samples":

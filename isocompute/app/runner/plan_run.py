@@ -107,10 +107,12 @@ class PlanRun:
 
     def spent(self) -> dict:
         """What an evidence rule reads at a wave's start: the lengths of the samples so far (in the order of
-        :attr:`answers`), the tokens they generated and the latency so far (each wave's longest sample)."""
+        :attr:`answers`), the tokens they generated and the latency so far (each wave's longest sample);
+        ``confidence``: their ``confidence_min_window`` (None where a sample has none), aligned with lengths."""
         lengths = [0 if c is None else c.completion_tokens for c in self.samples]
         return {"lengths": lengths, "tokens": float(sum(lengths)), "latency": float(sum(w.longest for w in self.wave_runs)),
-                "wave": len(self.wave_sizes)}
+                "wave": len(self.wave_sizes),
+                "confidence": [None if c is None else c.confidence_min_window for c in self.samples]}
 
     @property
     def drawn(self) -> int:
@@ -139,8 +141,9 @@ class PlanRun:
 
     def add(self, wave: int, comps: Sequence[Completion], extract: Callable[[str], str | None], *,
             seconds: float | None = None, first_token_s: float | None = None,
-            saved_tokens: int | None = None) -> None:
-        """Record a wave of ``wave`` samples of which ``comps`` came back (its timing: :class:`WaveRecord`)."""
+            saved_tokens: int | None = None, logprobs: int | None = None) -> None:
+        """Record a wave of ``wave`` samples of which ``comps`` came back (its timing and the logprobs it
+        asked: :class:`WaveRecord`)."""
         got = list(comps)[:wave]
         self.samples += got + [None] * (wave - len(got))
         self.answers += [None if c.finish_reason in FAILED_REASONS else extract(c.text) for c in got]
@@ -148,7 +151,8 @@ class PlanRun:
         self.wave_sizes.append(wave)
         mode = self.plan.modes[len(self.wave_sizes) - 1]
         self.wave_runs.append(WaveRecord.of(mode, wave, got, stopped=False, seconds=seconds,
-                                            first_token_s=first_token_s, saved_tokens=saved_tokens))
+                                            first_token_s=first_token_s, saved_tokens=saved_tokens,
+                                            logprobs=logprobs))
 
     def stopped_mid_wave(self, votes: Votes, step: PlanStep) -> None:
         """The plan's rule fired mid-wave (``step``, from :meth:`Plan.on_finish`); ``votes`` over every
@@ -165,6 +169,8 @@ class PlanRun:
         evidence = None
         if getattr(self.plan.rule, "needs_evidence", False):
             evidence = {**self.spent(), "running": 0, "wave": len(self.wave_sizes) - 1}
+            if not getattr(self.plan.rule, "needs_confidence", False):
+                del evidence["confidence"]  # read only by a rule trained with it
         step = self.plan.step(votes.classes, evidence)
         self.evidence = step.decision.detail or self.evidence
         prob = float(step.decision.prob)
@@ -223,7 +229,7 @@ async def run_plans(
             runs[i].add(runs[i].next_wave or 0, comps, extract, seconds=wait_s)
         for i, out in zip(par, streamed, strict=True):
             runs[i].add(runs[i].next_wave or 0, out.completions, extract, seconds=out.seconds,
-                        first_token_s=out.first_token_s, saved_tokens=out.saved_tokens)
+                        first_token_s=out.first_token_s, saved_tokens=out.saved_tokens, logprobs=out.logprobs)
         votes = await voter.classes([runs[i].answers for i in active], deadline.at)
         mid = {i: out for i, out in zip(par, streamed, strict=True) if out.step is not None}
         for i, v in zip(active, votes, strict=True):

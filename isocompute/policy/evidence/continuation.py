@@ -70,11 +70,13 @@ def _end(w: Walks, K: int) -> np.ndarray:
 
 @dataclass
 class Heads:
-    """The regressors: ``boosters[(target, K)]`` (LightGBM), fitted on evidence rows."""
+    """The regressors: ``boosters[(target, K)]`` (LightGBM), fitted on evidence rows; ``confidence``: whether
+    those rows had the samples' confidence (then the gateway asks its streams for logprobs to serve them)."""
 
     boosters: dict[tuple[str, int], Any] = field(default_factory=dict)
     seed: int = 0
     horizons: tuple[int, ...] = HORIZONS
+    confidence: bool = False
 
     def fit(self, X: np.ndarray, labels: dict[str, np.ndarray]) -> Heads:
         """``X`` (rows, features); ``labels[target]`` (rows, len(HORIZONS))."""
@@ -97,7 +99,8 @@ class Heads:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "horizons": list(self.horizons), "boosters": {f"{t}:{K}": b.model_to_string() for (t, K), b in self.boosters.items()}}
+        return {"seed": self.seed, "horizons": list(self.horizons), "confidence": self.confidence,
+                "boosters": {f"{t}:{K}": b.model_to_string() for (t, K), b in self.boosters.items()}}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Heads:
@@ -107,7 +110,8 @@ class Heads:
         for key, text in d["boosters"].items():
             t, K = key.split(":")
             boosters[(t, int(K))] = lgb.Booster(model_str=text)
-        return cls(boosters, int(d.get("seed", 0)), tuple(int(K) for K in d.get("horizons", HORIZONS)))
+        return cls(boosters, int(d.get("seed", 0)), tuple(int(K) for K in d.get("horizons", HORIZONS)),
+                   bool(d.get("confidence", False)))
 
 
 def scores(pred: dict[str, np.ndarray], lam: float, mu: float) -> np.ndarray:

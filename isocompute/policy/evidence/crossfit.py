@@ -70,11 +70,13 @@ def confidence_of(table, w: Walks) -> np.ndarray | None:
 
 def train_heads(w: Walks, *, seed: int, horizons: tuple[int, ...] = HORIZONS,
                 confidence: np.ndarray | None = None) -> Heads:
-    """Heads fitted on every check point but the last (where the plan stops anyway)."""
+    """Heads fitted on every check point but the last (where the plan stops anyway); ``confidence`` (the
+    finishers', :func:`confidence_of`) given: heads that read it (``Heads.confidence``)."""
     X = walk_features(w, confidence)[:, :-1]
     labels = continuation_labels(w, horizons)
     rows = X.reshape(-1, X.shape[-1])
-    return Heads(seed=seed, horizons=horizons).fit(rows, {k: v[:, :-1].reshape(-1, v.shape[-1]) for k, v in labels.items()})
+    heads = Heads(seed=seed, horizons=horizons, confidence=confidence is not None)
+    return heads.fit(rows, {k: v[:, :-1].reshape(-1, v.shape[-1]) for k, v in labels.items()})
 
 
 def predict_walks(heads: Heads, w: Walks, confidence: np.ndarray | None = None) -> dict[str, np.ndarray]:

@@ -3,8 +3,9 @@
 A plan ``Plan(waves, EvidenceRule(...), modes=parallel)`` runs like any parallel-stop plan
 (:meth:`isocompute.solver.plans.plan.Plan.on_finish`), but its rule reads *evidence* beside the vote: at
 each finish the runner passes the finished samples' lengths (tokens, in finish order), the samples still
-running, the wave, and the tokens and latency spent so far (and per-sample confidence when the upstream
-gave logprobs). The rule computes the evidence features
+running, the wave, and the tokens and latency spent so far (and per-sample confidence when its heads were
+trained with it: ``needs_confidence``; the runner then asks the stream for logprobs). The rule computes the
+evidence features
 (:func:`isocompute.policy.evidence.features.state_features` — the very columns it was trained on, from
 walks), asks the continuation heads and stops when no continuation is worth its price:
 max_K Ĝ_K − λ·T̂_K − μ·L̂_K ≤ 0 (:mod:`isocompute.policy.evidence.continuation`). Its
@@ -49,6 +50,12 @@ class EvidenceRule(StoppingRule):
     mu: float = 0.0
     unit: float = field(default=1.0, repr=False)
     heads: Heads | None = field(default=None, repr=False)
+
+    @property
+    def needs_confidence(self) -> bool:
+        """Whether its heads were trained with the samples' confidence: the runner then asks the stream for
+        logprobs and passes ``confidence`` in the evidence (:mod:`isocompute.app.runner.parallel_wave`)."""
+        return self.heads is not None and self.heads.confidence
 
     @property
     def threshold(self) -> float:
