@@ -42,6 +42,9 @@ def register(subparsers: Any) -> None:
     e.add_argument("--draws", type=int, default=16, help="walks per prompt to learn from (and to score)")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--level", type=float, default=0.95, help="one-sided bootstrap level to keep the evidence rule")
+    e.add_argument("--confidence", action="store_true",
+                   help="the heads also read each sample's confidence (the table's confidence_min_window); the "
+                        "gateway then asks its streamed waves for logprobs=5, priced at LOGPROB_COST_FACTOR")
     e.set_defaults(func=run_evidence)
 
 
@@ -62,7 +65,7 @@ def run_evidence(args: argparse.Namespace) -> int:
     policy = getattr(policy, "policy", policy)  # refitting evidence on a policy that has some replaces it
     table = read_outcomes(args.table)
     model = fit_evidence(table, waves, menu=list(policy.plans) or None, folds=args.folds, draws=args.draws, eval_draws=args.draws, seed=args.seed,
-                         level=args.level)
+                         level=args.level, use_confidence=args.confidence)
     out = EvidencePolicy(policy, model).save(args.out)
     x = model.tokens_per_sample / model.unit
     for e in model.entries:

@@ -112,8 +112,9 @@ def fit_evidence(table, waves: tuple[int, ...] = (4, 8), *, menu: list[Plan] | N
                  draws: int = 16, eval_draws: int = 16, seed: int = 0, level: float = 0.95,
                  horizons: tuple[int, ...] = HORIZONS, use_confidence: bool = False) -> EvidenceModel:
     """Fit the evidence-aware plan on ``table`` (module docstring). ``use_confidence`` (off by default) lets
-    the heads read the samples' confidence where the table has it; leave it off for the gateway, whose
-    streamed waves carry no logprobs (the served features would then differ from the trained ones)."""
+    the heads read the samples' confidence where the table has it (``Heads.confidence``): the gateway then
+    streams those plans' waves with logprobs (``EvidenceRule.needs_confidence``), which a tokens budget pays
+    at ``isocompute.flops.logprobs.LOGPROB_COST_FACTOR``."""
     if not table.has_token_counts and np.isnan(table.completion_tokens[table.mask]).any():
         raise InputError(f"evidence plans need completion_tokens on every sample; {table.source} lacks some.")
     lengths = table.completion_tokens[table.mask]
