@@ -56,8 +56,8 @@ def table(rows, conf=None):
         samples = [{"answer": None if c is None else str(c), "correct": bool(ok), "completion_tokens": int(t)}
                    for c, ok, t in row]
         if conf is not None:
-            for s, v in zip(samples, conf[i], strict=True):
-                s["confidence_min_window"] = float(v)
+            for s, v in zip(samples, conf[i], strict=True):  # shifted ≥ 0, as a real confidence is: the
+                s["confidence_min_window"] = float(v) + 10.0  # weight reads it standardised, so a shift is moot
         recs.append({"id": f"p{i}", "prompt": f"q{i}", "gold": "0", "samples": samples})
     return from_records(recs)
 
