@@ -98,16 +98,20 @@ def test_a_samples_unit_policy_is_refused(fitted):
         EvidencePolicy(P(), fitted)
 
 
+def answer_at_the_top_budget(policy, ep: EvidencePolicy, engine: FakeEngine) -> dict:
+    """One completion served by ``ep`` on ``engine`` at the evidence grid's top budget: its isocompute object."""
+    budget = min(max(e.budget for e in ep.evidence.entries) * ep.evidence.unit, policy.budget_range[1])
+    with make_client(engine=engine, policy=ep, budget_control=False) as client:
+        r = client.post("/v1/completions", json=completion("What is 2 + 3?", budget=budget, budget_unit="tokens"))
+    assert r.status_code == 200, r.text
+    return r.json()["isocompute"]
+
+
 def test_gateway_runs_the_learned_continuation_with_the_runners_evidence(policy, fitted):
     ep = EvidencePolicy(policy, kept(fitted, lam=50.0))  # a huge token price: stop at the first finish
     engine = FakeEngine(("The answer is 5.", "The answer is 5.", "The answer is 6.", "The answer is 5."),
                         lengths=(40, 25, 60, 90))
-    budget = max(e.budget for e in ep.evidence.entries) * ep.evidence.unit
-    with make_client(engine=engine, policy=ep, budget_control=False) as client:
-        r = client.post("/v1/completions", json=completion("What is 2 + 3?",
-                                                           budget=min(budget, policy.budget_range[1]), budget_unit="tokens"))
-    assert r.status_code == 200, r.text
-    info = r.json()["isocompute"]
+    info = answer_at_the_top_budget(policy, ep, engine)
     assert info["plan"].startswith("evidence:") and info["rule"] == "evidence"
     ev = info["evidence"]
     assert ev["decision"] == "stop" and ev["score"] <= 0
@@ -121,12 +125,7 @@ def test_gateway_runs_the_learned_continuation_with_the_runners_evidence(policy,
 def test_gateway_goes_on_while_continuing_pays(policy, fitted):
     ep = EvidencePolicy(policy, kept(fitted, lam=-1.0, mu=0.0))  # tokens pay: every continuation scores > 0
     engine = FakeEngine(("The answer is 5.", "The answer is 6."), lengths=(30, 50))
-    budget = max(e.budget for e in ep.evidence.entries) * ep.evidence.unit
-    with make_client(engine=engine, policy=ep, budget_control=False) as client:
-        r = client.post("/v1/completions", json=completion("What is 2 + 3?",
-                                                           budget=min(budget, policy.budget_range[1]), budget_unit="tokens"))
-    assert r.status_code == 200, r.text
-    info = r.json()["isocompute"]
+    info = answer_at_the_top_budget(policy, ep, engine)
     assert info["evidence"]["decision"] == "continue"
     assert info["wave_sizes"] == [2, 4] and info["k"] == 6  # both waves ran to the plan's end
     assert info["stopped"] == "plan_end"
