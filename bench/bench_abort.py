@@ -35,7 +35,7 @@ import numpy as np
 from isocompute.app.runner.parallel_wave import stream_prompt
 from isocompute.app.runner.voting import Voter
 from isocompute.engines.base import replay_finishes
-from isocompute.engines.checkpoints.real_model import find_real_model
+from isocompute.engines.checkpoints.real_model import chat_prompts, find_real_model
 from isocompute.engines.vllm_http import VLLMHTTPEngine
 from isocompute.engines.vllm_server import start_vllm_server
 from isocompute.solver.plans.plan import parse_plan
@@ -131,11 +131,7 @@ def main() -> None:
     model = find_real_model(args.model)
     if model is None:
         raise SystemExit("the real model is not built: run `make real-model`")
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model)
-    prompts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
-               for q in QUESTIONS]
+    prompts = chat_prompts(model, QUESTIONS)
     srv = None
     if args.upstream is None:
         t0 = time.monotonic()

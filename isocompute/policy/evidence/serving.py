@@ -62,8 +62,11 @@ class EvidencePolicy:
         self.policy = policy
         self.evidence = evidence
 
-    def __getattr__(self, name: str) -> Any:  # everything but decide is the policy's
-        return getattr(self.__dict__["policy"], name)
+    def __getattr__(self, name: str) -> Any:  # everything but decide and save is the policy's
+        policy = self.__dict__.get("policy")
+        if policy is None:  # not set up yet (e.g. while unpickling): no attribute to delegate
+            raise AttributeError(name)
+        return getattr(policy, name)
 
     def decide(self, prompts: Sequence[str], budget: float, **kw: Any) -> Any:
         """The policy's decision, or the evidence plan for every prompt where the chain keeps it."""
