@@ -7,7 +7,7 @@ Per table (token counts on every sample), the block of :mod:`isocompute.evaluati
 same one ``isocompute report`` writes for a policy fitted with ``isocompute evidence``: the served chain
 (learned-from-evidence → best fixed mixture, chosen on the other folds) against the best fixed mixture
 chosen on the other folds (CV), the best fixed mixture at the chain's realised tokens and latency
-(hindsight), and uniform; every rule family's fixed plans (waiting and parallel-stop) are in the menu. It
+(hindsight), and uniform at the chain's realised tokens and latency; every rule family's fixed plans (waiting and parallel-stop) are in the menu. It
 prints the markdown table and writes ``evidence_<table>.json`` and the calibration plot to ``--out``.
 """
 

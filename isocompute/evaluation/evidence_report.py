@@ -14,7 +14,8 @@ compared with
   user would deploy instead at the same budgets);
 * ``vs_hindsight`` — the best fixed mixture at the chain's *realised* tokens and latency, chosen on all
   prompts (held-out ones included): the strictest rival at matched realised cost;
-* ``vs_uniform`` — the best mixture of one-wave ``none@k`` at the chain's realised tokens.
+* ``vs_uniform`` — the best mixture of one-wave ``none@k`` at the chain's realised tokens and latency (none
+  when no uniform mix is that quick: waiting for one sample already takes 1.0).
 
 Each difference is in points with a 95% paired-bootstrap CI over prompts. ``reach``: the fewest tokens at
 which the chain, served at 97% of uniform@16's latency, reaches uniform@16's accuracy − 0.2 pt with a
@@ -98,7 +99,7 @@ def evidence_block(table: Any, waves: tuple[int, ...], menu: list[str], *, unit:
             chain, cv, rules = served(values, fixed, bx * x, None if lb is None else lb * x)
             T, L = float(chain[1].mean()), float(chain[2].mean())
             hind = best_fixed_mix(FU, FT, FL, T, L)
-            umix = best_fixed_mix(FU[:, uni], FT[:, uni], FL[:, uni], T, None) if uni else None
+            umix = best_fixed_mix(FU[:, uni], FT[:, uni], FL[:, uni], T, L) if uni else None
             rows.append({
                 "budget_x": bx, "latency_budget": lb, "accuracy": float(chain[0].mean()), "tokens_x": T / x,
                 "latency": L / x, "evidence_folds": rules.count("evidence"), "folds": len(rules),
