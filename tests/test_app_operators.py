@@ -112,3 +112,29 @@ def test_budgets_share_a_controller_on_a_three_digit_grid():
             assert c.post("/v1/completions", json=completion(budget=4 + i * 2e-4)).status_code == 200
         keys = sorted(k[1] for k in c.app.state.gateway.controllers._items)
     assert keys == [4.0, 4.01, 4.02]
+
+
+def test_metrics_label_callers_by_their_configured_names_never_by_key():
+    with keyed_client() as c:
+        for key in (A, B):
+            assert c.post("/v1/completions", json=completion(), headers=bearer(key)).status_code == 200
+        text = c.get("/metrics").text
+    assert 'team-a' in text and 'team-b' in text
+    assert A not in text and B not in text and hash_key(A) not in text
+
+
+def test_the_gateways_own_info_lines_print_at_the_default_log_level(capfd):
+    import logging
+
+    from isocompute.cli.serve import log_at
+
+    logger = logging.getLogger("isocompute")
+    had = list(logger.handlers)
+    log_at("info")  # `isocompute serve`'s default --log-level
+    try:
+        with make_client() as c:
+            assert c.post("/v1/completions", json=completion(frobnicate=1)).status_code == 200
+    finally:
+        logger.setLevel(logging.NOTSET)
+        logger.handlers[:] = had
+    assert "ignoring unknown request fields: frobnicate" in capfd.readouterr().err
