@@ -249,6 +249,8 @@ def main() -> int:
     ap.add_argument("--policy", type=Path)
     ap.add_argument("--model", type=Path)
     ap.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    ap.add_argument("--dump", type=Path, help="write every request (sent and answered, seconds from the signal; "
+                    "outcome) to this CSV")
     args = ap.parse_args()
 
     from bench_gateway import small_policy, start_gateway, stop, tiny_model, wait_ready
@@ -289,6 +291,10 @@ def main() -> int:
             time.sleep(args.after)
         records = load.stop()
         ready = httpx.get(f"{url}/ready", timeout=10).status_code
+        if args.dump:
+            args.dump.write_text("sent_s,answered_s,outcome\n" + "".join(
+                f"{r.t0 - t_kill:.4f},{r.t1 - t_kill:.4f},{r.outcome}\n" for r in records))
+            print(f"requests written to {args.dump}; the gateway's log: {work / 'gateway.log'}")
     finally:
         if gw is not None:
             stop(gw)
