@@ -59,7 +59,7 @@ def build_engine(s: Settings) -> Engine:
 
     options: dict[str, Any] = {}
     if s.engine == "vllm-http":
-        options["timeout"] = s.upstream_timeout_s
+        options |= {"timeout": s.upstream_timeout_s, "stall_s": s.upstream_stall_s or None}
         # model_dir is where *this* host finds the checkpoint's tokenizer and config; the upstream knows
         # the model by its own served name, which is asked for (or given) separately.
         return make_engine(s.engine, model=s.upstream_model, upstreams=s.upstreams, **options)
@@ -72,7 +72,8 @@ def build_pool_engine(s: Settings, name: str) -> Engine:
     from isocompute.engines.registry import make_engine
 
     if name in s.model_upstreams:
-        return make_engine("vllm-http", upstreams=s.model_upstreams[name], timeout=s.upstream_timeout_s)
+        return make_engine("vllm-http", upstreams=s.model_upstreams[name], timeout=s.upstream_timeout_s,
+                           stall_s=s.upstream_stall_s or None)
     kind = s.engine if s.engine in ("transformers", "vllm") else "transformers"
     return make_engine(kind, model=s.model_dirs[name])
 

@@ -62,6 +62,7 @@ class Settings(BaseSettings):
     max_messages: int = Field(256, ge=1)
     stream_keepalive_s: float = Field(5.0, gt=0)
     upstream_timeout_s: float = Field(120.0, gt=0)
+    upstream_stall_s: float = Field(3.0, ge=0)  # 0: no stall check (engines.circuit)
     retry_after_s: int = Field(5, ge=0)
     ready_probe_timeout_s: float = Field(30.0, gt=0)
     ready_interval_s: float = Field(5.0, gt=0)

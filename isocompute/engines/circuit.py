@@ -42,9 +42,17 @@ prefers upstreams with fewer requests waiting, and a drained one piles them up),
 on an upstream a *watch* (the engine's ``listening`` callable: one TCP connect) asks every
 ``watch_interval`` seconds whether anything still listens there; a refusal counts as a refused request.
 
-Ignores: error-rate windows over time (consecutive counts only), hedged requests (a request stuck on a
-slow upstream waits for its deadline; only the next ones avoid it); :class:`Breaker` ignores the clock —
-callers pass ``now``.
+A server can also listen and answer nothing (a wedged engine, one starved of its CPU or GPU). The watch
+calls it *stalled* when it answered nothing for ``stall_s`` s, its oldest request waited as long, and
+another closed upstream can take the work (idle, or answering within ``stall_s``). It is then sent one
+1-token request (``stall_check``, within ``stall_s``): answered, it is slow, not stuck, and left alone for
+``stall_s``; not, it is opened and its requests are abandoned to the others. A busy vLLM batches the
+check in with its running requests, so only a server that decodes nothing fails it. With one upstream,
+or every upstream quiet, nothing moves: there is nowhere better to send the work.
+
+Ignores: error-rate windows over time (consecutive counts only), hedged requests (a second copy of a
+slow request elsewhere: a budget pays for every sample, and a stalled upstream's requests are moved,
+not copied); :class:`Breaker` ignores the clock — callers pass ``now``.
 """
 
 from __future__ import annotations
@@ -163,6 +171,8 @@ class Upstream:
     watch: asyncio.Task[None] | None = field(default=None, repr=False)  # does it still listen? (module docstring)
     inflight: set[asyncio.Task[Any]] = field(default_factory=set, repr=False)  # tasks awaiting its answer
     abandoned: set[asyncio.Task[Any]] = field(default_factory=set, repr=False)  # … told to retry elsewhere
+    sent_at: dict[asyncio.Task[Any], float] = field(default_factory=dict, repr=False)  # when each was sent
+    last_answer: float = field(default_factory=time.monotonic)  # its last answer, or stream chunk, or check
 
     @property
     def failures(self) -> int:
@@ -180,19 +190,25 @@ class UpstreamPool:
     ``probe(upstream)`` makes one small real request and raises on any failure; it runs in a task per open
     upstream, inside the running event loop (:meth:`aclose` cancels them). ``hint`` ends the message of
     a fail-fast error (how to start a server). ``listening(upstream)``: False when nothing listens at its
-    address any more (None: no watch; see the module docstring).
+    address any more; ``stall_check(upstream, timeout)`` one small real request to an upstream that looks
+    stalled after ``stall_s`` s, raising when unanswered. Neither: no watch (module docstring).
     """
 
     def __init__(self, urls: list[str], *, cooldown: float, max_cooldown: float, errors_to_trip: int,
                  probe: Callable[[Upstream], Awaitable[None]], hint: str,
                  listening: Callable[[Upstream], Awaitable[bool]] | None = None,
-                 watch_interval: float = WATCH_INTERVAL_S) -> None:
+                 watch_interval: float = WATCH_INTERVAL_S, stall_s: float | None = None,
+                 stall_check: Callable[[Upstream, float], Awaitable[Any]] | None = None) -> None:
+        if stall_s is not None and stall_s <= 0:
+            raise ValueError(f"stall_s must be positive (or None: no stall check); got {stall_s}")
         self.upstreams = [Upstream(u, Breaker(base=cooldown, cap=max_cooldown)) for u in urls]
         self.errors_to_trip = errors_to_trip
         self._probe = probe
         self._hint = hint
         self._listening = listening
         self.watch_interval = watch_interval
+        self.stall_s = stall_s if stall_check is not None else None
+        self._stall_check = stall_check
         self._rr = itertools.count()
 
     def ordered(self) -> list[Upstream]:
@@ -230,7 +246,9 @@ class UpstreamPool:
         task = asyncio.current_task()
         if task is not None:
             up.inflight.add(task)
-            if self._listening is not None and (up.watch is None or up.watch.done()):
+            up.sent_at[task] = time.monotonic()
+            watched = self._listening is not None or self.stall_s is not None
+            if watched and (up.watch is None or up.watch.done()):
                 up.watch = asyncio.get_running_loop().create_task(self._watch(up))
         return up.breaker.epoch
 
@@ -240,6 +258,7 @@ class UpstreamPool:
         task = asyncio.current_task()
         up.inflight.discard(task)  # type: ignore[arg-type]
         up.abandoned.discard(task)  # type: ignore[arg-type]
+        up.sent_at.pop(task, None)  # type: ignore[arg-type]
 
     def was_abandoned(self, up: Upstream) -> bool:
         """Whether the CancelledError the current task just got came from :meth:`failed` abandoning its
@@ -285,25 +304,54 @@ class UpstreamPool:
 
     async def _watch(self, up: Upstream) -> None:
         """While requests wait on ``up``: every ``watch_interval`` s, does anything still listen there? A
-        refusal abandons them (:meth:`failed` with ``refused``); a slow or failed check says nothing."""
-        assert self._listening is not None
+        refusal abandons them (:meth:`failed` with ``refused``); a slow or failed check says nothing. Then,
+        with a stall check, is it stalled (module docstring)?"""
         while up.inflight:
             await asyncio.sleep(self.watch_interval)
             if not up.inflight:
                 return
-            try:
-                listening = await self._listening(up)
-            except Exception:  # a timeout or a network error: slow is not gone; the requests' own timeouts stand
-                continue
-            if not listening:
-                self.failed(up, "it refuses new connections (shut down or shutting down)", up.breaker.epoch,
-                            refused=True)
+            if self._listening is not None:
+                try:
+                    listening = await self._listening(up)
+                except Exception:  # a timeout or a network error: slow is not gone
+                    listening = True
+                if not listening:
+                    self.failed(up, "it refuses new connections (shut down or shutting down)", up.breaker.epoch,
+                                refused=True)
+                    continue
+            if self.looks_stalled(up, time.monotonic()):
+                await self._check_stall(up)
+
+    def looks_stalled(self, up: Upstream, now: float) -> bool:
+        """Whether ``up`` is to get a stall check (module docstring)."""
+        if (self.stall_s is None or not up.breaker.closed or not up.sent_at
+                or now - min(up.sent_at.values()) < self.stall_s or now - up.last_answer < self.stall_s):
+            return False
+        return any(v is not up and v.breaker.closed and (v.outstanding == 0 or now - v.last_answer < self.stall_s)
+                   for v in self.upstreams)
+
+    async def _check_stall(self, up: Upstream) -> None:
+        """One real request to ``up`` within ``stall_s``: answered, it is slow (left alone for ``stall_s``);
+        not, it is opened and its waiting requests go to the others."""
+        assert self._stall_check is not None and self.stall_s is not None
+        epoch, waited = up.breaker.epoch, time.monotonic() - up.last_answer
+        try:
+            await self._stall_check(up, self.stall_s)
+        except Exception as e:  # a CancelledError (the pool closing) is no Exception: it ends the watch
+            log.warning("upstream %s answered nothing for %.1f s and not a 1-token check within %.3g s (%s): "
+                        "stalled; its %d waiting request(s) go elsewhere", up.url, waited, self.stall_s,
+                        type(e).__name__, len(up.inflight))
+            self.failed(up, f"stalled: no answer for {waited:.1f} s, nor to a 1-token check within "
+                            f"{self.stall_s:.3g} s", epoch, abandon=True)
+            return
+        up.last_answer = time.monotonic()
 
     @staticmethod
     def answered(up: Upstream) -> None:
         """``up`` answered a request or the probe: close it and forget its failures."""
         if not up.breaker.closed:
             log.info("upstream %s answers again; traffic resumes", up.url)
+        up.last_answer = time.monotonic()
         up.breaker.succeeded()
         up.last_error, up.misconfigured = "", False
 

@@ -142,12 +142,15 @@ def read_chunk(line: str, states: list[ChoiceState]) -> tuple[list[int], int | N
 
 
 async def _read(r: httpx.Response, n: int, on_finish: OnFinish, started: float, order: list[int],
-                conf: tuple[int, int] | None = None) -> WaveStream:
-    """The stream's chunks folded into ``n`` choices; ``order`` (the caller's, empty) gets each finished index."""
+                conf: tuple[int, int] | None = None, up: Any = None) -> WaveStream:
+    """The stream's chunks folded into ``n`` choices; ``order`` (the caller's, empty) gets each finished index;
+    each chunk is news from the upstream ``up`` (``last_answer``: it is not stalled)."""
     states = [ChoiceState(conf) for _ in range(n)]
     prompt_tokens = 0
     first: float | None = None
     async for line in r.aiter_lines():
+        if up is not None:
+            up.last_answer = time.monotonic()
         finished, prompt, done = read_chunk(line, states)
         if first is None and any(s.deltas for s in states):
             first = time.perf_counter() - started
@@ -185,7 +188,7 @@ async def stream_completions(engine: Any, body: dict[str, Any], on_finish: OnFin
         r = await open_stream(client, up.url, body, budget)
         try:
             async with asyncio.timeout_at(end):
-                return await _read(r, n, on_finish, started, order, conf)
+                return await _read(r, n, on_finish, started, order, conf, up)
         except TimeoutError:
             engine.pool.failed(up, "the stream stalled", epoch, hard=False)  # slow: a strike
             raise EngineUnavailable(f"{up.url} streamed no end within {budget:.3g} s") from None

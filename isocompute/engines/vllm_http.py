@@ -104,7 +104,9 @@ class VLLMHTTPEngine:
     ``model`` is the served model name; ``None`` asks the first reachable upstream's ``/v1/models``.
     ``timeout`` bounds each wait on the server — and so a whole generation, since vLLM answers a
     non-streaming request only when it is done (on CPU that can take minutes); ``connect_timeout``
-    bounds the TCP connect; ``probe_timeout`` the recovery probe. ``cooldown``/``max_cooldown``: the
+    bounds the TCP connect; ``probe_timeout`` the recovery probe; ``stall_s``: an upstream that answers
+    nothing that long while another can take its requests gets a 1-token check and, unanswered, loses them
+    to the others (None: never; :mod:`isocompute.engines.circuit`). ``cooldown``/``max_cooldown``: the
     first and the longest wait before an open upstream is probed; ``errors_to_trip``: HTTP 5xx answers in
     a row that open an upstream. ``transport`` replaces httpx's network transport (tests use a small
     in-memory server to provoke failures a real vLLM will not produce on demand); without one the
@@ -127,6 +129,7 @@ class VLLMHTTPEngine:
         cooldown: float = 0.5,
         max_cooldown: float = 5.0,
         probe_timeout: float = 10.0,
+        stall_s: float | None = 3.0,
         errors_to_trip: int = 3,
         return_token_ids: bool = True,
         transport: httpx.AsyncBaseTransport | None = None,
@@ -135,16 +138,17 @@ class VLLMHTTPEngine:
         if not urls:
             raise InputError(f"no upstream given; {START_HINT}")
         if (max_concurrency < 1 or retries < 0 or errors_to_trip < 1
-                or min(timeout, connect_timeout, probe_timeout, cooldown, max_cooldown) <= 0):
+                or min(timeout, connect_timeout, probe_timeout, cooldown, max_cooldown, 1 if stall_s is None else stall_s) <= 0):
             raise InputError(
                 "need max_concurrency >= 1, retries >= 0, errors_to_trip >= 1 and positive timeouts and "
                 f"cooldowns; got max_concurrency={max_concurrency}, retries={retries}, "
                 f"errors_to_trip={errors_to_trip}, timeout={timeout}, connect_timeout={connect_timeout}, "
-                f"probe_timeout={probe_timeout}, cooldown={cooldown}, max_cooldown={max_cooldown}"
+                f"probe_timeout={probe_timeout}, stall_s={stall_s}, cooldown={cooldown}, max_cooldown={max_cooldown}"
             )
         self.pool = UpstreamPool([base_url(u) for u in urls], cooldown=cooldown, max_cooldown=max_cooldown,
                                  errors_to_trip=errors_to_trip, probe=self._probe_upstream, hint=START_HINT,
-                                 listening=None if transport else lambda up: accepts_connections(up.url, connect_timeout))
+                                 listening=None if transport else lambda up: accepts_connections(up.url, connect_timeout),
+                                 stall_s=stall_s, stall_check=self._check)
         self.upstreams = self.pool.upstreams
         self.model = model
         self.max_concurrency = max_concurrency
