@@ -1,12 +1,14 @@
-"""strategy "weighted" in the gateway: votes weighted by the fitted vote.json's length weights, reported in the
-``isocompute`` object; majority unchanged and the default; refused without a vote file; end to end on the
-tiny in-process model."""
+"""strategy "weighted" in the gateway: votes weighted by the fitted vote.json's length weights — and by the
+samples' confidence when the weights have a confidence term, every wave then asking for logprobs — reported
+in the ``isocompute`` object; majority unchanged and the default; refused without a vote file; end to end on
+the tiny in-process model."""
 
 from __future__ import annotations
 
 import pytest
 from app_fakes import FakeEngine, FakePolicy, completion, make_client
 
+from isocompute.engines.base import Completion
 from isocompute.solver.votes.weights import VoteWeights
 
 # two long samples say 7, one short one says 12
@@ -86,3 +88,59 @@ def test_serve_takes_the_vote_file_flag(tmp_path):
     path = vote_file(tmp_path, 1.0)
     assert settings_from_args(build_parser().parse_args(["serve", "--vote", str(path)])).vote_file == path
     assert settings_from_args(build_parser().parse_args(["serve"])).vote_file is None
+
+
+class ConfidentEngine(FakeEngine):
+    """FakeEngine whose completions carry a confidence when asked for logprobs (``confidence[j]``), and
+    which records the logprobs each request call asked for."""
+
+    def __init__(self, *a, confidence=(), **kw):
+        super().__init__(*a, **kw)
+        self.confidence, self.asked = tuple(confidence), []
+
+    async def generate(self, prompts, n, max_tokens, temperature, seed=None, *, logprobs=None, confidence_window=2048):
+        out = await super().generate(prompts, n, max_tokens, temperature, seed)
+        if list(prompts) != ["1 + 1 ="]:
+            self.asked.append(logprobs)
+        if logprobs is None:
+            return out
+        return [[Completion(c.text, c.prompt_tokens, c.completion_tokens, c.finish_reason,
+                            confidence_min_window=self.confidence[j % len(self.confidence)])
+                 for j, c in enumerate(comps)] for comps in out]
+
+
+def confident_vote(tmp_path):
+    return VoteWeights(gamma=2.0, confidence_field="confidence_min_window", confidence_mean=2.0,
+                       confidence_std=1.0, typical_tokens=20.0, fit={"k": 4, "kept": True}).save(tmp_path / "vc.json")
+
+
+def test_a_confidence_weighted_vote_asks_for_logprobs_and_lets_the_confident_answer_win(tmp_path):
+    """Two unsure samples say 7, one confident sample says 12: weighted by confidence (γ = 2), 12 wins; the
+    waves asked for 5 logprobs — and only under that strategy."""
+    engine = ConfidentEngine(SCRIPT, lengths=(5,), confidence=(1.0, 1.0, 4.0))
+    r = post(engine, {"strategy": "weighted"}, vote_file=confident_vote(tmp_path))
+    assert r.status_code == 200, r.text
+    info = r.json()["isocompute"]
+    vw = info["vote_weights"]
+    assert info["answer"] == "12" and vw["confidence_used"] is True and vw["evidence"] == ["length", "confidence"]
+    assert vw["weights"] == pytest.approx([pytest.approx(2.718281828 ** -6, rel=1e-6)] * 2 + [1.0])  # e^{2(c−4)}
+    assert engine.asked == [5]
+    plain = ConfidentEngine(SCRIPT, lengths=(5,), confidence=(1.0, 1.0, 4.0))
+    majority = post(plain, {}, vote_file=confident_vote(tmp_path)).json()["isocompute"]
+    assert majority["answer"] == "7" and plain.asked == [None]  # majority pays for no logprobs
+
+
+def test_a_confidence_weighted_vote_prices_its_waves_at_the_logprob_factor(tmp_path):
+    """A tokens budget pays a logprob wave's tokens at LOGPROB_COST_FACTOR: the key's controller sees 1.07×
+    what the same samples cost under majority."""
+    from isocompute.flops.logprobs import LOGPROB_COST_FACTOR
+
+    spent = {}
+    for strategy in ("weighted", "majority"):
+        engine = ConfidentEngine(SCRIPT, lengths=(5,), confidence=(1.0, 1.0, 4.0))
+        with make_client(engine, FakePolicy("none@3"), vote_file=confident_vote(tmp_path)) as c:
+            body = completion(budget=768, budget_unit="tokens", seed=7, strategy=strategy)  # 3 samples of 256
+            assert c.post("/v1/completions", json=body).status_code == 200
+            [ctl] = c.app.state.gateway.controllers._items.values()
+            spent[strategy] = ctl.spent
+    assert spent["weighted"] == pytest.approx(LOGPROB_COST_FACTOR * spent["majority"])

@@ -7,8 +7,9 @@ The work is :func:`isocompute.solver.votes.fit.fit_vote`: the weight w = (len/T)
 folds on shared random k-subsets, kept only where a one-sided paired bootstrap of its out-of-fold gain over
 plain majority supports it at ``--level``; otherwise the file holds β = γ = 0 (plain majority). The printed
 summary gives both out-of-fold accuracies and the gain's 95% CI; ``isocompute serve --vote vote.json`` then
-answers ``strategy: "weighted"`` with it — by length only, as its engines return no logprobs: ``--no-confidence``
-fits that (γ = 0), so what is served is what was validated. Example::
+answers ``strategy: "weighted"`` with it; a fit with γ ≠ 0 makes every wave of such a request ask for logprobs
+(1.07× the tokens' price). ``--no-confidence`` fits the length term alone (γ = 0), for upstreams that cannot
+return logprobs or traffic that should not pay for them. Example::
 
     isocompute vote runs/real/math500_gpt-oss-20b.jsonl --k 8 --out runs/vote.json
 
@@ -89,7 +90,7 @@ def _register_vote(subparsers: Any) -> None:
     p.add_argument("--draws", type=int, default=256, help="random k-subsets per prompt")
     p.add_argument("--level", type=float, default=0.95, help="one-sided bootstrap level to keep the weighting")
     p.add_argument("--no-confidence", action="store_true",
-                   help="fit the length weight alone (γ = 0): what the gateway applies, its engines return no logprobs")
+                   help="fit the length weight alone (γ = 0): served without logprobs")
     p.add_argument("--json", action="store_true", help="print the fit record as one JSON object")
     p.set_defaults(func=run)
 

@@ -123,10 +123,11 @@ async def run_actions(
     temperature: float,
     seed: int | None,
     deadline: Deadline,
+    logprobs: int | None = None,
 ) -> list[ActionRun]:
     """Run every prompt's action (module docstring). ``pool(model)`` is that model's backend,
-    ``prompts(model)`` the request's prompts as that model reads them (its chat template); raises what
-    stage 0 raises (502/503/504)."""
+    ``prompts(model)`` the request's prompts as that model reads them (its chat template); ``logprobs``
+    asked of every wave (:func:`run_plans`); raises what stage 0 raises (502/503/504)."""
     runs = [ActionRun(a) for a in actions]
     active = list(range(len(actions)))
     s = 0
@@ -141,7 +142,7 @@ async def run_actions(
             groups.setdefault(actions[i].stages[s].model, []).append(i)
         calls = [_stage(pool(model), prompts(model), idx, runs, s, cap=cap, wave_cap=wave_cap, voter=voter,
                         extract=extract, max_tokens=max_tokens, temperature=temperature, seed=stage_seed(seed, s),
-                        deadline=deadline, first=s == 0)
+                        deadline=deadline, first=s == 0, logprobs=logprobs)
                  for model, idx in groups.items()]
         await gather_or_cancel(calls)  # a later stage's upstream failure is caught in _stage
         active = [i for i in active if _escalate(runs[i], s, cap, wave_cap)]
@@ -152,7 +153,8 @@ async def run_actions(
 
 async def _stage(backend: Backend, prompts: list[str], idx: list[int], runs: list[ActionRun], s: int, *, cap: int,
                  wave_cap: int, voter: Voter, extract: Callable[[str], str | None], max_tokens: int,
-                 temperature: float, seed: int | None, deadline: Deadline, first: bool) -> None:
+                 temperature: float, seed: int | None, deadline: Deadline, first: bool,
+                 logprobs: int | None = None) -> None:
     """Stage ``s`` of the prompts ``idx`` (all on one model) as one :func:`run_plans` on its pool."""
     stages = [runs[i].action.stages[s] for i in idx]
     plans = [st.plan.capped(max_samples=cap - runs[i].drawn, max_waves=wave_cap - len(runs[i].wave_sizes))
@@ -160,7 +162,7 @@ async def _stage(backend: Backend, prompts: list[str], idx: list[int], runs: lis
     try:
         out = await run_plans(backend, [prompts[i] for i in idx], plans, [st.plan for st in stages], voter=voter,
                               extract=extract, max_tokens=max_tokens, temperature=temperature, seed=seed,
-                              deadline=deadline)
+                              deadline=deadline, logprobs=logprobs)
     except EngineUnavailable as e:
         if first:
             raise

@@ -4,9 +4,9 @@
   :mod:`isocompute.app.runner.voting`: equivalent answers are one class) with :func:`isocompute.app.runner.aggregate.majority_vote`
   — ties by ``tie_break`` — and represents the winning class by its first sample; ``"best_of"`` takes the
   sample the verifier scores highest; ``"weighted"`` weighs each class's votes by the server's fitted
-  :class:`~isocompute.solver.votes.weights.VoteWeights` of its samples' lengths (the engines report no
-  confidence, so a fitted γ has no term here) and says so in ``vote_weights``. Only usable samples (returned,
-  not failed) take part.
+  :class:`~isocompute.solver.votes.weights.VoteWeights` of its samples' lengths and, when the weights read
+  confidence (γ ≠ 0), their confidence — every wave then asked for logprobs (``Answers.logprobs_for``) — and
+  says so in ``vote_weights``. Only usable samples (returned, not failed) take part.
 * :func:`describe`: the response's ``isocompute`` object — the decision, the plan as it ran (every wave:
   samples started, finished, aborted, tokens, why it ended), the vote, what it cost; for a multi-model
   policy's action also each stage that ran (:func:`action_info`), for a single-model policy's one-stage
@@ -94,8 +94,12 @@ def _pick_weighted(run: PlanRun, ok: list[int], classes: list[Any], vw: VoteWeig
                    weights: Sequence[float] | None, *, tie_break: Any, seed: int | None) -> Picked:
     """``strategy="weighted"``: the vote by evidence weights (module docstring), and what it weighed."""
     assert run.votes is not None
-    tokens = [float("nan") if s is None else float(s.completion_tokens) for s in (run.samples[j] for j in ok)]
-    w = vw.weights(tokens)
+    voting = [run.samples[j] for j in ok]
+    tokens = [float("nan") if s is None else float(s.completion_tokens) for s in voting]
+    conf = ([None if s is None else getattr(s, vw.confidence_field or "", None) for s in voting]
+            if vw.reads_confidence else None)
+    used = conf is not None and any(c is not None for c in conf)
+    w = vw.weights(tokens, conf if used else None)
     if weights is not None:
         w = [a * weights[j] for a, j in zip(w, ok, strict=True)]
     vote = (weighted_vote(classes, w, tie_break=tie_break, seed=seed) if len(set(w)) > 1
@@ -105,8 +109,9 @@ def _pick_weighted(run: PlanRun, ok: list[int], classes: list[Any], vw: VoteWeig
     for c, x in zip(classes, w, strict=True):
         if c is not None:
             scores[reps[int(c)]] = scores.get(reps[int(c)], 0.0) + x
-    info = {"beta": vw.beta, "gamma": vw.gamma, "typical_tokens": vw.typical_tokens, "evidence": ["length"],
-            "confidence_used": False, "fitted_k": (vw.fit or {}).get("k"), "kept": (vw.fit or {}).get("kept"),
+    info = {"beta": vw.beta, "gamma": vw.gamma, "typical_tokens": vw.typical_tokens,
+            "evidence": ["length", "confidence"] if used else ["length"],
+            "confidence_used": used, "fitted_k": (vw.fit or {}).get("k"), "kept": (vw.fit or {}).get("kept"),
             "weights": w, "scores": scores}
     cls = vote.answer
     return Picked(ok[vote.index], None if cls is None else reps[int(cls)], vote.tied, info)

@@ -42,12 +42,14 @@ from isocompute.app.routing import Routing
 from isocompute.app.runner.action_run import ActionRun, run_actions
 from isocompute.app.runner.answer import Answer, Verifier, describe, pick_sample
 from isocompute.app.runner.execute import Backend, Deadline
+from isocompute.app.runner.parallel_wave import CONFIDENCE_TOP_K
 from isocompute.app.runner.pools import DEFAULT, Pool, check_context
 from isocompute.app.runner.voting import Voter
 from isocompute.app.schemas import ChatMessage
 from isocompute.app.settings import Settings
 from isocompute.engines.base import UpstreamBadResponse
 from isocompute.errors import InputError
+from isocompute.flops.logprobs import LOGPROB_COST_FACTOR
 from isocompute.solver.models.actions import Action, Stage
 from isocompute.solver.votes.weights import load_vote
 
@@ -76,11 +78,11 @@ class Answers:
         self.verifier = verifier
         self.ledger = ledger
         self.vote = None if settings.vote_file is None else load_vote(settings.vote_file)
-        if self.vote is not None and self.vote.gamma != 0:
-            logging.getLogger("isocompute.gateway").warning(
-                "%s has a confidence weight (gamma = %g) that the engines cannot feed (no logprobs): only its length "
-                "term applies; fit one with `isocompute vote --no-confidence` to serve what was validated",
-                settings.vote_file, self.vote.gamma)
+        if self.vote is not None and self.vote.reads_confidence:
+            logging.getLogger("isocompute.gateway").info(
+                "%s weighs by confidence (gamma = %g, %s): strategy 'weighted' asks every wave for %d logprobs "
+                "per token, whose tokens cost %.2fx", settings.vote_file, self.vote.gamma,
+                self.vote.confidence_field, CONFIDENCE_TOP_K, LOGPROB_COST_FACTOR)
 
     async def answer(self, prompts: list[str], routing: Routing, *, max_tokens: int, temperature: float,
                      seed: int | None, strategy: str, deadline: Deadline,
@@ -104,10 +106,15 @@ class Answers:
         runs = await run_actions(
             lambda m: self.pools[m].backend, prompts_of, actions, cap=routing.plan.cap,
             wave_cap=routing.plan.wave_cap, voter=self.voter, extract=self.extract, max_tokens=max_tokens,
-            temperature=temperature, seed=seed, deadline=deadline)
+            temperature=temperature, seed=seed, deadline=deadline, logprobs=self.logprobs_for(strategy))
         if on_runs is not None:
             on_runs(runs)
         return [self._answer(prompts[i], runs[i], routing, i, strategy, seed) for i in range(len(prompts))]
+
+    def logprobs_for(self, strategy: str) -> int | None:
+        """The logprobs every wave asks for: a weighted vote whose weights read confidence needs them."""
+        weighted = strategy == "weighted" and self.vote is not None and self.vote.reads_confidence
+        return CONFIDENCE_TOP_K if weighted else None
 
     def prompts_for(self, prompts: list[str], messages: Sequence[ChatMessage] | None) -> Callable[[str], list[str]]:
         """Each model's prompts: a chat rendered in that pool's own chat template, else the text as sent."""

@@ -118,15 +118,18 @@ def _kind(e: EngineUnavailable) -> str:
 
 
 async def run_wave(engine: Engine, prompts: list[str], ns: list[int], *, max_tokens: int, temperature: float,
-                   seed: int | None) -> list[list[Completion]]:
-    """Draw ``ns[i]`` samples of ``prompts[i]``: one ``generate`` call per distinct n, concurrently.
+                   seed: int | None, logprobs: int | None = None) -> list[list[Completion]]:
+    """Draw ``ns[i]`` samples of ``prompts[i]``: one ``generate`` call per distinct n, concurrently (each
+    with ``logprobs=K`` when given: the completions then carry their confidence).
 
     Raises :class:`UpstreamBadResponse` when a call returns the wrong number of results.
     """
     groups: dict[int, list[int]] = {}
     for i, n in enumerate(ns):
         groups.setdefault(n, []).append(i)
-    outs = await gather_or_cancel([engine.generate([prompts[i] for i in idx], n, max_tokens, temperature, seed)
+    extra = {} if logprobs is None else {"logprobs": logprobs}
+    outs = await gather_or_cancel([engine.generate([prompts[i] for i in idx], n, max_tokens, temperature, seed,
+                                                   **extra)
                                    for n, idx in groups.items()])
     results: list[list[Completion]] = [[] for _ in prompts]
     for idx, out in zip(groups.values(), outs, strict=True):

@@ -110,14 +110,16 @@ def _evidence(spent: dict | None, lengths: list[int], n: int, before: int,
 
 async def stream_prompt(engine: Engine, prompt: str, n: int, plan: Plan, earlier: list[str | None], *,
                         voter: Voter, extract: Callable[[str], str | None], max_tokens: int, temperature: float,
-                        seed: int | None, deadline_at: float, spent: dict | None = None) -> StreamOutcome:
+                        seed: int | None, deadline_at: float, spent: dict | None = None,
+                        logprobs: int | None = None) -> StreamOutcome:
     """Run one prompt's parallel-stop wave of ``n`` (module docstring); ``earlier``: its answers so far;
-    ``spent``: for a rule that reads evidence, what the earlier waves drew (:meth:`PlanRun.spent`)."""
+    ``spent``: for a rule that reads evidence, what the earlier waves drew (:meth:`PlanRun.spent`);
+    ``logprobs``: asked of the stream anyway (a confidence-weighted vote reads them)."""
     answers = list(earlier)
     stop: dict[str, object] = {}
     lengths = list(spent["lengths"]) if spent else []
     asks = spent is not None and bool(getattr(plan.rule, "needs_confidence", False))
-    logprobs = CONFIDENCE_TOP_K if asks else None
+    logprobs = CONFIDENCE_TOP_K if asks else logprobs
     confidence = list(spent.get("confidence") or [None] * len(lengths)) if spent and asks else None
 
     async def on_finish(j: int, c: Completion) -> bool:

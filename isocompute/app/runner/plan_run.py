@@ -195,8 +195,10 @@ async def run_plans(
     temperature: float,
     seed: int | None,
     deadline: Deadline,
+    logprobs: int | None = None,
 ) -> list[PlanRun]:
-    """Run every prompt's plan (module docstring); raises what the first wave raises (502/503/504)."""
+    """Run every prompt's plan (module docstring); raises what the first wave raises (502/503/504).
+    ``logprobs=K``: every wave asks for them (a confidence-weighted vote), and is priced so."""
     runs = [PlanRun(p, q) for p, q in zip(plans, policy_plans, strict=True)]
     active = list(range(len(prompts)))
     wave = 0
@@ -214,7 +216,8 @@ async def run_plans(
         try:
             (waited, wait_s), streamed = await backend.call(
                 _round(backend, prompts, runs, wait, par, voter=voter, extract=extract, max_tokens=max_tokens,
-                       temperature=temperature, seed=wave_seed(seed, wave), deadline_at=deadline.at),
+                       temperature=temperature, seed=wave_seed(seed, wave), deadline_at=deadline.at,
+                       logprobs=logprobs),
                 deadline=deadline, what="the sampling call" if wave == 0 else f"wave {wave + 1} of the sampling")
         except EngineUnavailable as e:
             if wave == 0:
@@ -226,7 +229,7 @@ async def run_plans(
             break
         backend.metrics.upstream_latency.labels(backend.pool).observe(time.perf_counter() - t0)
         for i, comps in zip(wait, waited, strict=True):
-            runs[i].add(runs[i].next_wave or 0, comps, extract, seconds=wait_s)
+            runs[i].add(runs[i].next_wave or 0, comps, extract, seconds=wait_s, logprobs=logprobs)
         for i, out in zip(par, streamed, strict=True):
             runs[i].add(runs[i].next_wave or 0, out.completions, extract, seconds=out.seconds,
                         first_token_s=out.first_token_s, saved_tokens=out.saved_tokens, logprobs=out.logprobs)
@@ -255,7 +258,7 @@ def _observe_ends(backend: Backend, ended: list[PlanRun], started: float) -> Non
 
 async def _round(backend: Backend, prompts: list[str], runs: list[PlanRun], wait: list[int], par: list[int], *,
                  voter: Voter, extract: Callable[[str], str | None], max_tokens: int, temperature: float,
-                 seed: int | None, deadline_at: float
+                 seed: int | None, deadline_at: float, logprobs: int | None = None
                  ) -> tuple[tuple[list[list[Completion]], float | None], list[StreamOutcome]]:
     """One round: the waiting waves (:func:`run_wave`) with the seconds their call took, and the
     parallel-stop ones (one stream per prompt)."""
@@ -264,14 +267,15 @@ async def _round(backend: Backend, prompts: list[str], runs: list[PlanRun], wait
             return [], None
         t0 = time.perf_counter()
         comps = await run_wave(backend.engine, [prompts[i] for i in wait], [runs[i].next_wave or 0 for i in wait],
-                               max_tokens=max_tokens, temperature=temperature, seed=seed)
+                               max_tokens=max_tokens, temperature=temperature, seed=seed, logprobs=logprobs)
         return comps, time.perf_counter() - t0
 
     streams = [stream_prompt(backend.engine, prompts[i], runs[i].next_wave or 0, runs[i].plan, runs[i].answers,
                              voter=voter, extract=extract, max_tokens=max_tokens, temperature=temperature,
                              seed=None if seed is None else seed + k * (runs[i].next_wave or 0),
                              deadline_at=deadline_at,
-                             spent=runs[i].spent() if getattr(runs[i].plan.rule, "needs_evidence", False) else None)
+                             spent=runs[i].spent() if getattr(runs[i].plan.rule, "needs_evidence", False) else None,
+                             logprobs=logprobs)
                for k, i in enumerate(par)]
     waited, *streamed = await gather_or_cancel([waiting(), *streams])
     return waited, streamed

@@ -102,6 +102,11 @@ class VoteWeights:
             out += self.gamma * np.where(np.isnan(z), 0.0, z)
         return out
 
+    @property
+    def reads_confidence(self) -> bool:
+        """Whether the weights have a confidence term (γ ≠ 0 on a named field): votes then need logprobs."""
+        return self.gamma != 0 and self.confidence_field is not None
+
     def weights(self, tokens: Sequence[float] | np.ndarray, confidence: Sequence[float | None] | None = None
                 ) -> list[float]:
         """Each sample's weight, scaled so the largest is 1 (a shared factor cancels in the vote)."""
