@@ -18,25 +18,12 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 import httpx
-
-
-def start(cmd: list[str], url: str, log: str) -> subprocess.Popen:
-    p = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
-    t0 = time.time()
-    while time.time() - t0 < 300:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return p
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise SystemExit(f"{cmd[0]} did not come up; see {log}")
+from bench_weighted_live import start  # the same start-and-wait helper
 
 
 def ask(rows: list[dict], budget: str) -> list[dict]:

@@ -41,8 +41,9 @@ REPO = Path(__file__).resolve().parents[1]
 GATEWAY, UPSTREAM = "http://127.0.0.1:8102", "http://127.0.0.1:8731"
 
 
-def start(cmd: list[str], url: str, log: Path, timeout: float = 400.0) -> subprocess.Popen:
-    p = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
+def start(cmd: list[str], url: str, log: str | Path, timeout: float = 400.0) -> subprocess.Popen:
+    """Start ``cmd`` in its own session, its output in ``log``; return once ``url`` answers 200."""
+    p = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
     t0 = time.time()
     while time.time() - t0 < timeout:
         if p.poll() is not None:
@@ -117,11 +118,12 @@ def main() -> int:
     problems = load_task("arith", limit=args.n, seed=args.seed)
     cfg = work / "gateway.toml"
     cfg.write_text("budget_control = false\n")
-    vllm = start(["bash", "scripts/vllm-cpu-serve.sh", str(args.model), "8731"], f"{UPSTREAM}/v1/models",
+    model = args.model.resolve()
+    vllm = start(["bash", str(REPO / "scripts/vllm-cpu-serve.sh"), str(model), "8731"], f"{UPSTREAM}/v1/models",
                  work / "vllm.log")
     try:
         gw = start([sys.executable, "-m", "isocompute", "serve", "--upstream", f"m={UPSTREAM}", "--model",
-                    f"m={args.model}", "--action", f"m/none@{args.k}", "--vote", str(vote), "--port", "8102",
+                    f"m={model}", "--action", f"m/none@{args.k}", "--vote", str(vote), "--port", "8102",
                     "--log-level", "warning", "--config", str(cfg)], f"{GATEWAY}/ready", work / "gateway.log")
         try:
             rows = ask(problems, args.k)
