@@ -163,18 +163,16 @@ def start_gateway(policy: Path | None, port: int, log: Path, *, upstream: str | 
                   action: str | None = None) -> subprocess.Popen:
     """``isocompute serve`` on ``policy``, or with ``action`` one fixed plan ``m/PLAN`` on the pool ``m`` at
     ``upstream`` (the chat template and FLOPs of ``model``)."""
+    cmd = [sys.executable, "-m", "isocompute", "serve", "--port", str(port), "--log-level", "warning"]
     if action is not None:
-        cmd = [sys.executable, "-m", "isocompute", "serve", "--upstream", f"m={upstream}", "--model", f"m={model}",
-               "--action", action, "--port", str(port), "--log-level", "warning"]
-        with open(log, "ab") as fh:
-            return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env={**os.environ, **(env or {})}, cwd=REPO, start_new_session=True)
-    cmd = [sys.executable, "-m", "isocompute", "serve", "--policy", str(policy), "--port", str(port),
-           "--log-level", "warning"]
+        cmd += ["--upstream", f"m={upstream}", "--model", f"m={model}", "--action", action]
+        upstream = model = None
+    else:
+        cmd += ["--policy", str(policy)]
     if upstream:
         for u in [upstream] if isinstance(upstream, str) else upstream:
             cmd += ["--upstream", u]
-    else:
+    elif action is None:
         cmd += ["--engine", "transformers"]
     if model:
         cmd += ["--model", str(model)]
@@ -289,6 +287,8 @@ def stream_cost(srv_url: str, model: Path, work: Path, args: argparse.Namespace)
     """Gateway process CPU per request at k = 1 for one sample sent as a waiting wave (``none@1``: one
     non-streamed completions call) and as a streamed one (``first:m=1@1s``: the same sample as an SSE stream,
     one chunk per decoded token) — what streaming the waves that never stop early would cost."""
+    from isocompute.engines.vllm_server import free_port
+
     out = {}
     bodies = [{"model": "isocompute", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": args.max_tokens,
                "temperature": 0.0, "budget": 1.0} for i in range(args.requests // 4)]
@@ -308,12 +308,6 @@ def stream_cost(srv_url: str, model: Path, work: Path, args: argparse.Namespace)
     return out
 
 
-def free_port() -> int:
-    from isocompute.engines.vllm_server import free_port as fp
-
-    return fp()
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=960, help="total measured requests (both paths)")
@@ -326,7 +320,7 @@ def main() -> int:
     ap.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     args = ap.parse_args()
 
-    from isocompute.engines.vllm_server import find_vllm_python, start_vllm_server
+    from isocompute.engines.vllm_server import find_vllm_python, free_port, start_vllm_server
 
     work = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
     model = args.model or tiny_model(work)

@@ -133,7 +133,7 @@ def test_looks_stalled_only_with_a_quiet_upstream_an_old_request_and_somewhere_t
                         stall_s=2.0, stall_check=never)
     up, other = pool.upstreams
     now = 100.0
-    up.sent_at = {object(): now - oldest}  # type: ignore[dict-item]
+    up.inflight = {object(): now - oldest}  # type: ignore[dict-item]
     up.last_answer, other.last_answer, other.outstanding = now - quiet, now - other_quiet, other_outstanding
     if not closed:
         up.breaker.state = "open"

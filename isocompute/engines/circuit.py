@@ -169,9 +169,8 @@ class Upstream:
     served: int = 0
     recovery: asyncio.Task[None] | None = field(default=None, repr=False)
     watch: asyncio.Task[None] | None = field(default=None, repr=False)  # does it still listen? (module docstring)
-    inflight: set[asyncio.Task[Any]] = field(default_factory=set, repr=False)  # tasks awaiting its answer
+    inflight: dict[asyncio.Task[Any], float] = field(default_factory=dict, repr=False)  # tasks awaiting it → sent at
     abandoned: set[asyncio.Task[Any]] = field(default_factory=set, repr=False)  # … told to retry elsewhere
-    sent_at: dict[asyncio.Task[Any], float] = field(default_factory=dict, repr=False)  # when each was sent
     last_answer: float = field(default_factory=time.monotonic)  # its last answer, or stream chunk, or check
 
     @property
@@ -245,8 +244,7 @@ class UpstreamPool:
         up.outstanding += 1
         task = asyncio.current_task()
         if task is not None:
-            up.inflight.add(task)
-            up.sent_at[task] = time.monotonic()
+            up.inflight[task] = time.monotonic()
             watched = self._listening is not None or self.stall_s is not None
             if watched and (up.watch is None or up.watch.done()):
                 up.watch = asyncio.get_running_loop().create_task(self._watch(up))
@@ -256,9 +254,8 @@ class UpstreamPool:
         """The current task's request to ``up`` is over (answered, failed or abandoned)."""
         up.outstanding -= 1
         task = asyncio.current_task()
-        up.inflight.discard(task)  # type: ignore[arg-type]
+        up.inflight.pop(task, None)  # type: ignore[arg-type]
         up.abandoned.discard(task)  # type: ignore[arg-type]
-        up.sent_at.pop(task, None)  # type: ignore[arg-type]
 
     def was_abandoned(self, up: Upstream) -> bool:
         """Whether the CancelledError the current task just got came from :meth:`failed` abandoning its
@@ -279,9 +276,9 @@ class UpstreamPool:
         now = time.monotonic()
         opened = (up.breaker.trip(now=now, epoch=epoch) if hard or refused else
                   up.breaker.strike(now=now, epoch=epoch, threshold=self.errors_to_trip))
-        if refused and up.inflight - {asyncio.current_task()}:
+        if refused and up.inflight.keys() - {asyncio.current_task()}:
             log.warning("upstream %s refuses new connections (%s): its %d request(s) in flight go elsewhere or "
-                        "fail now", up.url, error, len(up.inflight - {asyncio.current_task()}))
+                        "fail now", up.url, error, len(up.inflight.keys() - {asyncio.current_task()}))
             self._abandon(up)
         if not opened:
             return
@@ -297,7 +294,7 @@ class UpstreamPool:
     def _abandon(up: Upstream) -> None:
         """Cancel the requests waiting on ``up`` (but the current task's), marked so they retry."""
         me = asyncio.current_task()
-        for task in up.inflight - {me}:  # type: ignore[operator]
+        for task in up.inflight.keys() - {me}:  # type: ignore[operator]
             if task not in up.abandoned:
                 up.abandoned.add(task)
                 task.cancel()
@@ -324,8 +321,8 @@ class UpstreamPool:
 
     def looks_stalled(self, up: Upstream, now: float) -> bool:
         """Whether ``up`` is to get a stall check (module docstring)."""
-        if (self.stall_s is None or not up.breaker.closed or not up.sent_at
-                or now - min(up.sent_at.values()) < self.stall_s or now - up.last_answer < self.stall_s):
+        if (self.stall_s is None or not up.breaker.closed or not up.inflight
+                or now - min(up.inflight.values()) < self.stall_s or now - up.last_answer < self.stall_s):
             return False
         return any(v is not up and v.breaker.closed and (v.outstanding == 0 or now - v.last_answer < self.stall_s)
                    for v in self.upstreams)
