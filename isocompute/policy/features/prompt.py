@@ -121,10 +121,14 @@ class PromptFeatures:
 
             hv = HashingVectorizer(analyzer=ngrams, n_features=self.n_features, alternate_sign=False,
                                    norm="l2", dtype=np.float64)
-            svd = TruncatedSVD(n_components=d, algorithm="randomized", random_state=self.seed)
-            svd.fit(hv.transform(list(prompts)))
-            self.components_ = np.ascontiguousarray(svd.components_, dtype=np.float64)
-        else:
+            x = hv.transform(list(prompts))
+            if _rows_all_equal(x):  # e.g. a dump without prompt text: no direction separates the prompts
+                d = 0
+            else:
+                svd = TruncatedSVD(n_components=d, algorithm="randomized", random_state=self.seed)
+                svd.fit(x)
+                self.components_ = np.ascontiguousarray(svd.components_, dtype=np.float64)
+        if d < 1:
             self.components_ = np.zeros((0, self.n_features), dtype=np.float64)
         self.n_components_ = int(self.components_.shape[0])
         self._components_t = np.ascontiguousarray(self.components_.T)
@@ -245,3 +249,8 @@ class PromptFeatures:
             raise ArtifactError(f"{d}: the stored feature names differ from what this isocompute computes for "
                                 f"{FEATURE_SET!r} version {FEATURE_VERSION}; re-fit the policy (`isocompute fit`).")
         return obj
+
+
+def _rows_all_equal(x: Any) -> bool:
+    """Whether every row of the sparse matrix ``x`` equals its first (no variance for an SVD to find)."""
+    return (x != x[np.zeros(x.shape[0], dtype=np.intp)]).nnz == 0
