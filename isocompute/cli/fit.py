@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
         _print_models(cfg, res.policy, res.n_prompts)
     else:
         _print_fit(cfg, res.policy, res.n_prompts, res.probe_note)
+        print(res.target_note)
     return 0
 
 

@@ -69,7 +69,8 @@ def _print_table(summary: dict[str, Any]) -> None:
     t.add_row(f"budget ({summary['cost_unit']})", f"{summary['budget']:.6g}")
     t.add_row("λ*", f"{summary['lambda']:.6g}")
     t.add_row("mean cost (expected)", f"{summary['mean_cost']:.6g}")
-    t.add_row(f"mean utility ({summary['strategy']})", f"{summary['mean_utility']:.4f}")
+    t.add_row(f"mean utility ({summary['strategy']}, target {summary.get('target', 'gold')})",
+              f"{summary['mean_utility']:.4f}")
     t.add_row("LP bound", f"{summary['lp_utility']:.4f}")
     t.add_row("mixed prompts", f"{summary['n_mixed']} (p = {summary['mix_prob']:.3g})")
     t.add_row("share of k" + (" (plans' most samples)" if "plans" in summary else ""),

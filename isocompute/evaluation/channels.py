@@ -14,6 +14,10 @@ Worked example: uniform at budget 2 plays ``none@2`` everywhere, so its tokens a
 length and its latency the mean over prompts of E[max of 2 lengths] / unit, + O (one wave); at unit = 1,735
 tokens, latency 1.3 and 50 tokens/s its ``latency_s`` is 1.3 × 1,735 / 50 = 45.1 s.
 
+The ``gold`` and ``consensus`` channels are each plan's utility under the other target
+(:mod:`isocompute.solver.votes.consensus`), averaged the same way: a method's accuracy on gold beside its
+accuracy on the target it was fitted and scored on.
+
 Ignores: serving effects beyond the one overhead per wave (batching, a decode speed that varies with load).
 """
 
@@ -24,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-CHANNELS = ("tokens", "latency")
+CHANNELS = ("tokens", "latency", "gold", "consensus")
 
 
 def latency_channel(latency_tokens: Any, waves: Any, unit: float, overhead: float = 0.0) -> np.ndarray:
@@ -42,10 +46,14 @@ def add_seconds(entries: list[dict[str, Any]], unit: float, speed: float) -> Non
                 row["latency_s"] = float(row["latency"]) * unit / speed
 
 
-def plan_channels(tokens: Any = None, latency: Any = None) -> dict[str, np.ndarray]:
-    """The channels given (None: absent) as float arrays, in :data:`CHANNELS` order."""
-    return {k: np.asarray(v, dtype=np.float64) for k, v in zip(CHANNELS, (tokens, latency), strict=True)
-            if v is not None}
+def plan_channels(tokens: Any = None, latency: Any = None, gold: Any = None,
+                  consensus: Any = None) -> dict[str, np.ndarray]:
+    """The channels given (None: absent) as float arrays, in :data:`CHANNELS` order. ``gold`` /
+    ``consensus``: each plan's utility under the target the evaluation is not scored on (a policy fitted
+    under consensus is also scored on gold where the table has it, and one fitted on gold shows its
+    consensus agreement), so every method's accuracy appears under both side by side."""
+    given = (tokens, latency, gold, consensus)
+    return {k: np.asarray(v, dtype=np.float64) for k, v in zip(CHANNELS, given, strict=True) if v is not None}
 
 
 def rows_of(channels: Mapping[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
@@ -56,3 +64,26 @@ def rows_of(channels: Mapping[str, np.ndarray], rows: np.ndarray) -> dict[str, n
 def method_means(ev: Any, m: int, bi: int) -> dict[str, float]:
     """Method ``m``'s mean of every channel the evaluation ``ev`` holds at budget ``bi`` (report.json keys)."""
     return {k: float(x[:, m, bi].mean()) for k in CHANNELS if (x := getattr(ev, k, None)) is not None}
+
+
+def target_section(report: dict[str, Any]) -> list[str]:
+    """Markdown: what accuracy is scored on and, per budget, every method under both targets side by side."""
+    t = report.get("target")
+    if not t:
+        return []
+    ag = t.get("agreement")
+    lines = ["## Target", "", f"Accuracy is scored on **{t['scored_on']}**"
+             + ("" if t["scored_on"] == "gold" else " (a sample is credited by agreement with its prompt's "
+                "plurality answer over all its samples; ties split evenly)") + "."]
+    if ag:
+        lines[-1] += (f" Consensus vs gold on this table: {100 * ag['sample_flip']:.1f}% of samples change verdict, "
+                      f"the plurality answer is right on {100 * ag['plurality_right']:.1f}% of prompts.")
+    other = t.get("also")
+    if other is None:
+        return lines + ["", "The table has no gold verdicts: no gold accuracy to show.", ""]
+    lines += ["", f"| budget | method | {t['scored_on']} | {other} |", "|---:|---|---:|---:|"]
+    for e in report["budgets"]:
+        for name, x in e["methods"].items():
+            if x.get(other) is not None:
+                lines.append(f"| {e['budget']:.4g} | {name} | {x['accuracy']:.4f} | {x[other]:.4f} |")
+    return lines + [""]

@@ -215,7 +215,8 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
                    label_var: np.ndarray | None = None, groups: Sequence[str] | None = None,
                    samples: np.ndarray | None = None, waves: np.ndarray | None = None,
                    tokens: np.ndarray | None = None, latency: np.ndarray | None = None,
-                   baselines: FixedBaselines | None = None, progress: bool = False, workers: int = 1) -> Evaluation:
+                   baselines: FixedBaselines | None = None, progress: bool = False, workers: int = 1,
+                   gold: np.ndarray | None = None, consensus: np.ndarray | None = None) -> Evaluation:
     """k-fold CV over prompts for each seed, refitting ``config`` (both learners) on each training part;
     ``probe``: the probe's value per prompt when ``config`` has a probe (split with the prompts);
     ``sample_flops``: one sample's FLOPs per prompt, to price extra features in samples (split likewise);
@@ -226,7 +227,8 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
     per prompt (adaptive plans; :func:`~isocompute.policy.plans.arrays.plan_arrays`), ``tokens`` / ``latency``
     its expected tokens and latency (:mod:`isocompute.evaluation.channels`; None: absent); ``baselines``: the
     rule families' plan arrays, whose best fixed plans are chosen on each training part and scored on
-    its held-out part (:mod:`isocompute.evaluation.baselines`). ``workers``: processes the folds run in
+    its held-out part (:mod:`isocompute.evaluation.baselines`); ``gold`` / ``consensus``: each plan's utility
+under the other target, reported beside the accuracy (:mod:`isocompute.evaluation.channels`). ``workers``: processes the folds run in
     (:mod:`isocompute.evaluation.folds`; 0: one per core) — the same results, sooner."""
     from tqdm.auto import tqdm
 
@@ -245,7 +247,7 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
     fold_of = np.empty((S, N), dtype=np.intp)
     cost_alt = np.full_like(util, np.nan)
     wav = np.full_like(util, np.nan)
-    extra = plan_channels(tokens, latency)
+    extra = plan_channels(tokens, latency, gold, consensus)
     ext = {k: np.full_like(util, np.nan) for k in extra}
     bar = tqdm(total=S * folds, desc="report: fitting folds", unit="fold", disable=not progress)
     jobs = []
@@ -371,7 +373,8 @@ def _reference(U: np.ndarray, C: np.ndarray, C_alt: np.ndarray | None, actions: 
 def holdout(policy: Policy, prompts: Sequence[str], U: np.ndarray, C: np.ndarray,
             budgets: Sequence[float], *, probe: np.ndarray | None = None, C_alt: np.ndarray | None = None,
             paid_alt: float = 0.0, alt_unit: str = "flops", waves: np.ndarray | None = None,
-            tokens: np.ndarray | None = None, latency: np.ndarray | None = None, **_: Any) -> Evaluation:
+            tokens: np.ndarray | None = None, latency: np.ndarray | None = None, gold: np.ndarray | None = None,
+            consensus: np.ndarray | None = None, **_: Any) -> Evaluation:
     """Score a fitted policy on prompts it never saw (one part, no refitting); ``probe`` as for decide,
     ``C_alt`` / ``paid_alt`` / ``waves`` / ``tokens`` / ``latency`` as for :func:`cross_validate` (the rule families' baselines
     need training prompts to be chosen on, so a holdout has none)."""
@@ -380,7 +383,7 @@ def holdout(policy: Policy, prompts: Sequence[str], U: np.ndarray, C: np.ndarray
         raise InputError(f"a holdout table needs at least 2 prompts; it has {len(prompts)}.")
     budgets_arr = np.asarray(budgets, dtype=np.float64)
     sc = _score(policy, prompts, U, C, budgets_arr, policy.train_lengths_, policy.default_learner_, probe,
-                C_alt, paid_alt, waves, extra := plan_channels(tokens, latency))
+                C_alt, paid_alt, waves, extra := plan_channels(tokens, latency, gold, consensus))
     n = len(prompts)
     return Evaluation("holdout", budgets_arr, policy.actions, (policy.config.seed,), 1,
                       sc["utility"][None], sc["cost"][None], sc["oracle_actions"][None],

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from isocompute.artifacts import artifact_writer
+from isocompute.evaluation.channels import target_section
 from isocompute.evaluation.reach import reach_section
 from isocompute.evaluation.report_plans import action_groups, plans_section, plot_accuracy_cost
 
@@ -57,7 +58,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines = _intro(report) + _learners_section(report) + _accuracy_section(report)
     lines += plans_section(report) + _fallback_section(report) + _same_accuracy_section(report) + reach_section(report)
     lines += _not_binding_note(report) + _spend_section(report) + _ceiling_section(report)
-    lines += _both_learners_section(report) + _targets_section(report)
+    lines += _both_learners_section(report) + _targets_section(report) + target_section(report)
     lines += ["## Plots", "", "![accuracy vs budget](accuracy.png)", "",
               "![accuracy vs realised cost, every method](accuracy_cost.png)", "", "![actions per budget](actions.png)", "",
               f"![learned vs oracle actions at budget {reference_budget(report):g}](confusion.png)", ""]

@@ -62,7 +62,8 @@ class Evaluation:
     names (``actions`` then holds each plan's maximum samples); ``tokens`` / ``latency``: (S, M, B, N)
     expected tokens generated and latency per prompt (:mod:`isocompute.evaluation.channels`; None without
     token counts); ``reach``: the policy as served at each reference's latency budget over a sweep of
-    budgets (:mod:`isocompute.evaluation.reach`; None without token counts or a plan menu).
+    budgets (:mod:`isocompute.evaluation.reach`; None without token counts or a plan menu); ``gold`` /
+    ``consensus``: (S, M, B, N) expected accuracy under the other target (None: not asked or no gold).
     """
 
     mode: str
@@ -88,6 +89,8 @@ class Evaluation:
     tokens: np.ndarray | None = None
     latency: np.ndarray | None = None
     reach: dict[str, Any] | None = None
+    gold: np.ndarray | None = None
+    consensus: np.ndarray | None = None
 
 
 def bootstrap_indices(n: int, n_boot: int, seed: int) -> np.ndarray:

@@ -119,7 +119,10 @@ class PolicyConfig:
     best single model's best fixed plan); latency_range: the mean latency budgets (lo, hi) the policy
     also serves, in sample lengths (1.0 = waiting for one sample; :mod:`isocompute.policy.latency`), None
     for none; wave_overhead: each wave's prefill and queueing time in sample lengths, added to a plan's
-    latency per wave; the rest are LightGBM hyper-parameters and the seed.
+    latency per wave; target: what a sample is credited against (:mod:`isocompute.solver.votes.consensus`:
+    ``gold`` verdicts or ``consensus``, agreement with its prompt's plurality class; None: gold when the
+    table has every verdict, else consensus — the fit records the one it used); the rest are LightGBM
+    hyper-parameters and the seed.
     """
 
     actions: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -153,6 +156,7 @@ class PolicyConfig:
     model_actions: tuple[str, ...] = ()
     latency_range: tuple[float, float] | None = None
     wave_overhead: float = 0.0
+    target: str | None = None
 
     def __post_init__(self) -> None:
         acts = tuple(self.actions)
@@ -190,6 +194,9 @@ class PolicyConfig:
         if self.shrinkage not in ("none", "eb"):
             raise InputError(f"shrinkage must be none or eb (empirical Bayes toward the task's mean); you passed "
                              f"{self.shrinkage!r}.")
+        if self.target not in (None, "gold", "consensus"):
+            raise InputError(f"target must be gold or consensus (or None: gold when every sample has a verdict); "
+                             f"you passed {self.target!r}.")
         if self.ragged not in RAGGED_MODES:
             raise InputError(f"ragged must be one of {', '.join(RAGGED_MODES)}; you passed {self.ragged!r}.")
         if isinstance(self.min_samples, bool) or not isinstance(self.min_samples, int | np.integer) or self.min_samples < 0:

@@ -103,6 +103,10 @@ def fit_policy(table: Any, config: PolicyConfig, *, feasible_budgets: bool = Fal
     per prompt the config keeps (:func:`training_table`; every prompt of a table that is not ragged),
     exactly when the config has a probe. What was dropped is in the policy's ``training_data_``.
     """
+    from isocompute.solver.votes.consensus import with_target
+
+    table = with_target(table, config.target)
+    config = dataclasses.replace(config, target=table.target)
     full = table
     table, dropped, floor = training_table(table, config)
     sample_flops = None

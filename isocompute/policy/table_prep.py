@@ -24,7 +24,9 @@ def prepare_table(cfg: Any, table: Any, *, costs: np.ndarray | None, probe: np.n
     the per-prompt inputs cut to ``prep.table``'s prompts, and the learners' labels (None: the raw U)."""
     from isocompute.policy.plans.arrays import table_arrays
     from isocompute.solver.costs import cost_table
+    from isocompute.solver.votes.consensus import with_target
 
+    table = with_target(table, cfg.target)  # a library caller's table of raw verdicts gets the config's target
     prep = arrays if arrays is not None else table_arrays(table, cfg, model=model_flops if cfg.cost_unit == "flops"
                                                           else None)
     full, table = len(table), prep.table

@@ -123,7 +123,7 @@ def best_of_k(
     ``mask`` (default: all True) marks real samples in padded rows. Returns (N,) (+ (len(k),)).
     """
     scores_in = scores
-    scores, correct = np.atleast_2d(scores).astype(np.float64), np.atleast_2d(correct).astype(bool)
+    scores, correct = np.atleast_2d(scores).astype(np.float64), np.atleast_2d(correct).astype(np.float64)
     mask = np.ones(scores.shape, dtype=bool) if mask is None else np.atleast_2d(mask)
     if np.isnan(scores[mask]).any():
         raise InputError("best_of needs a verifier score on every sample; some are missing (NaN). "
@@ -165,7 +165,7 @@ def majority_at_k(answer_codes: np.ndarray, correct: np.ndarray, k: int | Sequen
     Returns (N,) (+ (len(k),)). See the module docstring for the generating function.
     """
     codes = np.atleast_2d(np.asarray(answer_codes, dtype=np.int64))
-    correct = np.atleast_2d(np.asarray(correct, dtype=bool))
+    correct = np.atleast_2d(np.asarray(correct, dtype=np.float64))  # bool verdicts or consensus credit
     ks = _ks(k)
     n = (codes != PAD_CODE).sum(axis=1)
     _check_feasible(n, ks)

@@ -29,6 +29,7 @@ NULL_CODE = -1  # answer code of a sample whose answer is null
 _FIX = "Fix it (the format is in the isocompute.solver.outcomes docstring) or regenerate the table."
 
 _ANSWER_TYPES = {str, type(None)}
+_CORRECT_TYPES = {bool, type(None)}
 _SCORE_TYPES = {float, int, type(None)}
 _TOKEN_TYPES = {int, type(None)}
 _MISSING = object()
@@ -47,7 +48,10 @@ def _check_header(obj: Any, where: Callable[[], str]) -> list:
         raise fail("missing id (a non-empty string)" if rid is None else f"id must be a non-empty string, got {rid!r}")
     for key in ("prompt", "gold"):
         v = obj.get(key, _MISSING)
-        if v is _MISSING:
+        if v is _MISSING or (key == "gold" and v is None):
+            if key == "gold":  # unlabelled traffic: read under the consensus target
+                obj["gold"] = None
+                continue
             raise fail(f"missing {key!r}")
         if type(v) in (int, float):
             obj[key] = str(v)
@@ -65,13 +69,13 @@ def _check_header(obj: Any, where: Callable[[], str]) -> list:
     if type(samples) is not list:
         raise fail(f"samples must be a list of objects, got {type(samples).__name__}")
     if not samples:
-        raise fail("empty samples: every prompt needs at least one graded sample")
+        raise fail("empty samples: every prompt needs at least one sample")
     return samples
 
 
 def _check_samples(flat: list, locate: Callable[[int], tuple[str, int]]) -> tuple[list, list, list, list, list]:
     """Validate samples (of many records, back to back); return their columns
-    (correct, answer, score, completion_tokens, class — :data:`_MISSING` where absent).
+    (correct — None where ungraded —, answer, score, completion_tokens, class — :data:`_MISSING` where absent).
 
     Columns are pulled out and type-checked with C-level map/set over the whole file; only when a
     check fails is the offending sample searched for and ``locate(flat_index)`` turned into a
@@ -85,21 +89,19 @@ def _check_samples(flat: list, locate: Callable[[int], tuple[str, int]]) -> tupl
     try:
         correct = list(map(_get_correct, flat))
         answer = list(map(_get_answer, flat))
-    except (KeyError, TypeError):
+    except (KeyError, TypeError, AttributeError):
         for f, smp in enumerate(flat):
             if type(smp) is not dict:
                 raise fail(f, f" must be an object, got {smp!r}") from None
-            if "correct" not in smp:
-                raise fail(f, " is missing 'correct' (true or false)") from None
             if "answer" not in smp:
                 raise fail(f, " is missing 'answer' (null when none was extracted)") from None
         raise  # only a new kind of malformed sample gets here
     score = list(map(_get_score, flat))
     tokens = list(map(_get_tokens, flat))
     classes = list(map(_get_class, flat))
-    if set(map(type, correct)) != {bool}:
-        f = next(f for f, v in enumerate(correct) if type(v) is not bool)
-        raise fail(f, f".correct must be true or false, got {correct[f]!r}")
+    if not set(map(type, correct)) <= _CORRECT_TYPES:
+        f = next(f for f, v in enumerate(correct) if type(v) not in _CORRECT_TYPES)
+        raise fail(f, f".correct must be true or false, got {correct[f]!r} (leave it out for an ungraded sample)")
     if not set(map(type, answer)) <= _ANSWER_TYPES:
         for f, v in enumerate(answer):
             if type(v) in (int, float):
@@ -153,7 +155,7 @@ def _check_evidence(flat: list, locate: Callable[[int], tuple[str, int]]) -> dic
     return out
 
 
-_get_correct = operator.itemgetter("correct")
+_get_correct = operator.methodcaller("get", "correct")  # absent or null: ungraded (consensus target)
 _get_answer = operator.itemgetter("answer")
 _get_score = operator.methodcaller("get", "score")
 _get_tokens = operator.methodcaller("get", "completion_tokens")

@@ -42,6 +42,10 @@ class OutcomeTable:
     ``logprob_mean`` and ``confidence_min_window`` are NaN where a sample lacks the field, and None when no
     sample of the table has it.
 
+    ``correct`` holds the table's *target*: gold verdicts (False where ungraded; ``graded`` marks the
+    samples that have one), or, on a table from :func:`isocompute.solver.targets.with_target`, each
+    sample's float credit for agreeing with its prompt's plurality class.
+
     ``answer_codes[i, j]`` is dense per row: the distinct non-null answers of row i get codes
     0..G_i−1 (equal strings share a code; the numbering carries no meaning), a null answer gets
     :data:`NULL_CODE`. ``meta`` holds the key/value pairs shared by every record's meta (e.g. task,
@@ -65,6 +69,8 @@ class OutcomeTable:
     sha256: str | None
     logprob_mean: np.ndarray | None = None  # (N, n_max) float64, NaN when absent; None when no sample has it
     confidence_min_window: np.ndarray | None = None  # the same
+    graded: np.ndarray | None = None  # (N, n_max) bool: the sample has a gold verdict; None when every one has
+    target: str = "gold"  # what ``correct`` holds: gold verdicts, or consensus credit (isocompute.solver.targets)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -79,8 +85,15 @@ class OutcomeTable:
 
     @property
     def n_correct(self) -> np.ndarray:
-        """(N,) number of correct samples per prompt."""
-        return self.correct.sum(axis=1)
+        """(N,) number of correct samples per prompt (under consensus: the reference class's size)."""
+        if self.correct.dtype == bool:
+            return self.correct.sum(axis=1)
+        return np.rint(self.correct.sum(axis=1)).astype(np.int64)
+
+    @property
+    def has_gold(self) -> bool:
+        """True when every sample carries a gold verdict (``correct``)."""
+        return self.graded is None or bool(self.graded[self.mask].all())
 
     @property
     def mean_completion_tokens(self) -> np.ndarray:
@@ -129,6 +142,7 @@ class OutcomeTable:
             completion_tokens=self.completion_tokens[idx, :w], prompt_tokens=self.prompt_tokens[idx],
             metas=pick(self.metas), source=self.source, sha256=self.sha256,
             logprob_mean=rows(self.logprob_mean), confidence_min_window=rows(self.confidence_min_window),
+            graded=rows(self.graded), target=self.target,
         )
 
 
@@ -170,6 +184,9 @@ def _build(items: Iterable[tuple[Any, Callable[[], str]]], source: str, sha256: 
         out[mask] = col
         return out
 
+    graded = None
+    if None in corr_all:  # some samples have no gold verdict
+        graded = padded(np.fromiter((c is not None for c in corr_all), bool, len(corr_all)), False)
     scores_flat = np.asarray(score_all, dtype=np.float64)  # None -> NaN
     tokens_flat = np.asarray(tok_all, dtype=np.float64)
     not_finite = np.isinf(scores_flat)
@@ -190,7 +207,7 @@ def _build(items: Iterable[tuple[Any, Callable[[], str]]], source: str, sha256: 
         scores=padded(scores_flat, np.nan), completion_tokens=padded(tokens_flat, np.nan),
         prompt_tokens=np.asarray([r.get("prompt_tokens") for r in records], dtype=np.float64),
         metas=[r.get("meta") or {} for r in records], source=source, sha256=sha256,
-        **{k: None if v is None else padded(v, np.nan) for k, v in evidence.items()},
+        **{k: None if v is None else padded(v, np.nan) for k, v in evidence.items()}, graded=graded,
     )
 
 

@@ -59,6 +59,8 @@ from isocompute.stages.inputs import (
     ragged_option,
     read_table,
     several,
+    target_line,
+    target_option,
 )
 from isocompute.stages.options import group, option
 from isocompute.stages.parsing import (
@@ -84,6 +86,7 @@ class FitConfig:
     actions: tuple[int, ...] = option((1, 2, 4, 8, 16), text="1,2,4,8,16", parse=parse_action_set,
                                       help="sample counts k to choose from, comma-separated")
     strategy: str = option("majority", choices=STRATEGIES, help="how k samples become one answer")
+    target: str | None = target_option()
     plans: str | None = option(
         None, help="the plan menu: default, a rule family (lead, window, beta, dirichlet, bayes; boinf: Best-of-∞ "
                    "as published, bayes: as the report's row plays it), a comma list of plan names (e.g. "
@@ -192,6 +195,7 @@ class FitResult:
     policy: Any
     n_prompts: int
     probe_note: str = ""
+    target_note: str = ""
 
 
 def fit(cfg: FitConfig) -> FitResult:
@@ -201,7 +205,7 @@ def fit(cfg: FitConfig) -> FitResult:
     from isocompute.policy.fitting import fit_policy, training_table
     from isocompute.policy.policy import PolicyConfig
 
-    full = read_table(cfg.outcomes)
+    full = read_table(cfg.outcomes, cfg.target)
     budgets = cfg.budgets if cfg.budgets is not None else [1.0, 16.0]
     if cfg.budgets is not None:
         budgets = resolve_budgets(budgets, cfg.cost_unit, _tokens_per_sample(full))
@@ -219,6 +223,7 @@ def fit(cfg: FitConfig) -> FitResult:
         fallback_level=cfg.fallback_level, fallback_margin=cfg.fallback_margin, min_samples=cfg.min_samples,
         ragged=cfg.ragged, shrinkage=cfg.shrinkage, wave_overhead=cfg.wave_overhead,
         latency_range=None if cfg.latency_budgets is None else (min(cfg.latency_budgets), max(cfg.latency_budgets)),
+        target=full.target,
     )
     if cfg.probe_cost is not None and cfg.probe_model is None:
         raise InputError("--probe-cost declares the cost of the probe feature; add --probe-model DIR to use one.")
@@ -243,7 +248,7 @@ def fit(cfg: FitConfig) -> FitResult:
     policy = fit_policy(full, config, feasible_budgets=cfg.budgets is None, model_flops=model,
                         sample_model=sample_model, probe=probe, progress=True)
     policy.save(cfg.out, inputs=inputs, extra_files=extra_files)
-    return FitResult(cfg.out, policy, len(table), probe_note)
+    return FitResult(cfg.out, policy, len(table), probe_note, target_line(full))
 
 
 def _with_probe(cfg: FitConfig, config: Any, table: Any, model: Any,

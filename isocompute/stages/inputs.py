@@ -26,7 +26,7 @@ from isocompute.errors import InputError
 from isocompute.stages.options import option
 
 __all__ = ["ModelInputs", "load_estimates", "menu_config", "model_estimates", "model_flops_for", "parse_named_tables",
-           "read_table", "several"]
+           "read_raw", "read_table", "several", "target_line", "target_option"]
 
 
 def min_samples_option() -> Any:
@@ -42,8 +42,32 @@ def ragged_option() -> Any:
                        "mark the actions above their sample count infeasible for them only")
 
 
-def read_table(path: Path) -> Any:
-    """Our outcome table, or a Qwen CoT evaluation dump (lines with idx/question/pred/score)."""
+def target_option() -> Any:
+    """The ``--target`` option of every stage that credits samples (solve, fit, report, vote, evidence)."""
+    return option(None, choices=("gold", "consensus"),
+                  help="what a sample is credited against: its gold verdict, or agreement with its prompt's "
+                       "plurality answer over all its samples (for traffic without gold); default gold when every "
+                       "sample has 'correct', else consensus")
+
+
+def target_line(table: Any) -> str:
+    """One line saying which target a stage used on ``table`` and why (printed by the CLI)."""
+    why = ("every sample has a gold verdict" if table.has_gold else "samples without gold verdicts") \
+        if table.target == ("gold" if table.has_gold else "consensus") else "as asked"
+    return f"target: {table.target} ({why})"
+
+
+def read_table(path: Path, target: str | None = "gold") -> Any:
+    """Our outcome table, or a Qwen CoT evaluation dump (lines with idx/question/pred/score), credited under
+    ``target`` (:func:`isocompute.solver.votes.consensus.with_target`; None: gold when every sample has a
+    verdict, else consensus)."""
+    from isocompute.solver.votes.consensus import with_target
+
+    return with_target(read_raw(Path(path)), target)
+
+
+def read_raw(path: Path) -> Any:
+    """The table as read, ``correct`` holding its gold verdicts (False where a sample has none)."""
     from isocompute.solver.outcomes import from_qwen_cot_table, read_outcomes
 
     path = Path(path)

@@ -49,9 +49,17 @@ from typing import Any
 from isocompute.errors import InputError
 from isocompute.evaluation.evidence_report import model_block
 from isocompute.evaluation.wave_overhead import overhead_arg, resolve_overhead
-from isocompute.stages.inputs import ModelInputs, load_estimates, model_flops_for, read_table, several
+from isocompute.stages.inputs import (
+    ModelInputs,
+    load_estimates,
+    model_flops_for,
+    read_raw,
+    several,
+    target_option,
+)
 from isocompute.stages.options import group, option
 from isocompute.stages.parsing import parse_budget_range, parse_seeds
+from isocompute.stages.report_arrays import alt_costs, baselines, other_target, target_info
 from isocompute.stages.solutions import check_latency_units
 
 __all__ = ["ReportConfig", "ReportResult", "report"]
@@ -83,6 +91,7 @@ class ReportConfig:
     probe_model: Path | None = option(
         None, type=Path, help="checkpoint for a probe policy's values when the policy's cache does not hold this "
                               "table (default: the model its probe spec names)")
+    target: str | None = target_option()
     models: ModelInputs = group(ModelInputs)
     n_budgets: int = option(10, type=int, help="several models: log-spaced budgets from the cheapest model's 1-sample "
                                                "cost to the dearest model's 16-sample cost")
@@ -126,6 +135,7 @@ class _Data:
     probe_info: dict[str, Any] | None
     latency_unit: float | None = None
     overhead_source: dict[str, Any] | None = None  # a measured --wave-overhead (wave_overhead.resolve_overhead)
+    target: dict[str, Any] | None = None  # the target scored on, the other one shown, consensus vs gold
 
 
 def report(cfg: ReportConfig) -> ReportResult:
@@ -161,7 +171,8 @@ def report(cfg: ReportConfig) -> ReportResult:
         rep["evidence"] = model_block(policy.evidence, data.table, seed=cfg.seed)
     params = {"folds": ev.n_folds, "seeds": list(seeds), "budgets": [float(b) for b in budgets],
               "holdout": bool(cfg.holdout), "bootstrap": cfg.bootstrap, "bootstrap_seed": cfg.seed,
-              "wave_overhead": cfg.wave_overhead, "decode_speed": cfg.decode_speed}
+              "wave_overhead": cfg.wave_overhead, "decode_speed": cfg.decode_speed,
+              "target": data.table.target}
     write_report(cfg.out, rep, inputs=data.inputs, params=params)
     return ReportResult(cfg.out, rep, policy, len(data.table), ev.mode)
 
@@ -171,9 +182,11 @@ def _data(cfg: ReportConfig, policy: Any) -> _Data:
     the plan arrays and baselines, and the probe's values."""
     from isocompute.artifacts import sha256_file
     from isocompute.policy.plans.arrays import table_arrays
+    from isocompute.solver.votes.consensus import with_target
 
     pc = policy.config
-    table = read_table(cfg.outcomes)
+    raw = read_raw(cfg.outcomes)
+    table = with_target(raw, cfg.target or pc.target)  # default: what the policy was fitted under
     inputs = {"outcomes": table.sha256, "policy_manifest": sha256_file(cfg.policy / "manifest.json")}
     if cfg.holdout and table.sha256 == policy.manifest_["inputs"].get("outcomes"):
         raise InputError(f"{cfg.outcomes} is the table the policy was fitted on; --holdout needs a table it never "
@@ -183,9 +196,13 @@ def _data(cfg: ReportConfig, policy: Any) -> _Data:
         model, extra = model_flops_for(table, cfg.model_config)
         inputs.update(extra)
     prep = table_arrays(table, pc, model=model)
+    other = other_target(raw, table.target)
     table = prep.table  # the prompts the policy's config keeps (ragged tables: solver.ragged)
-    alt = _alt_costs(cfg, table, policy, model, inputs, prep)
+    alt = alt_costs(cfg.model_config, table, policy, model, inputs, prep)
     plan_kw: dict[str, Any] = {"waves": prep.waves}
+    if other is not None:  # every method's accuracy under the other target too (evaluation.channels)
+        plan_kw[other.target] = table_arrays(other, dataclasses.replace(pc, target=other.target),
+                                             model=model).utility
     unit = source = None
     if pc.plans:
         from isocompute.evaluation.channels import latency_channel
@@ -200,14 +217,15 @@ def _data(cfg: ReportConfig, policy: Any) -> _Data:
                                                                        cfg.wave_overhead))
     _check_timed(cfg, pc, unit)
     if pc.plans and not cfg.holdout:
-        plan_kw["baselines"] = _baselines(policy, table, model, unit, cfg.wave_overhead)
+        plan_kw["baselines"] = baselines(policy, table, model, unit, cfg.wave_overhead, other)
     probe, probe_info = None, None
     if pc.probe is not None:
         probe, probe_info = _probe_values(cfg, pc.probe, table.prompts, prep.utility)
         inputs["probe_model"] = probe_info["model_sha256"]
     elif cfg.probe_model is not None:
         raise InputError(f"the policy {cfg.policy} has no probe feature; drop --probe-model (or refit with it).")
-    return _Data(table, inputs, prep, alt, plan_kw, probe, probe_info, unit, source)
+    return _Data(table, inputs, prep, alt, plan_kw, probe, probe_info, unit, source, target_info(raw, table, other))
+
 
 
 def _check_timed(cfg: ReportConfig, pc: Any, unit: float | None) -> None:
@@ -275,7 +293,7 @@ def _assemble(cfg: ReportConfig, policy: Any, data: _Data, ev: Any, seeds: tuple
         "plans": [p.name for p in policy.plans] if pc.plans else None,
         "plan_stats": {"samples": policy.plan_samples_.tolist(), "waves": policy.plan_waves_.tolist()},
         "baseline_choices": baseline_choices(data.plan_kw.get("baselines"), budgets),
-        "strategy": pc.strategy, "cost_unit": pc.cost_unit, "inputs": data.inputs,
+        "strategy": pc.strategy, "cost_unit": pc.cost_unit, "inputs": data.inputs, "target": data.target,
         "policy": {"path": str(cfg.policy), "default_learner": policy.default_learner_,
                    "selection": policy.selection_, "config": pc.to_dict(),
                    "fallback": {"ranges": [list(r) for r in policy.fallback_[policy.default_learner_].ranges()],
@@ -295,45 +313,6 @@ def _assemble(cfg: ReportConfig, policy: Any, data: _Data, ev: Any, seeds: tuple
         **({} if cfg.decode_speed is None else {"decode_speed": float(cfg.decode_speed)}),
         **summary,
     }
-
-
-def _alt_costs(cfg: ReportConfig, table: Any, policy: Any, model: Any, inputs: dict[str, str],
-               arrays: Any) -> dict[str, Any]:
-    """The cost table in a second unit for "same accuracy for less": FLOPs when the table's model is known
-    (``model_config`` or its meta; the probe's and extra features' FLOPs paid per request), samples
-    when the policy's unit is FLOPs; {} when neither is known. ``arrays``: the table's plan arrays."""
-    from isocompute.policy.plans.arrays import table_arrays
-
-    pc = policy.config
-    if pc.cost_unit == "flops":
-        return {"C_alt": arrays.samples, "alt_unit": "samples"}
-    if model is None:
-        try:
-            model, extra = model_flops_for(table, cfg.model_config)
-        except InputError:
-            return {}
-        inputs.update(extra)
-    if not table.has_token_counts:
-        return {}
-    paid = ((pc.probe.flops or 0.0) if pc.probe is not None else 0.0) + (
-        policy.features_.extra_flops_per_prompt_ if pc.feature_extras else 0.0)
-    flops = table_arrays(table, dataclasses.replace(pc, cost_unit="flops", min_samples=0), model=model)
-    return {"C_alt": flops.cost, "paid_alt": float(paid), "alt_unit": "flops"}
-
-
-def _baselines(policy: Any, table: Any, model: Any, unit: float | None = None, overhead: float = 0.0) -> Any:
-    """The rule families' plan arrays on the policy's kept prompts (:mod:`isocompute.evaluation.baselines`),
-    with their tokens and latency (in ``unit`` tokens, + ``overhead`` per wave) when ``unit`` is given."""
-    from isocompute.evaluation.baselines import FixedBaselines, baseline_plans
-    from isocompute.evaluation.channels import latency_channel
-    from isocompute.policy.plans.arrays import plan_arrays
-
-    pc = policy.config
-    plans, columns = baseline_plans(policy.plans, pc.actions)
-    arr = plan_arrays(table, plans, cost_unit=pc.cost_unit, model=model, ragged=pc.ragged)
-    channels = {} if unit is None or arr.tokens is None or arr.latency is None else {
-        "tokens": arr.tokens, "latency": latency_channel(arr.latency, arr.waves, unit, overhead)}
-    return FixedBaselines(plans, arr.utility, arr.cost, arr.waves, columns, channels)
 
 
 def _probe_values(cfg: ReportConfig, spec: Any, prompts: list[str], U: Any) -> tuple[Any, dict[str, Any]]:

@@ -54,7 +54,14 @@ from pathlib import Path
 from typing import Any
 
 from isocompute.errors import InputError
-from isocompute.stages.inputs import ModelInputs, load_estimates, min_samples_option, ragged_option, several
+from isocompute.stages.inputs import (
+    ModelInputs,
+    load_estimates,
+    min_samples_option,
+    ragged_option,
+    several,
+    target_option,
+)
 from isocompute.stages.options import group, option
 from isocompute.stages.parsing import (
     Multiple,
@@ -73,7 +80,7 @@ STRATEGIES = ("majority", "pass", "best_of")
 COST_UNITS = ("samples", "tokens", "flops")
 # The parameters a single-model solution's manifest records (every option but the output directory).
 _PARAMS = ("outcomes", "budget", "actions", "strategy", "budgets", "cost_unit", "model_config", "prefix_sharing",
-           "rounding", "min_samples", "ragged", "plans")
+           "rounding", "min_samples", "ragged", "plans", "target")
 
 
 @dataclass(kw_only=True)
@@ -87,6 +94,7 @@ class SolveConfig:
                                 help="sample counts k to choose from, comma-separated")
     strategy: str = option("majority", choices=STRATEGIES,
                            help="how k samples become one answer (utility = its expected accuracy)")
+    target: str | None = target_option()
     plans: str | None = option(
         None, help="the plan menu: default, a rule family (lead, window, beta, dirichlet, bayes; boinf: Best-of-∞ "
                    "as published, bayes: as the report's row plays it), a comma list of plan names, or none "
@@ -184,7 +192,7 @@ def solve(cfg: SolveConfig) -> dict[str, Any]:
         "k_share": {str(int(k)): float(s) for k, s in zip(ks, probs.mean(axis=0), strict=True)},
         "uniform": uniform, "feasible_range": list(feasible_range(C)),
         "actions": [int(k) for k in ks], "strategy": cfg.strategy, "cost_unit": cfg.cost_unit,
-        "rounding": cfg.rounding,
+        "rounding": cfg.rounding, "target": table.target,
         "prompts_in_table": full, "dropped": len(dropped), "min_samples": floor,
         "ragged_prompts": int((~feasible).any(axis=1).sum()),
     }
@@ -198,8 +206,10 @@ def _load(cfg: SolveConfig) -> tuple[Any, dict[str, str], Any]:
     from isocompute.artifacts import sha256_file
     from isocompute.flops import load_model_flops
     from isocompute.solver.outcomes import read_outcomes
+    from isocompute.solver.votes.consensus import with_target
 
-    table = read_outcomes(cfg.outcomes)
+    table = with_target(read_outcomes(cfg.outcomes), cfg.target)
+    cfg.target = table.target  # the manifest and summary record the target used (cfg: solve()'s own)
     _resolve_multiples(cfg, table)
     inputs = {"outcomes": table.sha256 or sha256_file(cfg.outcomes)}
     model = None
@@ -273,7 +283,7 @@ def _solve_plans(cfg: SolveConfig, names: tuple[str, ...]) -> dict[str, Any]:
                      "mean_utility": float(U[:, j].mean()), **(sol.uniform(j, cfg.decode_speed) if sol else {})}
                     for k, j in zip(cfg.actions, lad, strict=True)],
         "feasible_range": list(feasible_range(C)), "actions": [int(k) for k in cfg.actions],
-        "strategy": cfg.strategy, "cost_unit": cfg.cost_unit, "rounding": cfg.rounding,
+        "strategy": cfg.strategy, "cost_unit": cfg.cost_unit, "rounding": cfg.rounding, "target": table.target,
         "prompts_in_table": len(table), "dropped": len(arr.dropped), "min_samples": arr.min_samples,
         "ragged_prompts": arr.n_ragged, **(sol.fields(cfg.decode_speed) if sol else {}),
     }

@@ -107,9 +107,9 @@ def walk(codes: np.ndarray, correct: np.ndarray, lengths: np.ndarray, n_samples:
     wave = np.repeat(np.arange(len(waves)), waves)
     running = bounds[wave + 1] - np.arange(M) - 1
     G = max(int(codes.max(initial=-1)) + 1, 1)
-    class_correct = np.zeros((N, G), dtype=bool)
+    class_correct = np.zeros((N, G))  # a class's value: 0/1 under gold, consensus credit under consensus
     rows, cols = np.nonzero(codes >= 0)
-    np.logical_or.at(class_correct, (rows, codes[rows, cols]), np.asarray(correct)[rows, cols])
+    np.maximum.at(class_correct, (rows, codes[rows, cols]), np.asarray(correct, dtype=np.float64)[rows, cols])
     cc = class_correct[prompt]
     tokens, latency = _spend(L, waves, running)
     out = Walks(prompt, order, c, y, L, np.zeros_like(L), tokens, latency, wave, running, cc, float(unit))
@@ -133,6 +133,6 @@ def credit(counts: np.ndarray, class_correct: np.ndarray) -> np.ndarray:
     """Majority credit of each vote: the share of right classes among the leaders (0 before any vote)."""
     top = counts.max(axis=-1, keepdims=True)
     leaders = (counts == top) & (top > 0)
-    right = (leaders & class_correct[:, None, :]).sum(axis=-1)
+    right = (leaders * class_correct[:, None, :]).sum(axis=-1)
     n = leaders.sum(axis=-1)
     return np.where(n > 0, right / np.maximum(n, 1), 0.0)

@@ -62,7 +62,7 @@ def resampled_utilities(table: OutcomeTable, actions: Sequence[int], strategy: s
 def _estimate(strategy: str, n: np.ndarray, correct: np.ndarray, codes: np.ndarray, scores: np.ndarray,
               mask: np.ndarray, ks: np.ndarray) -> np.ndarray:
     if strategy == "pass":
-        return pass_at_k(n, correct.sum(axis=1), ks.tolist())
+        return pass_at_k(n, np.rint(correct.sum(axis=1)).astype(np.int64), ks.tolist())
     if strategy == "majority":
         return majority_at_k(codes, correct, ks.tolist())
     if strategy == "best_of":

@@ -271,7 +271,7 @@ def _checked(answer_codes: np.ndarray, correct: np.ndarray, plans: Sequence[Plan
     if method not in ("auto", "exact", "monte-carlo"):
         raise InputError(f"method must be 'auto', 'exact' or 'monte-carlo', not {method!r}.")
     codes = np.atleast_2d(np.asarray(answer_codes, dtype=np.int64))
-    corr = np.atleast_2d(np.asarray(correct, dtype=bool))
+    corr = np.atleast_2d(np.asarray(correct, dtype=np.float64))  # bool verdicts or consensus credit
     if codes.shape != corr.shape:
         raise InputError(f"answer_codes {codes.shape} and correct {corr.shape} must have the same shape.")
     chans = {k: np.atleast_2d(np.asarray(v, dtype=np.float64)) for k, v in (channels or {}).items()}

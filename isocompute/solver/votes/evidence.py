@@ -72,7 +72,7 @@ def evidence(table: OutcomeTable) -> Evidence:
     row = np.broadcast_to(np.arange(P)[:, None], codes.shape)
     key = np.where(voting, row * G + np.maximum(codes, 0), P * G)
     counts = np.bincount(key.ravel(), minlength=P * G + 1)
-    right = np.bincount(key.ravel(), weights=(table.correct & voting).ravel(), minlength=P * G + 1)
+    right = np.bincount(key.ravel(), weights=np.where(voting, table.correct, 0.0).ravel(), minlength=P * G + 1)
     with np.errstate(invalid="ignore", divide="ignore"):
         per_class = np.where(counts > 0, right / np.maximum(counts, 1), 0.0)
     value = np.where(voting, per_class[key], 0.0)
