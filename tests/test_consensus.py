@@ -213,3 +213,20 @@ def test_solve_and_fit_read_a_table_without_gold_and_record_the_target(tmp_path)
     assert res.target_note.startswith("target: consensus")
     assert load_policy(tmp_path / "p").config.target == "consensus"
     assert res.policy.decide(["what is 1 + 1?"], budget=2.0).k[0] in (1, 2, 4)
+
+
+def test_import_writes_rows_without_gold_with_classes_and_no_verdicts(tmp_path):
+    from isocompute.stages.import_ import ImportConfig, import_samples
+
+    src = tmp_path / "d.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in [
+        {"q": "Which?", "s": ["(b)", "B", "C"]},  # no gold: classes only
+        {"q": "Also?", "gold": "C", "s": ["C", "(c)", "A"]},
+    ]) + "\n")
+    res = import_samples(ImportConfig(format="jsonl", sources=[src], out=tmp_path / "t.jsonl", progress=False,
+                                      task="choice", fields=["question=q", "answers=s"]))
+    t = read_outcomes(tmp_path / "t.jsonl")
+    assert res.target == "consensus" and not t.has_gold and t.golds == [None, "C"]
+    assert [s.get("correct") for s in t.records[0]["samples"]] == [None, None, None]
+    assert [s["class"] for s in t.records[0]["samples"]] == [0, 0, 1]  # (b) and B are one class
+    assert res.accuracy == pytest.approx(4 / 6)  # two of three agree with each prompt's plurality

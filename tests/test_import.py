@@ -203,11 +203,11 @@ def test_unreadable_gold_is_reported_with_its_id_and_left_out(tmp_path, capsys):
                              for i, g in [("ok", "18"), ("bad", "eighteen"), ("none", None)]) + "\n")
     out = tmp_path / "t.jsonl"
     assert main(["import", "jsonl", str(src), "--out", str(out), "--task", "gsm8k", "--no-progress"]) == 0
-    assert read_outcomes(out).ids == ["ok"]
+    assert read_outcomes(out).ids == ["ok", "none"]  # no gold at all: imported ungraded (consensus target)
     manifest = json.loads((tmp_path / "t.jsonl.manifest.json").read_text())
-    assert [u["id"] for u in manifest["unreadable"]] == ["bad", "none"] and manifest["complete"]
+    assert [u["id"] for u in manifest["unreadable"]] == ["bad"] and manifest["complete"]
     err = capsys.readouterr().err
-    assert "2 record(s) left out" in err and "bad (" in err and "d.jsonl, line 2" in err and "number answer" in err
+    assert "1 record(s) left out" in err and "bad (" in err and "d.jsonl, line 2" in err and "number answer" in err
 
 
 # ------------------------------------------------------------------------------------ input errors

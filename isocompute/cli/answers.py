@@ -46,7 +46,15 @@ def register(subparsers: Any) -> None:
     e.add_argument("--confidence", action="store_true",
                    help="the heads also read each sample's confidence (the table's confidence_min_window); the "
                         "gateway then asks its streamed waves for logprobs=5, priced at LOGPROB_COST_FACTOR")
+    _target_argument(e)
     e.set_defaults(func=run_evidence)
+
+
+def _target_argument(p: Any) -> None:
+    p.add_argument("--target", choices=("gold", "consensus"), default=None,
+                   help="what a sample is credited against: its gold verdict, or agreement with its prompt's "
+                        "plurality answer (default: gold when every sample has 'correct', else consensus; evidence: "
+                        "the policy's own)")
 
 
 def run_evidence(args: argparse.Namespace) -> int:
@@ -54,7 +62,7 @@ def run_evidence(args: argparse.Namespace) -> int:
     from isocompute.policy.evidence.model import fit_evidence
     from isocompute.policy.evidence.serving import EvidencePolicy
     from isocompute.policy.loading import load_policy
-    from isocompute.solver.outcomes import read_outcomes
+    from isocompute.stages.inputs import read_table, target_line
 
     try:
         waves = tuple(int(w) for w in args.waves.split(","))
@@ -64,7 +72,12 @@ def run_evidence(args: argparse.Namespace) -> int:
         raise InputError("--level must be in [0.5, 1), --folds ≥ 2, --draws ≥ 1 and every wave ≥ 1")
     policy = load_policy(args.policy)
     policy = getattr(policy, "policy", policy)  # refitting evidence on a policy that has some replaces it
-    table = read_outcomes(args.table)
+    fitted_on = policy.config.target
+    if args.target is not None and fitted_on is not None and args.target != fitted_on:
+        raise InputError(f"the policy {args.policy} was fitted under target {fitted_on}; fit its evidence plans under "
+                         f"the same one (drop --target, or refit the policy with --target {args.target}).")
+    table = read_table(args.table, args.target or fitted_on)
+    print(target_line(table))
     model = fit_evidence(table, waves, menu=list(policy.plans) or None, folds=args.folds, draws=args.draws, eval_draws=args.draws, seed=args.seed,
                          level=args.level, use_confidence=args.confidence)
     out = EvidencePolicy(policy, model).save(args.out)
@@ -92,23 +105,28 @@ def _register_vote(subparsers: Any) -> None:
     p.add_argument("--no-confidence", action="store_true",
                    help="fit the length weight alone (γ = 0): served without logprobs")
     p.add_argument("--json", action="store_true", help="print the fit record as one JSON object")
+    _target_argument(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from isocompute.errors import InputError
-    from isocompute.solver.outcomes import read_outcomes
     from isocompute.solver.votes.fit import fit_vote
+    from isocompute.stages.inputs import read_table, target_line
 
     if not 0.5 <= args.level < 1 or args.folds < 2 or args.draws < 1:
         raise InputError("--level must be in [0.5, 1), --folds ≥ 2 and --draws ≥ 1")
-    fit = fit_vote(read_outcomes(args.table), args.k, folds=args.folds, seed=args.seed, draws=args.draws,
+    table = read_table(args.table, args.target)
+    fit = fit_vote(table, args.k, folds=args.folds, seed=args.seed, draws=args.draws,
                    level=args.level, use_confidence=not args.no_confidence)
+    if fit.weights.fit is not None:
+        fit.weights.fit["target"] = table.target  # vote.json records what the fit credited
     path = fit.weights.save(args.out)
     rec = fit.weights.fit or {}
     if args.json:
         print(json.dumps({**rec, "beta": fit.weights.beta, "gamma": fit.weights.gamma, "out": str(path)}))
         return 0
+    print(target_line(table))
     lo, hi = rec["gain_ci95"]
     print(f"k = {args.k}: majority {rec['majority_oof']:.4f}, weighted {rec['weighted_oof']:.4f} out of fold "
           f"({100 * rec['gain']:+.2f} pt, 95% CI [{100 * lo:+.2f}, {100 * hi:+.2f}])")

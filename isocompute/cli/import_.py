@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
               f"{res.samples} samples in {res.seconds:.1f} s ({res.cpu_seconds:.1f} s CPU in this process)")
     four = "" if res.maj4_by_class is None else \
         f"maj@4 {res.maj4_by_class:.4f} by class ({res.maj4_by_string:.4f} by string); "
-    print(f"per-sample accuracy {res.accuracy:.4f}; {four}maj@n {res.maj_by_class:.4f} by class "
+    print(f"per-sample accuracy {res.accuracy:.4f}{'' if res.target == 'gold' else ' (consensus)'}; {four}maj@n {res.maj_by_class:.4f} by class "
           f"({res.maj_by_string:.4f} by string)")
     print(f"answers: {res.distinct_answers} distinct strings in {res.classes} classes; "
           f"{res.merged_prompts} prompts had equivalent strings merged")

@@ -128,6 +128,7 @@ class ImportResult:
     seconds: float
     cpu_seconds: float
     examples: list[str] = field(default_factory=list)
+    target: str = "gold"  # what accuracy and maj@n are scored on: consensus where some record has no gold
 
 
 def _manifest_path(out: Path) -> Path:
@@ -247,7 +248,7 @@ def import_samples(cfg: ImportConfig) -> ImportResult:
                     writer.write(line)
                     written += 1
                     samples += len(line["samples"])
-                    correct += sum(s["correct"] for s in line["samples"])
+                    correct += sum(bool(s.get("correct")) for s in line["samples"])
                 if bar is not None:
                     bar.update(len(chunk))
                     bar.set_postfix(acc=f"{correct / max(samples, 1):.3f}", unreadable=len(unreadable))
@@ -279,11 +280,13 @@ def _summarise(cfg: ImportConfig, unreadable: list[dict[str, str]], disagree: in
 
     from isocompute.artifacts import sha256_file
     from isocompute.solver.outcomes import from_records, read_outcomes
+    from isocompute.solver.votes.consensus import with_target
 
     path = cfg.out if already else _partial_path(cfg.out)
-    table = read_outcomes(path)
-    by_string = from_records([{**r, "samples": [{k: v for k, v in s.items() if k != "class"} for s in r["samples"]]}
-                              for r in table.records])
+    table = with_target(read_outcomes(path))  # records without gold: scored by agreement with the consensus
+    by_string = with_target(from_records([{**r, "samples": [{k: v for k, v in s.items() if k != "class"}
+                                                            for s in r["samples"]]} for r in table.records]),
+                            table.target)
     maj_class = _maj_ragged(table.answer_codes, table.correct, table.n_samples)
     maj_string = _maj_ragged(by_string.answer_codes, by_string.correct, by_string.n_samples)
     four = table.n_samples.min() >= 4
@@ -301,6 +304,7 @@ def _summarise(cfg: ImportConfig, unreadable: list[dict[str, str]], disagree: in
         references=references, timed_out=timed_out, maj_by_class=maj_class, maj_by_string=maj_string,
         maj4_by_class=maj4[0], maj4_by_string=maj4[1],
         seconds=time.perf_counter() - start, cpu_seconds=time.process_time() - cpu0, examples=examples,
+        target=table.target,
     )
     if not already:
         os.replace(path, cfg.out)

@@ -14,7 +14,7 @@ the completions. Given by ``--field KEY=PATH`` flags or a JSON mapping file (``{
 | key | required | what the path must reach |
 |---|---|---|
 | ``question`` | yes | the prompt text (a string) |
-| ``gold`` | yes | the reference answer (a string or a number) |
+| ``gold`` | no | the reference answer (a string or a number); a record without one (no ``gold`` key, or null) is imported ungraded |
 | ``answers`` / ``completions`` | one or both | a list of extracted answers (strings, numbers or null) / of completion texts (answers are extracted from them when ``answers`` is absent; with both, they are only counted for tokens) |
 | ``completion_tokens`` | no | a list of integers ≥ 0, one per sample |
 | ``scores`` | no | a list of numbers, one per sample (verifier scores for best-of-k) |
@@ -103,7 +103,7 @@ def _get(rec: Any, mapping: Mapping[str, str], key: str, where: str) -> Any:
     value = _walk(rec, path)
     missing = value is _ABSENT or (isinstance(value, list) and any(v is _ABSENT for v in value))
     if missing:
-        if key in mapping:
+        if key in mapping:  # an unmapped gold that is absent: traffic, imported ungraded
             raise malformed(where, f"the mapped {key} path {path!r} is missing from this record",
                             f"fix the mapping (--field {key}=PATH) or the record")
         return None
@@ -176,7 +176,7 @@ def read_generic(path: str | Path, *, mapping: Mapping[str, str], task: str | No
             id=str(rid) if rid is not None else f"{stem}-{index}",
             prompt=question,
             gold=str(gold).strip() if gold_ok else None,
-            gold_problem=None if gold_ok else f"the gold answer is {gold!r}",
+            gold_problem=None if gold_ok or gold is None else f"the gold answer is {gold!r}",  # None: ungraded
             task=str(rec_task or task),
             where=where,
             answers=None if answers is None else [None if a is None else str(a) for a in answers],

@@ -12,8 +12,9 @@ import the solver). Per record:
 3. with a tokenizer, ``prompt_tokens`` (the prompt text alone: the dump's chat template is unknown) and,
    where the dump has completions but no counts, each ``completion_tokens``.
 
-A record whose gold is missing or cannot be read as its kind (math-verify finds no expression; a
-number kind's gold is not a number; no date) is *not* written: it is listed in the batch's
+A record without a gold answer (none in the dump) is written with classes and no verdicts, for the
+consensus target (:mod:`isocompute.solver.votes.consensus`). A record whose gold is malformed or cannot be
+read as its kind (math-verify finds no expression; a number kind's gold is not a number; no date) is *not* written: it is listed in the batch's
 ``unreadable`` with its id and why, for the caller to report. A record's ``reference`` (a second gold
 from a joined file) is graded against its gold too; :attr:`Batch.disagree` lists those that differ.
 Ignores: how records were read (the format modules) and where lines go (the CLI).
@@ -83,7 +84,16 @@ def grade_records(records: Sequence[RawRecord], *, grader: Grader | None, tokeni
             raise InputError(f"{rec.where}: {e}") from None
     answers = [_answers(rec) for rec in records]
     lines: dict[int, dict[str, Any]] = {}
-    for kind, rows in by_kind.items():
+    for kind, all_rows in by_kind.items():
+        free = [i for i in all_rows if records[i].gold is None and records[i].gold_problem is None]
+        if free:  # no gold at all: classes only, read under the consensus target
+            res = classify([answers[i] for i in free], kind, grader=grader)
+            batch.timed_out += res.timed_out
+            for pos, i in enumerate(free):
+                lines[i] = _line(records[i], kind, answers[i], res.classes[pos], None, tokenizer)
+        rows = [i for i in all_rows if i not in set_free] if (set_free := set(free)) else all_rows
+        if not rows:
+            continue
         golds = [records[i].gold for i in rows]
         result = classify([answers[i] for i in rows], kind, golds=golds, grader=grader)
         batch.timed_out += result.timed_out
@@ -111,7 +121,7 @@ def grade_records(records: Sequence[RawRecord], *, grader: Grader | None, tokeni
 
 
 def _line(rec: RawRecord, kind: str, answers: list[str | None], classes: list[int | None],
-          correct: list[bool], tokenizer: Any) -> dict[str, Any]:
+          correct: list[bool] | None, tokenizer: Any) -> dict[str, Any]:
     tokens = rec.completion_tokens
     if tokens is None and tokenizer is not None and rec.completions is not None:
         tokens = list(_count_tokens(tokenizer, rec.completions))
@@ -119,8 +129,10 @@ def _line(rec: RawRecord, kind: str, answers: list[str | None], classes: list[in
     if prompt_tokens is None and tokenizer is not None:
         prompt_tokens = _count_tokens(tokenizer, [rec.prompt])[0]
     samples = []
-    for j, (a, c, ok) in enumerate(zip(answers, classes, correct, strict=True)):
-        s: dict[str, Any] = {"answer": a, "class": c, "correct": ok}
+    for j, (a, c) in enumerate(zip(answers, classes, strict=True)):
+        s: dict[str, Any] = {"answer": a, "class": c}
+        if correct is not None:
+            s["correct"] = correct[j]
         if tokens is not None and tokens[j] is not None:
             s["completion_tokens"] = tokens[j]
         if rec.scores is not None and rec.scores[j] is not None:
@@ -130,7 +142,9 @@ def _line(rec: RawRecord, kind: str, answers: list[str | None], classes: list[in
             if values is not None and values[j] is not None:
                 s[name] = values[j]
         samples.append(s)
-    out: dict[str, Any] = {"id": rec.id, "prompt": rec.prompt, "gold": rec.gold}
+    out: dict[str, Any] = {"id": rec.id, "prompt": rec.prompt}
+    if rec.gold is not None:
+        out["gold"] = rec.gold
     if prompt_tokens is not None:
         out["prompt_tokens"] = prompt_tokens
     out["samples"] = samples
