@@ -27,7 +27,8 @@ For a request with prompts ``x_1 … x_P``, arriving with a deadline ``upstream_
    the waves drew, not the plan's maximum (samples; in tokens their completion tokens, aborted samples'
    partial tokens included; in FLOPs each wave's decodes plus the prompt's prefill, once per plan with
    ``prefix_caching``, else once per wave) — goes to the controller, the metrics and the response; under a
-   latency budget the realised latency too (:mod:`isocompute.app.accounting.latency_control`).
+   latency budget the realised latency too (:mod:`isocompute.app.accounting.latency_control`); then, with
+   ``capture_dir``, a seeded share of prompts is drawn in full in the background (:mod:`.runner.capture`).
 
 Each route is validate → one call (:meth:`Gateway.answer`, or :meth:`Gateway.route` for a dry run) → respond.
 
@@ -67,7 +68,7 @@ from isocompute.app.accounting.budget_control import BudgetController, Controlle
 from isocompute.app.accounting.latency_control import LatencyControl
 from isocompute.app.accounting.ledger import Ledger
 from isocompute.app.accounting.metrics import Metrics
-from isocompute.app.accounting.pricing import BudgetPlan, budget_unit, price_request
+from isocompute.app.accounting.pricing import BudgetPlan, budget_unit, price_request, sample_flops
 from isocompute.app.accounting.quotas import Hold, Quotas, open_store
 from isocompute.app.accounting.spend import Spend
 from isocompute.app.chat import check_text, policy_text, render_chat
@@ -76,6 +77,7 @@ from isocompute.app.readiness import UpstreamHealth
 from isocompute.app.routing import Ask, Routing
 from isocompute.app.runner.answer import Answer, Verifier
 from isocompute.app.runner.answers import Answers
+from isocompute.app.runner.capture import Capture
 from isocompute.app.runner.execute import Backend, Deadline
 from isocompute.app.runner.extras import FeatureCall, ProbeCall, feature_call, probe_call
 from isocompute.app.runner.plan_run import SEED_MODULUS
@@ -154,6 +156,8 @@ class Gateway:
         self._prep_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="isocompute-prep")
         self.quotas = Quotas(open_store(settings.quota_store))
         self.spend = Spend(self.quotas, self.ledger, list(flops_of.values()))
+        self.capture = None if settings.capture_dir is None else Capture(
+            settings, voter=self.voter, extract=extract, metrics=metrics, model=settings.upstream_model or label)
 
     def close(self) -> None:
         """Stop the decide and vote workers (requests still running in them finish first)."""
@@ -284,9 +288,12 @@ class Gateway:
     async def run(self, prompts: list[str], routing: Routing, ask: Ask, deadline: Deadline) -> list[Answer]:
         """Steps 3–5 of a routed request (a streamed one runs them after its stream opened); then the key's
         quota reservation is settled to what was generated (:meth:`Spend.settled`)."""
-        return await self.spend.settled(routing, lambda on_runs: self.answers.answer(
+        answers = await self.spend.settled(routing, lambda on_runs: self.answers.answer(
             prompts, routing, max_tokens=ask.max_tokens, temperature=ask.temperature, seed=ask.seed,
             strategy=ask.strategy, deadline=deadline, messages=ask.messages, on_runs=on_runs))
+        if self.capture is not None and routing.explore:  # answered: explored prompts are drawn in full now
+            self.capture.after(prompts, routing, ask, answers, self)
+        return answers
 
     async def route(self, prompts: list[str], ask: Ask, *, principal: Principal, deadline: Deadline,
                     dry_run: bool = True) -> Routing:
@@ -307,8 +314,10 @@ class Gateway:
         hold = None if dry_run else await self.spend.admit(policy, principal, ask, plan.cap, len(prompts))
         if hold is not None and hold.cap < plan.cap:  # the quota left buys fewer samples: re-priced with that cap
             plan = self._price(policy, principal, dataclasses.replace(ask, max_samples=hold.cap))
-        return await self.spend.released(hold, self._route(policy, texts, prompts, ask, plan, hold, deadline,
-                                                           dry_run))
+        routing = await self.spend.released(hold, self._route(policy, texts, prompts, ask, plan, hold, deadline,
+                                                              dry_run))
+        explore = None if dry_run or self.capture is None or policy.models else self.capture.select(texts, ask, principal)
+        return routing if explore is None else dataclasses.replace(routing, explore=explore)
 
     async def _route(self, policy: ServingPolicy, texts: list[str], prompts: list[str], ask: Ask, plan: BudgetPlan,
                      hold: Hold | None, deadline: Deadline, dry_run: bool) -> Routing:
@@ -334,7 +343,7 @@ class Gateway:
     def _price(self, policy: ServingPolicy, principal: Principal, ask: Ask) -> BudgetPlan:
         s = self.settings
         resolved = budget_unit(ask.budget, ask.unit, s.default_budget_unit)
-        flops = (self._sample_flops(policy, ask.prompt_tokens, ask.max_tokens)
+        flops = (sample_flops(policy, self.model_flops, ask.prompt_tokens, ask.max_tokens)
                  if "flops" in (resolved, policy.cost_unit) else None)
         plan = price_request(ask.budget, resolved, caller=principal.name, policy_range=policy.budget_range,
                              policy_unit=policy.cost_unit, sample_flops=flops, limits=s,
@@ -381,16 +390,3 @@ class Gateway:
             # written to run concurrently with itself)
             return await asyncio.get_running_loop().run_in_executor(self._decide_pool, decide)
         return decide()  # ~0.5 ms: a thread hop would cost more than it frees
-
-    def _sample_flops(self, policy: ServingPolicy, prompt_tokens: list[int] | None, max_tokens: int) -> float | None:
-        """FLOPs of one sample, to convert between budget units: the policy's training average when it
-        prices in FLOPs, else this request's prompt with a ``max_tokens`` completion (None without the
-        model's config)."""
-        if policy.sample_flops is not None:
-            return policy.sample_flops
-        if self.model_flops is None:
-            return None
-        from isocompute.flops import request_flops
-
-        p = int(np.mean(prompt_tokens)) if prompt_tokens else 64
-        return float(request_flops(self.model_flops, p, [max_tokens]))

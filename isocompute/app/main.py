@@ -241,6 +241,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         finally:
             app.state.gateway = None
             try:
+                if gw.capture is not None:  # the draws in flight finish and the shard is flushed
+                    await gw.capture.drain(s.drain_timeout_s)
                 gw.close()
             finally:
                 try:

@@ -101,6 +101,7 @@ without quotas and for a dry run)."""
     expected_latency: list[float] | None = None
     latency_control: LatencyRoute | None = None
     quota: Hold | None = None
+    explore: list[bool] | None = None  # per prompt: drawn in full for capture after its answer (app.runner.capture)
 
     @classmethod
     def of(cls, decision: PolicyDecision, plan: BudgetPlan, n: int, *, multi_model: bool = False,

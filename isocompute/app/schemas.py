@@ -285,12 +285,12 @@ class IsoComputeInfo(BaseModel):
     probe: ProbeInfo | None = Field(None, description="the probe call the decision used (probe policies only)")
     model_action: str | None = Field(None, description="the multi-model action run (its name, e.g. tiny-s/lead:m=2"
                                                        "@1x2 > tiny-l/none@4); null for a plan on the one model")
-    vote: Literal["last", "all"] | None = Field(None, description="a multi-model action's final vote: over the "
-                                                                  "last stage's samples, or over all (weighted)")
+    vote: Literal["last", "all"] | None = Field(None, description="a multi-model action's final vote: last or all")
     stages: list[StageInfo] | None = Field(None, description="each stage that ran, in order (multi-model "
                                                              "actions); the top-level waves, k and flops sum them")
     vote_weights: dict[str, Any] | None = Field(None, description="strategy weighted: weights, scores (gateway.md)")
     evidence: dict[str, Any] | None = Field(None, description="an evidence plan's last check (policy.md)")
+    explore: dict[str, Any] | None = Field(None, description="explored: drawn in full for capture (gateway.md)")
 
 
 class ChatMessageOut(BaseModel):

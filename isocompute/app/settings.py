@@ -85,6 +85,13 @@ class Settings(BaseSettings):
     api_keys: list[ApiKeyRecord] = Field(default_factory=list)
     admin_key_sha256: str | None = None
     quota_store: str = "memory"
+    capture_dir: Path | None = None
+    explore: float = Field(0.0, ge=0, le=1)
+    explore_seed: int = 0
+    capture_samples: int = Field(16, ge=2)
+    capture_prompts: bool = False
+    capture_max_bytes: int = Field(1 << 30, ge=1 << 20)
+    capture_max_inflight: int = Field(64, ge=1)
 
     @field_validator("quota_store")
     @classmethod
@@ -152,6 +159,9 @@ class Settings(BaseSettings):
                 f"default_budget ({self.default_budget}) exceeds max_budget ({self.max_budget}); "
                 "lower the default or raise max_budget"
             )
+        if self.explore > 0 and self.capture_dir is None:
+            raise ValueError(f"explore={self.explore:g} draws a share of requests in full for capture: set "
+                             "capture_dir (serve --capture DIR) or explore 0")
         if self.action is not None and self.policy_dir is not None:
             raise ValueError("give either policy_dir (a fitted policy) or action (one fixed action for every "
                              "prompt), not both")

@@ -52,6 +52,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--quota-store", help="where keys' spend quotas are counted: memory (default) or redis://HOST:PORT/DB")
     p.add_argument("--vote", type=Path, help="fitted vote.json for strategy 'weighted' (bench_weighted_votes.py "
                    "--save-dir); see docs/policy.md, Weighted votes")
+    p.add_argument("--capture", type=Path, metavar="DIR", help="write explored requests' full rows here "
+                   "(capture_dir; isocompute refit reads them)")
+    p.add_argument("--explore", type=float, metavar="SHARE", help="share of requests drawn in full for capture, "
+                   "e.g. 0.02 (explore; needs --capture)")
+    p.add_argument("--capture-prompts", action="store_true", default=None,
+                   help="store the prompts' text in captured rows (default: a salted hash)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=run)
 
@@ -91,6 +97,8 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         "default_budget": args.default_budget, "api_keys_file": args.api_keys,
         "upstream_model": args.upstream_model, "quota_store": args.quota_store,
         "vote_file": getattr(args, "vote", None),  # a Namespace built by hand (tests, embedders) may lack it
+        "capture_dir": getattr(args, "capture", None), "explore": getattr(args, "explore", None),
+        "capture_prompts": getattr(args, "capture_prompts", None),
     }
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})

@@ -60,6 +60,7 @@ class ApiKeyRecord(BaseModel):
     window_s: float = Field(3600.0, ge=1, allow_inf_nan=False)
     tokens_per_day: int | None = Field(None, gt=0)
     flops_per_day: float | None = Field(None, gt=0, allow_inf_nan=False)
+    capture: bool = True  # false: this key's requests are never explored nor captured (app.runner.capture)
 
     def quota(self) -> QuotaLimits | None:
         """The key's spend quotas, None when it has none."""
@@ -123,6 +124,7 @@ class Principal:
     admin: bool = False
     bucket: TokenBucket | None = field(default=None, repr=False)
     quota: QuotaLimits | None = None
+    capture: bool = True
 
     def check_rate(self) -> None:
         if self.bucket is not None:
@@ -157,7 +159,7 @@ class KeyStore:
             bucket = None
             if r.rate_per_s is not None:
                 bucket = TokenBucket(r.rate_per_s, r.burst or max(1.0, r.rate_per_s), clock)
-            self._by_digest[r.sha256] = Principal(r.name, r.max_budget, r.admin, bucket, r.quota())
+            self._by_digest[r.sha256] = Principal(r.name, r.max_budget, r.admin, bucket, r.quota(), r.capture)
         self._admin = admin_sha256
         self._anonymous = Principal(ANONYMOUS)
 

@@ -79,6 +79,7 @@ class BudgetController:
         self.scale = self.internal
         self.requests = 0
         self.spent = 0.0
+        self.explored = 0.0  # exploration's share of spent (charge)
 
     def observe(self, cost: float) -> float:
         """Record one request's realised cost and return the corrected internal budget."""
@@ -88,6 +89,18 @@ class BudgetController:
         self.spent += cost
         err = (self.target - cost) / self.target
         self.integral = min(max(self.integral + self.gain * self.scale * err, self.lo), self.hi)
+        s = self.max_step * self.scale
+        self.internal += min(max(self.integral - self.internal, -s), s)
+        return self.internal
+
+    def charge(self, cost: float) -> float:
+        """Add exploration's ``cost`` to the request already observed (capture: its full draw, made after the
+        answer): counted in the mean, not as a request, so the mean with exploration meets the target."""
+        if not math.isfinite(cost) or cost < 0:
+            raise ValueError(f"cost must be a finite non-negative number; got {cost}")
+        self.spent += cost
+        self.explored += cost
+        self.integral = min(max(self.integral - self.gain * self.scale * cost / self.target, self.lo), self.hi)
         s = self.max_step * self.scale
         self.internal += min(max(self.integral - self.internal, -s), s)
         return self.internal

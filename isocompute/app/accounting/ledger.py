@@ -195,6 +195,25 @@ class Ledger:
         routing.controller.observe(cost)
         self.export(routing)
 
+    def explore(self, routing: Routing, drawn: int, tokens: int) -> None:
+        """Charge an explored prompt's background draw (:mod:`isocompute.app.runner.capture`) to its key's
+        controller as extra cost of its request, in the request's unit (FLOPs: the request's conversion of
+        samples), and count it."""
+        plan = routing.plan
+        if plan.unit == "samples":
+            cost = float(drawn)
+        elif plan.unit == "tokens":
+            cost = float(tokens)
+        else:
+            cost = plan.in_request_unit(float(drawn), "samples")
+        m = self.metrics
+        m.explore_samples.inc(drawn)
+        m.explore_tokens.inc(tokens)
+        if math.isfinite(cost):
+            m.explore_cost.labels(plan.unit).inc(cost)
+            routing.controller.charge(cost)
+            self.export(routing)
+
     def time(self, routing: Routing, waves: list[list[int]]) -> float | None:
         """The prompt's realised latency from its waves' completion tokens, observed by the key's latency
         controller and exported; None without a latency budget (nothing is observed then)."""

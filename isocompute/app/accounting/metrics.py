@@ -97,6 +97,22 @@ class Metrics:
         self.upstream_errors = Counter("isocompute_upstream_errors", "Upstream failures", ["kind", "pool"],
                                        registry=r)
         self._wave_collectors(r)
+        self._capture_collectors(r)
+
+    def _capture_collectors(self, r: CollectorRegistry) -> None:
+        """Exploration and capture (:mod:`isocompute.app.runner.capture`)."""
+        self.explore_prompts = Counter("isocompute_explore_prompts", "Prompts explored: drawn in full for capture",
+                                       registry=r)
+        self.explore_samples = Counter("isocompute_explore_samples", "Samples exploration drew", registry=r)
+        self.explore_tokens = Counter("isocompute_explore_tokens", "Completion tokens exploration generated",
+                                      registry=r)
+        self.explore_cost = Counter("isocompute_explore_cost", "Exploration's cost charged to the budget "
+                                    "controllers, in each request's budget unit", ["unit"], registry=r)
+        self.capture_lines = Counter("isocompute_capture_lines", "Captured rows acknowledged as written",
+                                     registry=r)
+        self.capture_bytes = Counter("isocompute_capture_bytes", "Bytes of captured rows written", registry=r)
+        self.capture_dropped = Counter("isocompute_capture_dropped", "Explorations not captured, by reason",
+                                       ["reason"], registry=r)
 
     def _wave_collectors(self, r: CollectorRegistry) -> None:
         self.wave_latency = Histogram("isocompute_wave_latency_seconds", "One wave's wall time, its request's send "

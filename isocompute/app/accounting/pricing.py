@@ -48,7 +48,7 @@ from typing import Any
 from isocompute.app.settings import Settings
 from isocompute.errors import BudgetError
 
-__all__ = ["BudgetPlan", "budget_unit", "price_request"]
+__all__ = ["BudgetPlan", "budget_unit", "price_request", "sample_flops"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,3 +216,16 @@ def price_request(
 def _grid(x: float) -> float:
     """``x`` to three significant digits: the budget as the controller's key and label hold it."""
     return float(f"{x:.3g}")
+
+
+def sample_flops(policy: Any, model_flops: Any, prompt_tokens: list[int] | None, max_tokens: int) -> float | None:
+    """FLOPs of one sample, to convert between budget units: the policy's training average when it prices in
+    FLOPs, else this request's prompt with a ``max_tokens`` completion (None without the model's config)."""
+    if policy.sample_flops is not None:
+        return policy.sample_flops
+    if model_flops is None:
+        return None
+    from isocompute.flops import request_flops
+
+    p = int(sum(prompt_tokens) / len(prompt_tokens)) if prompt_tokens else 64
+    return float(request_flops(model_flops, p, [max_tokens]))
