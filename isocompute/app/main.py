@@ -192,6 +192,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     policy = injected["policy"]
     if policy is None and s.policy_dir is not None:
         policy = await asyncio.to_thread(serving_policy.load_policy, s.policy_dir)
+    if policy is None and (s.cold_start or s.capture_dir is not None):  # the learning loop's first run
+        policy = serving_policy.cold_start_policy(s.cold_start_sample_tokens or s.default_max_tokens / 2)
+        log.warning("no policy (--policy DIR): serving the cold-start plans until POST /admin/reload")
     if policy is None:
         log.warning("no policy loaded (--policy DIR): generation routes answer 503 until POST /admin/reload")
     names = pool_names(s, injected["engines"])

@@ -57,7 +57,7 @@ from isocompute.errors import InputError
 from isocompute.solver.models.actions import Action
 from isocompute.solver.plans.plan import Plan
 
-__all__ = ["FittedPolicy", "PolicyDecision", "ProbeFeature", "ServingPolicy", "as_serving_policy"]
+__all__ = ["FittedPolicy", "PolicyDecision", "ProbeFeature", "ServingPolicy", "as_serving_policy", "cold_start_policy"]
 
 
 class ProbeFeature(Protocol):
@@ -229,3 +229,12 @@ def load_policy(path: Path) -> Any:
     from isocompute.policy.loading import load_policy as load_artifact
 
     return load_artifact(path)
+
+
+def cold_start_policy(tokens_per_sample: float) -> Any:
+    """What a gateway with no fitted policy serves when it captures (or ``cold_start`` is set): the fixed
+    plan per budget chosen on the real tables (:mod:`isocompute.policy.cold_start`), priced in tokens with
+    ``tokens_per_sample`` tokens to one sample."""
+    from isocompute.policy.loading import ColdStartPolicy
+
+    return ColdStartPolicy(tokens_per_sample)

@@ -85,6 +85,8 @@ class Settings(BaseSettings):
     api_keys: list[ApiKeyRecord] = Field(default_factory=list)
     admin_key_sha256: str | None = None
     quota_store: str = "memory"
+    cold_start: bool = False
+    cold_start_sample_tokens: float | None = Field(None, gt=0, allow_inf_nan=False)
     capture_dir: Path | None = None
     explore: float = Field(0.0, ge=0, le=1)
     explore_seed: int = 0

@@ -56,6 +56,9 @@ def register(subparsers: Any) -> None:
                    "(capture_dir; isocompute refit reads them)")
     p.add_argument("--explore", type=float, metavar="SHARE", help="share of requests drawn in full for capture, "
                    "e.g. 0.02 (explore; needs --capture)")
+    p.add_argument("--cold-start", action="store_true", default=None,
+                   help="with no --policy, serve the cold-start plans (isocompute.policy.cold_start); implied by "
+                        "--capture")
     p.add_argument("--capture-prompts", action="store_true", default=None,
                    help="store the prompts' text in captured rows (default: a salted hash)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
@@ -98,7 +101,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         "upstream_model": args.upstream_model, "quota_store": args.quota_store,
         "vote_file": getattr(args, "vote", None),  # a Namespace built by hand (tests, embedders) may lack it
         "capture_dir": getattr(args, "capture", None), "explore": getattr(args, "explore", None),
-        "capture_prompts": getattr(args, "capture_prompts", None),
+        "capture_prompts": getattr(args, "capture_prompts", None), "cold_start": getattr(args, "cold_start", None),
     }
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
@@ -181,12 +184,14 @@ def run(args: argparse.Namespace) -> int:
     from isocompute.app.readiness import run_server
 
     s = settings_from_args(args)
-    if s.policy_dir is None and s.action is None:
-        raise InputError("no policy: pass --policy DIR (a directory written by `isocompute fit`) or --action ACTION")
+    cold = s.policy_dir is None and s.action is None
+    if cold and not (s.cold_start or s.capture_dir is not None):
+        raise InputError("no policy: pass --policy DIR (a directory written by `isocompute fit`), --action ACTION, "
+                         "or --cold-start (the cold-start plans; implied by --capture DIR)")
     if s.engine in ("transformers", "vllm") and s.model_dir is None and not s.model_dirs:
         raise InputError(f"--engine {s.engine} needs --model DIR (a checkpoint directory)")
     log_at(args.log_level)
-    policy = preflight(s)
+    policy = None if cold else preflight(s)  # cold: the app's lifespan serves the cold-start plans
     # Keep idle connections longer than common client pools do (httpx: 5 s), so a client never sends on a
     # connection the server is closing at that moment.
     # On SIGTERM the app drains first (isocompute.app.readiness: /ready and new requests 503, the requests in

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from isocompute.policy.cold_start import ColdStartPolicy  # noqa: F401  (re-exported: the gateway's cold start)
 from isocompute.policy.evidence.serving import EvidencePolicy, read_evidence
 from isocompute.policy.multi.policy import MultiPolicy
 from isocompute.policy.policy import Policy

@@ -18,7 +18,7 @@ Storage (:class:`ShardWriter`): ``capture-<utc>-<pid>-<n>.jsonl`` files of mode 
 each line written by one ``os.write`` on an ``O_APPEND`` descriptor — a line is *acknowledged* when that
 call returned, and the kernel then holds it whatever happens to the process (SIGKILL included); a crash
 mid-call can leave only that one line torn, which the reader names and skips
-(:func:`isocompute.stages.refit.read_shards`). A shard is rotated past ``capture_max_bytes / 8`` and the
+(:func:`isocompute.stages.captured.read_shards`). A shard is rotated past ``capture_max_bytes / 8`` and the
 oldest shards are deleted while all of them exceed ``capture_max_bytes``. Prompt text is stored only with
 ``capture_prompts``; otherwise ``prompt`` is ``"hash:"`` + a blake2b of the text under a random salt kept
 in the directory (``.salt``, 0600), so equal prompts share a key and nothing readable leaves the request.
@@ -140,6 +140,7 @@ class Capture:
         self.prompts, self.inflight_max = bool(s.capture_prompts), int(s.capture_max_inflight)
         self.writer = ShardWriter(s.capture_dir, max_bytes=s.capture_max_bytes)
         self.voter, self.extract, self.metrics, self.model = voter, extract, metrics, model
+        self.kind = s.answer_kind
         self.requests = 0
         self.tasks: set[asyncio.Task] = set()
 
@@ -192,7 +193,7 @@ class Capture:
         text = policy_text if self.prompts else self.writer.prompt_key(policy_text)
         rec = {"id": f"{self.writer.prompt_key(policy_text)[5:21]}-{os.getpid()}-{time.time_ns()}",
                "prompt": text, "samples": samples,
-               "meta": {**row, "source": "capture", "model": self.model, "temperature": temperature,
+               "meta": {**row, "source": "capture", "model": self.model, "answer_kind": self.kind, "temperature": temperature,
                         "max_tokens": max_tokens, "captured_at": _dt.datetime.now(_dt.UTC).isoformat()}}
         if comps and comps[0].prompt_tokens:
             rec["prompt_tokens"] = int(comps[0].prompt_tokens)
