@@ -19,7 +19,7 @@ from isocompute.cli.running import run_parsed
 SUBCOMMANDS: tuple[str, ...] = ("sample", "import", "solve", "fit", "report", "vote", "evidence", "serve", "refit", "train",
                                  "sweep", "demo")
 # `import` is a Python keyword, so its module is import_; vote and evidence both fit on a table's answers
-_MODULES = {"import": "import_", "vote": "answers", "evidence": "answers"}
+_MODULES = {"import": "import_", "vote": "answers", "evidence": "answers", "refit": "serve"}
 
 
 def build_parser() -> argparse.ArgumentParser:

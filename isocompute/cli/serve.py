@@ -1,8 +1,10 @@
-"""``isocompute serve``: run the OpenAI-compatible gateway on uvicorn.
+"""``isocompute serve``: run the OpenAI-compatible gateway on uvicorn; ``isocompute refit``: refit its policy on
+the traffic it captured and reload it.
 
     isocompute serve --policy DIR (--upstream URL … | --engine transformers --model DIR)
-                     [--host 127.0.0.1 --port 8000]
+                     [--host 127.0.0.1 --port 8000] [--capture DIR --explore SHARE]
     isocompute serve (--policy DIR | --action ACTION) --upstream NAME=URL … [--model NAME=DIR …]
+    isocompute refit CAPTURE_DIR --out DIR [--policy DIR] [--gateway URL]
 
 Flags override the environment (``ISOCOMPUTE_*``) and the TOML config (``--config`` or
 ``ISOCOMPUTE_CONFIG``); every option and its default is documented once, in docs/gateway.md's
@@ -63,6 +65,7 @@ def register(subparsers: Any) -> None:
                    help="store the prompts' text in captured rows (default: a salted hash)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=run)
+    register_refit(subparsers)
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
@@ -198,3 +201,45 @@ def run(args: argparse.Namespace) -> int:
     # flight finish within drain_timeout_s), then uvicorn shuts down and the process exits 0.
     run_server(create_app(s, policy=policy), host=s.host, port=s.port, log_level=args.log_level, timeout_keep_alive=75)
     return 0
+
+
+# ---- isocompute refit: the loop's other half (serve with capture → refit → reload) ------------------------
+
+REFIT_DOC = ("isocompute refit CAPTURE_DIR --out DIR [--policy DIR] [--gateway URL]: the gateway's captured traffic "
+             "→ a policy under the consensus target, compared with the serving one on held-out captured prompts, "
+             "written only where not worse (exit 3 otherwise), reloaded (isocompute.stages.refit)")
+KEPT = 3  # exit code: the new policy was worse; nothing written
+
+
+def register_refit(subparsers: Any) -> None:
+    p = subparsers.add_parser("refit", help="fit a policy on captured traffic (consensus target) and reload it",
+                              description=REFIT_DOC,
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    from isocompute.stages.options import add_arguments
+    from isocompute.stages.refit import RefitConfig
+
+    add_arguments(p, RefitConfig)
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.set_defaults(func=run_refit)
+
+
+def run_refit(args: argparse.Namespace) -> int:
+    import json
+
+    from isocompute.stages.options import from_namespace
+    from isocompute.stages.refit import RefitConfig, refit
+
+    res = refit(from_namespace(RefitConfig, args))
+    if args.json:
+        print(json.dumps(res.as_dict()))
+        return 0 if res.written else KEPT
+    print(f"captured: {res.rows} rows, {res.prompts} prompts; target: {res.target}")
+    for c in res.compare:
+        n, s = c["new"], c["serving"]
+        print(f"budget {c['budget']:g}x: new {n['accuracy']:.4f} at {n['cost']:.2f}x tokens, serving "
+              f"{s['accuracy']:.4f} at {s['cost']:.2f}x; gain at matched tokens {100 * c['gain']:+.2f} pt")
+    for note in res.notes:
+        print(note)
+    if res.reloaded is not None:
+        print(f"gateway reloaded: {res.reloaded}")
+    return 0 if res.written else KEPT
