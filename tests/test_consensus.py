@@ -230,3 +230,30 @@ def test_import_writes_rows_without_gold_with_classes_and_no_verdicts(tmp_path):
     assert [s.get("correct") for s in t.records[0]["samples"]] == [None, None, None]
     assert [s["class"] for s in t.records[0]["samples"]] == [0, 0, 1]  # (b) and B are one class
     assert res.accuracy == pytest.approx(4 / 6)  # two of three agree with each prompt's plurality
+
+
+def test_sample_grades_labelled_prompts_and_leaves_unlabelled_ones_ungraded(tmp_path):
+    from isocompute.engines.base import Completion
+    from isocompute.solver.outcomes import OutcomeRecord, Sample, record_to_json
+    from isocompute.stages.sample import _grade_and_classify
+    from isocompute.tasks.base import Problem
+    from isocompute.tasks.grading import Grader
+    from isocompute.tasks.gsm8k import load
+
+    data = tmp_path / "g.jsonl"
+    data.write_text(json.dumps({"question": "q1", "answer": "x\n#### 18"}) + "\n" + json.dumps({"question": "q2"}) + "\n")
+    problems = load(data)
+    assert [p.gold for p in problems] == ["18", None]
+    bad = tmp_path / "b.jsonl"
+    bad.write_text(json.dumps({"question": "q", "answer": "no marker"}) + "\n")
+    with pytest.raises(InputError, match="no '#### <final answer>' line"):
+        load(bad)  # an answer that does not parse is still an error, not an unlabelled prompt
+    outs = [[Completion(t, 5, 3) for t in ("#### 18", "The answer is 7.")],
+            [Completion(t, 5, 3) for t in ("The answer is 4.", "so 4.0", "I give up")]]
+    problems = [Problem("a", "q1", "18", "gsm8k"), Problem("b", "q2", None, "gsm8k")]
+    with Grader(workers=1) as grader:
+        graded, classes = _grade_and_classify(grader, problems, outs)
+    assert graded.correct == [True, False, None, None, None]
+    assert graded.answers[2:] == ["4", "4.0", None] and classes[1] == [0, 0, None]
+    line = record_to_json(OutcomeRecord("b", "q2", None, tuple(Sample(a, None) for a in ("4", "4.0"))))
+    assert "correct" not in line and "gold" not in line

@@ -25,7 +25,7 @@ class Sample:
     """One graded completion; ``answer_class`` is written as ``"class"`` (module docstring)."""
 
     answer: str | None
-    correct: bool
+    correct: bool | None  # None: ungraded (no gold), written without "correct"
     completion_tokens: int | None = None
     score: float | None = None
     answer_class: int | None = None
@@ -39,7 +39,7 @@ class OutcomeRecord:
 
     id: str
     prompt: str
-    gold: str
+    gold: str | None  # None: no gold (traffic), written without "gold"
     samples: tuple[Sample, ...]
     prompt_tokens: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
@@ -47,7 +47,9 @@ class OutcomeRecord:
 
 def record_to_dict(record: OutcomeRecord) -> dict[str, Any]:
     """The JSON object for ``record``; optional fields that are ``None`` (or an empty meta) are left out."""
-    out: dict[str, Any] = {"id": record.id, "prompt": record.prompt, "gold": record.gold}
+    out: dict[str, Any] = {"id": record.id, "prompt": record.prompt}
+    if record.gold is not None:
+        out["gold"] = record.gold
     if record.prompt_tokens is not None:
         out["prompt_tokens"] = record.prompt_tokens
     with_class = any(s.answer_class is not None for s in record.samples)
@@ -61,7 +63,8 @@ def _sample_to_dict(s: Sample, with_class: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"answer": s.answer}
     if with_class:
         out["class"] = s.answer_class
-    out["correct"] = s.correct
+    if s.correct is not None:
+        out["correct"] = s.correct
     if s.completion_tokens is not None:
         out["completion_tokens"] = s.completion_tokens
     if s.score is not None:

@@ -201,7 +201,7 @@ def _build(items: Iterable[tuple[Any, Callable[[], str]]], source: str, sha256: 
 
     return OutcomeTable(
         records=records, ids=[r["id"] for r in records], prompts=[r["prompt"] for r in records],
-        golds=[r["gold"] for r in records], n_samples=n, mask=mask,
+        golds=[r.get("gold") for r in records], n_samples=n, mask=mask,
         correct=padded(np.asarray(corr_all, dtype=bool), False),
         answer_codes=padded(_answer_codes(ans_all, cls_all, n, locate), PAD_CODE),
         scores=padded(scores_flat, np.nan), completion_tokens=padded(tokens_flat, np.nan),

@@ -290,7 +290,7 @@ async def _sample_into(cfg, engine, grader, writer, todo, fmt, meta_common, resu
             result.written += 1
             result.prompt_tokens += comps[0].prompt_tokens
             result.completion_tokens += sum(c.completion_tokens for c in comps)
-            result.correct += sum(s.correct for s in samples)
+            result.correct += sum(bool(s.correct) for s in samples)
             result.samples += len(samples)
         if bar is not None:
             bar.update(len(batch))
@@ -313,18 +313,43 @@ def _grade_and_classify(grader: Any, batch: list, outs: list) -> tuple[Any, list
     classes (the task's kind, :mod:`isocompute.tasks.answers.equivalence`; the gold leads its class)."""
     from isocompute.tasks.answers.equivalence import classify
 
-    pairs = [(p.gold, c.text, p.task) for p, comps in zip(batch, outs, strict=True) for c in comps]
-    graded = grader.run(pairs)
+    graded = _grade(grader, batch, outs)
     rows, k = [], 0
     for comps in outs:
         rows.append(graded.answers[k:k + len(comps)])
         k += len(comps)
     classes: list[list[int | None]] = []
-    for task in dict.fromkeys(p.task for p in batch):
-        idx = [i for i, p in enumerate(batch) if p.task == task]
-        res = classify([rows[i] for i in idx], task, golds=[batch[i].gold for i in idx], grader=grader)
+    for task, labelled in dict.fromkeys((p.task, p.gold is not None) for p in batch):
+        idx = [i for i, p in enumerate(batch) if p.task == task and (p.gold is not None) == labelled]
+        golds = [batch[i].gold for i in idx] if labelled else None  # unlabelled: classes without a gold
+        res = classify([rows[i] for i in idx], task, golds=golds, grader=grader)
         classes += list(zip(idx, res.classes, strict=True))
     return graded, [c for _, c in sorted(classes, key=lambda x: x[0])]
+
+
+def _grade(grader: Any, batch: list, outs: list) -> Any:
+    """The grader's verdicts and extracted answers, flat; a problem without gold (an unlabelled prompt) gets
+    its answers extracted and ``correct`` None (written ungraded, for the consensus target)."""
+    from isocompute.tasks.answers.extract import extract_answer
+
+    pairs = [(p.gold, c.text, p.task) for p, comps in zip(batch, outs, strict=True) for c in comps]
+    labelled = [i for i, (g, _, _) in enumerate(pairs) if g is not None]
+    graded = grader.run([pairs[i] for i in labelled]) if labelled else None
+    if len(labelled) == len(pairs):
+        return graded
+    correct: list[bool | None] = [None] * len(pairs)
+    answers = [extract_answer(text) for _, text, _ in pairs]
+    for j, i in enumerate(labelled):
+        correct[i], answers[i] = graded.correct[j], graded.answers[j]
+    return _Graded(correct, answers)
+
+
+@dataclass(frozen=True)
+class _Graded:
+    """Verdicts (None: ungraded) and extracted answers of a batch's completions, flat."""
+
+    correct: list[bool | None]
+    answers: list[str | None]
 
 
 def _progress(cfg: SampleConfig, total: int, skipped: int) -> Any:

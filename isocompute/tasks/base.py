@@ -11,12 +11,12 @@ class Problem:
     """One question with its reference answer.
 
     ``id`` is unique within a task (e.g. ``"gsm8k-17"``); ``prompt`` is the text given to the model;
-    ``gold`` is the reference final answer as a string; ``meta`` holds task-specific fields
+    ``gold`` is the reference final answer as a string (None: an unlabelled prompt, sampled ungraded); ``meta`` holds task-specific fields
     (e.g. ``{"difficulty": 3}`` for arith, ``{"level": 5, "subject": "Algebra"}`` for MATH).
     """
 
     id: str
     prompt: str
-    gold: str
+    gold: str | None
     task: str
     meta: dict[str, Any] = field(default_factory=dict)

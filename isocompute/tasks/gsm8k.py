@@ -52,9 +52,10 @@ def parse_gold(answer: str) -> str | None:
 def load(path: str | Path) -> list[Problem]:
     """All problems of a GSM8K JSONL file (``question``/``answer`` per line), in file order."""
     problems = []
-    for index, (lineno, rec) in enumerate(read_records(path, required=("question", "answer"), what="GSM8K")):
-        gold = parse_gold(rec["answer"])
-        if gold is None:
+    for index, (lineno, rec) in enumerate(read_records(path, required=("question",), what="GSM8K")):
+        # a line without "answer" is an unlabelled prompt (sampled ungraded); one with an answer must parse
+        gold = parse_gold(rec["answer"]) if "answer" in rec else None
+        if gold is None and "answer" in rec:
             raise InputError(
                 f"{path}:{lineno}: the answer has no '#### <final answer>' line; GSM8K answers end in one."
             )
@@ -64,7 +65,7 @@ def load(path: str | Path) -> list[Problem]:
                 prompt=make_prompt(rec["question"]),
                 gold=gold,
                 task=TASK,
-                meta={"index": index, "solution": rec["answer"].rsplit("####", 1)[0].strip()},
+                meta={"index": index, "solution": str(rec.get("answer", "")).rsplit("####", 1)[0].strip()},
             )
         )
     return problems

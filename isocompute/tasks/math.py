@@ -67,7 +67,8 @@ def load(path: str | Path) -> list[Problem]:
         answer = rec.get("answer")
         solution = rec.get("solution") if isinstance(rec.get("solution"), str) else ""
         gold = answer.strip() if isinstance(answer, str) and answer.strip() else extract_boxed(solution)
-        if gold is None or not gold.strip():
+        unlabelled = "answer" not in rec and "solution" not in rec  # a prompt to sample ungraded
+        if not unlabelled and (gold is None or not gold.strip()):
             raise InputError(
                 f"{path}:{lineno}: no final answer: give an 'answer' field or a solution ending in "
                 "\\boxed{...}."
@@ -84,7 +85,7 @@ def load(path: str | Path) -> list[Problem]:
             Problem(
                 id=pid,
                 prompt=make_prompt(rec["problem"]),
-                gold=gold.strip(),
+                gold=None if unlabelled or gold is None else gold.strip(),
                 task=TASK,
                 meta={
                     "level": parse_level(rec.get("level")),
