@@ -63,6 +63,13 @@ def test_refit_fits_under_consensus_compares_and_writes(refitted):
     assert pol.config.target == "consensus" and pol.config.cost_unit == "tokens"
 
 
+def test_a_second_refit_holds_out_only_prompts_the_serving_policy_never_saw(refitted, tmp_path):
+    d, _ = refitted
+    assert len(load_policy(d / "policy").training_data_["captured_prompts"]) == 90
+    with pytest.raises(InputError, match="only 0 captured prompts are new to the serving policy"):
+        refit(RefitConfig(capture=d / "cap", out=tmp_path / "p2", policy=d / "policy", actions=(1, 2, 4, 8)))
+
+
 def test_refit_refuses_too_little_traffic(tmp_path, capsys):
     from isocompute.cli import main
 

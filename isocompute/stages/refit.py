@@ -6,8 +6,9 @@
    and skipped) and merge them into one outcome table, one record per prompt
    (:func:`~isocompute.stages.captured.captured_table`), written to ``table`` (default
    ``CAPTURE_DIR/captured.jsonl``, mode 0600); prompts with fewer samples than the largest action are left out;
-2. **compare** on captured prompts neither policy was fitted on: the prompts are split by a seeded
-   permutation, a policy is fitted on the training part under the table's target (consensus for traffic:
+2. **compare** on captured prompts neither policy was fitted on: a seeded ``holdout`` share is drawn among
+   the prompts the serving policy was not fitted on (a refit records its prompts' digests in the policy's
+   ``training_data``), a policy is fitted on the rest under the table's target (consensus for traffic:
    :mod:`isocompute.solver.votes.consensus`), and on the held-out part (``holdout``, 30%) the new policy and
    the serving one (``policy``; the cold-start plans, :mod:`isocompute.policy.cold_start`, when there is
    none) each decide at every budget of ``budgets`` (in x: one sample's mean completion tokens); each
@@ -112,11 +113,17 @@ def refit(cfg: RefitConfig) -> RefitResult:
     table = with_target(table.subset(keep), cfg.target)
     path = _write_table(table, cfg.table or cfg.capture / "captured.jsonl")
     unit = token_multiple_of(table.mean_completion_tokens)  # one sample's mean tokens: what 1x is
-    perm = np.random.default_rng(cfg.seed).permutation(len(table))
-    n_test = max(4, int(round(cfg.holdout * len(table))))
-    test, train = np.sort(perm[:n_test]), np.sort(perm[n_test:])
-    new = _fit(table.subset(train), cfg)
     serving = load_policy(cfg.policy) if cfg.policy is not None else ColdStartPolicy(unit)
+    keys = [prompt_key(p) for p in table.prompts]
+    seen = set((getattr(getattr(serving, "policy", serving), "training_data_", None) or {}).get("captured_prompts") or ())
+    fresh = np.flatnonzero([k not in seen for k in keys])  # prompts the serving policy was not fitted on
+    n_test = max(4, int(round(cfg.holdout * len(table))))
+    if fresh.size < n_test:
+        raise InputError(f"only {fresh.size} captured prompts are new to the serving policy {cfg.policy}; the "
+                         f"comparison holds out {n_test}: send more traffic (or lower --holdout).")
+    test = np.sort(np.random.default_rng(cfg.seed).permutation(fresh)[:n_test])
+    train = np.setdiff1d(np.arange(len(table)), test)
+    new = _fit(table.subset(train), cfg)
     held = table.subset(test)
     compare = _compare(new, serving, held, cfg.budgets, unit)
     d_acc = float(np.mean([c["gain"] for c in compare]))
@@ -129,11 +136,19 @@ def refit(cfg: RefitConfig) -> RefitResult:
     if not (better or cfg.force):
         return result
     final = _fit(table, cfg)
+    final.training_data_["captured_prompts"] = keys  # a later refit holds out only prompts this one never saw
     final.save(cfg.out, inputs={"captured": _sha256(path)})
     result.written = True
     if cfg.gateway:
         result.reloaded = reload_gateway(cfg.gateway, cfg.out)
     return result
+
+
+def prompt_key(text: str) -> str:
+    """A short digest of a captured prompt (its text, or the gateway's salted hash of it)."""
+    import hashlib
+
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
 def _fit(table: Any, cfg: RefitConfig) -> Any:

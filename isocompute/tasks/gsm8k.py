@@ -54,6 +54,9 @@ def load(path: str | Path) -> list[Problem]:
     problems = []
     for index, (lineno, rec) in enumerate(read_records(path, required=("question",), what="GSM8K")):
         # a line without "answer" is an unlabelled prompt (sampled ungraded); one with an answer must parse
+        if "answer" in rec and not (isinstance(rec["answer"], str) and rec["answer"].strip()):
+            raise InputError(f"{path}:{lineno}: missing or empty field(s) ['answer']; give the GSM8K solution "
+                             "ending in '#### <final answer>', or leave the field out for an unlabelled prompt.")
         gold = parse_gold(rec["answer"]) if "answer" in rec else None
         if gold is None and "answer" in rec:
             raise InputError(
