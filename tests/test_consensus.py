@@ -257,3 +257,30 @@ def test_sample_grades_labelled_prompts_and_leaves_unlabelled_ones_ungraded(tmp_
     assert graded.answers[2:] == ["4", "4.0", None] and classes[1] == [0, 0, None]
     line = record_to_json(OutcomeRecord("b", "q2", None, tuple(Sample(a, None) for a in ("4", "4.0"))))
     assert "correct" not in line and "gold" not in line
+
+
+def test_report_scores_every_method_under_both_targets(tmp_path):
+    from isocompute.cli import main
+
+    rng = np.random.default_rng(1)
+    t = tmp_path / "t.jsonl"
+    with t.open("w") as f:
+        for i in range(60):
+            p = 0.2 + 0.75 * rng.random()
+            ans = [("7" if rng.random() < p else str(rng.integers(0, 3))) for _ in range(8)]
+            f.write(json.dumps({"id": f"q{i}", "prompt": f"q {i} " + "hard " * int(8 * (1 - p)), "gold": "7",
+                                "samples": [{"answer": a, "correct": a == "7", "completion_tokens": 40 + 10 * j}
+                                            for j, a in enumerate(ans)]}) + "\n")
+    assert main(["fit", str(t), "--target", "consensus", "--out", str(tmp_path / "pol"), "--plans", "lead",
+                 "--actions", "1,2,4,8", "--n-rounds", "5", "--calibration-folds", "2"]) == 0
+    for target, other in (("consensus", "gold"), ("gold", "consensus")):
+        out = tmp_path / f"rep-{target}"
+        assert main(["report", str(t), "--policy", str(tmp_path / "pol"), "--out", str(out), "--folds", "2",
+                     "--seeds", "1", "--budgets", "2,4", "--bootstrap", "100", "--target", target]) == 0
+        rep = json.loads((out / "report.json").read_text())
+        assert rep["target"]["scored_on"] == target and rep["target"]["also"] == other
+        assert json.loads((out / "manifest.json").read_text())["params"]["target"] == target
+        for e in rep["budgets"]:
+            assert all(0 <= row[other] <= 1 for row in e["methods"].values())
+            assert "fixed_best" in e["methods"] and "uniform" in e["methods"]
+        assert f"| {other} |" in (out / "report.md").read_text()

@@ -200,9 +200,6 @@ def _data(cfg: ReportConfig, policy: Any) -> _Data:
     table = prep.table  # the prompts the policy's config keeps (ragged tables: solver.ragged)
     alt = alt_costs(cfg.model_config, table, policy, model, inputs, prep)
     plan_kw: dict[str, Any] = {"waves": prep.waves}
-    if other is not None:  # every method's accuracy under the other target too (evaluation.channels)
-        plan_kw[other.target] = table_arrays(other, dataclasses.replace(pc, target=other.target),
-                                             model=model).utility
     unit = source = None
     if pc.plans:
         from isocompute.evaluation.channels import latency_channel
@@ -216,6 +213,9 @@ def _data(cfg: ReportConfig, policy: Any) -> _Data:
             plan_kw.update(tokens=prep.tokens, latency=latency_channel(prep.latency, prep.waves, unit,
                                                                        cfg.wave_overhead))
     _check_timed(cfg, pc, unit)
+    if other is not None:  # every method's accuracy under the other target too (evaluation.channels)
+        plan_kw[other.target] = table_arrays(other, dataclasses.replace(pc, target=other.target),
+                                             model=model).utility
     if pc.plans and not cfg.holdout:
         plan_kw["baselines"] = baselines(policy, table, model, unit, cfg.wave_overhead, other)
     probe, probe_info = None, None
