@@ -3,7 +3,8 @@
 For every real table with gold, at budgets 2x/4x/8x (tokens, in multiples of one sample's mean completion
 tokens), 5-fold cross-validation (the same folds for both):
 
-* **consensus-fitted** — the policy (default + parallel-stop plans, tokens unit, never-worse chain) fitted on
+* **consensus-fitted** — the policy (the default plan menu, ``--parallel``: with the parallel-stop plans; tokens
+  unit; the never-worse chain; 20 LightGBM rounds, 2 calibration folds, both fits alike) fitted on
   utilities under the consensus target (a sample credited by agreement with its prompt's plurality class:
   ``isocompute.solver.votes.consensus``), scored on the held-out fold under **gold**;
 * **gold-fitted** — the same recipe fitted on gold utilities (the named baseline), scored on gold;
@@ -22,6 +23,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -40,10 +42,11 @@ ACTIONS = (1, 2, 4, 8, 16)
 MATH = ("gpt-oss-20b", "Qwen3-14B", "Phi-4-reasoning")
 
 
-def one_table(path: Path, budgets_x: list[float], folds: int, seed: int, n_boot: int) -> dict:
+def one_table(path: Path, budgets_x: list[float], folds: int, seed: int, n_boot: int, parallel: bool = False,
+              n_rounds: int = 20) -> dict:
     gold_t = read_outcomes(path)
     cons_t = with_target(gold_t, "consensus")
-    names = parse_plans(None, ACTIONS, "majority", parallel=True)
+    names = parse_plans(None, ACTIONS, "majority", parallel=parallel)
     from isocompute.solver.plans.plan import parse_plan
 
     menu = [parse_plan(n) for n in names]
@@ -52,7 +55,8 @@ def one_table(path: Path, budgets_x: list[float], folds: int, seed: int, n_boot:
     c = plan_arrays(cons_t, menu, cost_unit="tokens")
     lat = latency_channel(g.latency, g.waves, unit)
     budgets = [b * unit for b in budgets_x]
-    base = PolicyConfig(actions=ACTIONS, plans=names, cost_unit="tokens", seed=seed,
+    base = PolicyConfig(actions=ACTIONS, plans=names, cost_unit="tokens", seed=seed, n_rounds=n_rounds,
+                        calibration_folds=2,
                         budget_range=(float(g.cost.min(axis=1).max()) * 1.001, 16 * unit))
     common = dict(folds=folds, seeds=(seed,), samples=g.samples, waves=g.waves, tokens=g.tokens, latency=lat)
     ev_c = cross_validate(gold_t.prompts, c.utility, c.cost, dataclasses.replace(base, target="consensus"), budgets,
@@ -93,14 +97,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bootstrap", type=int, default=2000)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--parallel", action="store_true", help="add the parallel-stop plans to the default menu")
+    ap.add_argument("--n-rounds", type=int, default=20, help="LightGBM rounds per member (both fits alike)")
     args = ap.parse_args(argv)
     budgets = [float(b) for b in args.budgets.split(",")]
     results, misses = [], []
     for path in args.tables:
-        r = one_table(path, budgets, args.folds, args.seed, args.bootstrap)
+        t0 = time.perf_counter()
+        r = one_table(path, budgets, args.folds, args.seed, args.bootstrap, args.parallel, args.n_rounds)
+        r["seconds"] = time.perf_counter() - t0
         results.append(r)
         ag = r["agreement"]
-        print(f"\n{r['table']} ({r['prompts']} prompts): consensus flips {100 * ag['sample_flip']:.1f}% of samples, "
+        print(f"\n{r['table']} ({r['prompts']} prompts, {r['seconds']:.0f} s): consensus flips {100 * ag['sample_flip']:.1f}% of samples, "
               f"plurality right on {100 * ag['plurality_right']:.1f}% of prompts")
         for row in r["budgets"]:
             cf, gf, un = row["consensus_fitted"], row["gold_fitted"], row["uniform"]

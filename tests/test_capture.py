@@ -17,6 +17,7 @@ from app_fakes import FakeEngine, FakePolicy, completion, make_client
 from isocompute.app.accounting.auth import ApiKeyRecord
 from isocompute.app.accounting.budget_control import BudgetController
 from isocompute.app.runner.capture import ShardWriter, explored
+from isocompute.policy.cold_start import ColdStartPolicy
 from isocompute.stages.captured import captured_table, read_shards
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,9 +98,12 @@ def test_the_controller_counts_exploration_in_the_mean_not_as_requests():
     c = BudgetController(4.0, lo=1.0, hi=16.0)
     c.observe(4.0)
     before = c.integral
-    c.charge(2.0)
-    assert c.requests == 1 and c.state().mean_cost == 6.0 and c.explored == 2.0
-    assert c.integral == pytest.approx(before - 0.05 * 4.0 * 2.0 / 4.0)  # as if the request had cost 6
+    c.charge(10.0)  # 2.5 budgets of exploration: in the mean now, in the correction over the next requests
+    assert c.requests == 1 and c.state().mean_cost == 14.0 and c.explored == 10.0 and c.integral == before
+    c.observe(4.0)
+    assert c.integral == pytest.approx(before - 0.05 * 4.0 * 4.0 / 4.0)  # as if it had cost 4 + 4 (a target)
+    c.observe(4.0), c.observe(4.0)
+    assert c.pending == 0.0 and c.integral == pytest.approx(before - 0.05 * 4.0 * 10.0 / 4.0)
     with pytest.raises(ValueError, match="finite non-negative"):
         c.charge(-1.0)
 
@@ -146,3 +150,21 @@ def test_a_key_that_opted_out_and_a_hashed_prompt(tmp_path):
     assert a["isocompute"]["explore"] is None and b["isocompute"]["explore"] == {"samples": 3, "share": 1.0}
     [row] = read_shards(cap).rows  # flushed on drain (the client's exit ran the lifespan's shutdown)
     assert row["prompt"].startswith("hash:") and "5 + 7" not in json.dumps(row)
+
+
+def test_the_mean_budget_holds_with_exploration_on(tmp_path):
+    """A tokens budget of 4x with 10% of prompts drawn in full (16 samples each, ~1.6x a request on average):
+    the controller charges the exploration, so served + explored tokens per request meet the budget."""
+    script = ["The answer is 12.", "The answer is 13.", "The answer is 12.", "The answer is 14."]
+    with make_client(FakeEngine(script, lengths=(4, 9, 6, 5, 7)), None, capture_dir=tmp_path / "cap", explore=0.1,
+                     cold_start_sample_tokens=6.0) as c:
+        c.app.state.gateway.replace_policy(ColdStartPolicy(6.0))  # what a gateway without a policy serves
+        for i in range(600):
+            assert c.post("/v1/completions", json=completion(f"q{i}", budget="4x", seed=i)).status_code == 200
+        gw = c.app.state.gateway
+        deadline = time.monotonic() + 10
+        while gw.capture.tasks and time.monotonic() < deadline:
+            time.sleep(0.02)
+        [ctl] = list(gw.controllers._items.values())
+    assert 0.05 < ctl.explored / ctl.spent < 0.6  # exploration is a real share of the spend
+    assert ctl.spent / ctl.requests == pytest.approx(4 * 6.0, rel=0.05)

@@ -80,6 +80,7 @@ class BudgetController:
         self.requests = 0
         self.spent = 0.0
         self.explored = 0.0  # exploration's share of spent (charge)
+        self.pending = 0.0  # exploration not yet fed to the correction
 
     def observe(self, cost: float) -> float:
         """Record one request's realised cost and return the corrected internal budget."""
@@ -87,23 +88,24 @@ class BudgetController:
             raise ValueError(f"cost must be a finite non-negative number; got {cost}")
         self.requests += 1
         self.spent += cost
-        err = (self.target - cost) / self.target
+        take = min(self.pending, self.target)  # exploration charged earlier, fed in at most a target a request
+        self.pending -= take
+        err = (self.target - cost - take) / self.target
         self.integral = min(max(self.integral + self.gain * self.scale * err, self.lo), self.hi)
         s = self.max_step * self.scale
         self.internal += min(max(self.integral - self.internal, -s), s)
         return self.internal
 
-    def charge(self, cost: float) -> float:
-        """Add exploration's ``cost`` to the request already observed (capture: its full draw, made after the
-        answer): counted in the mean, not as a request, so the mean with exploration meets the target."""
+    def charge(self, cost: float) -> None:
+        """Exploration's ``cost`` (capture: a prompt's full draw, made after its answer): counted in the mean
+        at once, not as a request, and fed to the correction over the next requests, at most one target's
+        worth each (``pending``) — one exploration costs several budgets, and taken at once it would swing λ
+        and pin the internal budget at ``lo``, where the projection loses the error."""
         if not math.isfinite(cost) or cost < 0:
             raise ValueError(f"cost must be a finite non-negative number; got {cost}")
         self.spent += cost
         self.explored += cost
-        self.integral = min(max(self.integral - self.gain * self.scale * cost / self.target, self.lo), self.hi)
-        s = self.max_step * self.scale
-        self.internal += min(max(self.integral - self.internal, -s), s)
-        return self.internal
+        self.pending += cost
 
     @property
     def saturated(self) -> bool:
