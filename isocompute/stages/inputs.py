@@ -177,7 +177,12 @@ def load_estimates(models: ModelInputs, actions: tuple[int, ...], plans: str | N
     if unknown:
         raise InputError(f"--model-params/--model name {unknown}, which no --outcomes names; the models are "
                          f"{', '.join(paths)}.")
-    tables = {name: read_table(p) for name, p in paths.items()}
+    tables = {name: read_raw(p) for name, p in paths.items()}
+    ungraded = [name for name, t in tables.items() if not t.has_gold]
+    if ungraded:  # one plurality over several models' aligned classes is not built: say so, not "use consensus"
+        raise InputError(f"several models are credited on gold only, and {', '.join(ungraded)}'s table has samples "
+                         "without 'correct'; grade them (isocompute import --task …), or fit each model alone "
+                         "(positional table) under --target consensus.")
     me = model_estimates(tables, params=params, configs=configs, align_cache=models.align_cache,
                          menu=menu_config(plans, actions, models.orders if orders is None else orders))
     inputs = {f"outcomes:{name}": t.sha256 for name, t in tables.items()}

@@ -10,7 +10,8 @@ completion tokens and finish position, its confidence when the request asked for
 and the model. The row is a fresh draw rather than the served wave finished: a parallel-stop wave's
 aborted samples are its longest, and a row made of the served finishers plus replacements would lean
 toward short answers. Its tokens are *exploration*: charged to the key's budget controller as extra cost
-of the request (:meth:`~isocompute.app.accounting.budget_control.BudgetController.charge`), so the key's
+of the request (:meth:`~isocompute.app.accounting.budget_control.BudgetController.charge`: in the mean at
+once, in the correction over the next requests), so the key's
 mean cost, exploration included, still meets its budget; counted in ``isocompute_explore_*`` and shown
 in the response's ``isocompute.explore``.
 
