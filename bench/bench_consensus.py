@@ -57,7 +57,7 @@ def one_table(path: Path, budgets_x: list[float], folds: int, seed: int, n_boot:
     budgets = [b * unit for b in budgets_x]
     base = PolicyConfig(actions=ACTIONS, plans=names, cost_unit="tokens", seed=seed, n_rounds=n_rounds,
                         calibration_folds=2,
-                        budget_range=(float(g.cost.min(axis=1).max()) * 1.001, 16 * unit))
+                        budget_range=(float(g.cost.min(axis=1).mean()) * 1.001, 16 * unit))
     common = dict(folds=folds, seeds=(seed,), samples=g.samples, waves=g.waves, tokens=g.tokens, latency=lat)
     ev_c = cross_validate(gold_t.prompts, c.utility, c.cost, dataclasses.replace(base, target="consensus"), budgets,
                           gold=g.utility, **common)

@@ -187,7 +187,12 @@ def _score(policy: Any, table: Any, budget: float, unit: float) -> dict[str, flo
     from isocompute.solver.plans.plan import Plan
 
     lo, hi = policy.budget_range
-    d = policy.decide(table.prompts, float(min(max(budget * unit, lo), hi)))
+    cost_unit = getattr(policy, "cost_unit", None) or policy.config.cost_unit
+    if cost_unit == "flops":
+        raise InputError("the serving policy prices in FLOPs; refit compares policies in tokens — refit it with "
+                         "--cost-unit tokens first (isocompute fit), or compare with --policy omitted.")
+    b = budget * unit if cost_unit == "tokens" else budget  # a samples policy: b samples ≈ b x tokens
+    d = policy.decide(table.prompts, float(min(max(b, lo), hi)))
     plans = list(d.plans) or [Plan((int(k),)) for k in d.k]
     menu = {p.name: p for p in plans}
     arr = plan_arrays(table, list(menu.values()), cost_unit="tokens")
