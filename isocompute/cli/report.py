@@ -32,7 +32,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"report → {res.out}")
     else:
         _print_report(res)
+        _print_target(res.report.get("target"))
     return 0
+
+
+def _print_target(t: Any) -> None:
+    """Which target accuracy is scored on, and learned / uniform under the other one."""
+    if not t:
+        return
+    line = f"target: {t['scored_on']}"
+    if t.get("agreement"):
+        ag = t["agreement"]
+        line += (f" (consensus vs gold: {100 * ag['sample_flip']:.1f}% of samples change verdict, the plurality is "
+                 f"right on {100 * ag['plurality_right']:.1f}% of prompts)")
+    print(line)
 
 
 def _print_report(res: Any) -> None:
