@@ -37,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_target(t: Any) -> None:
-    """Which target accuracy is scored on, and learned / uniform under the other one."""
+    """Which target accuracy is scored on and how consensus and gold disagree (report.md's Target table has every
+    method under both)."""
     if not t:
         return
     line = f"target: {t['scored_on']}"
