@@ -29,7 +29,10 @@ For a request with prompts ``x_1 … x_P``, arriving with a deadline ``upstream_
    ``prefix_caching``, else once per wave) — goes to the controller, the metrics and the response; under a
    latency budget the realised latency too (:mod:`isocompute.app.accounting.latency_control`).
 
-Each route is validate → one call (:meth:`Gateway.answer`, or :meth:`Gateway.route` for a dry run) → respond.
+Each route makes one call (:meth:`Gateway.chat_completions`, :meth:`Gateway.completions`,
+:meth:`Gateway.route_request`, as vLLM's routes hand the request to one serving method): the request is
+checked (:class:`~isocompute.app.routing.Intake`), steps 1–5 run, and the response is shaped or streamed
+(:mod:`isocompute.app.streaming`).
 
 A policy with a probe feature needs one cheap model call per prompt before it can decide, and a policy
 with extra feature blocks computes them inside ``decide`` (:mod:`isocompute.app.runner.extras`). Both are part
@@ -56,11 +59,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from fastapi import Request, Response
+from fastapi.responses import StreamingResponse
 
 from isocompute.app.accounting.auth import Principal
 from isocompute.app.accounting.budget_control import BudgetController, ControllerBank
@@ -70,33 +75,43 @@ from isocompute.app.accounting.metrics import Metrics
 from isocompute.app.accounting.pricing import BudgetPlan, budget_unit, price_request
 from isocompute.app.accounting.quotas import Hold, Quotas, open_store
 from isocompute.app.accounting.spend import Spend
-from isocompute.app.chat import check_text, policy_text, render_chat
-from isocompute.app.errors import ModelNotFound
+from isocompute.app.chat import policy_text, render_chat
 from isocompute.app.readiness import UpstreamHealth
-from isocompute.app.routing import Ask, Routing
+from isocompute.app.routing import Ask, Intake, Routing, route_response
 from isocompute.app.runner.answer import Answer, Verifier
 from isocompute.app.runner.answers import Answers
 from isocompute.app.runner.execute import Backend, Deadline
 from isocompute.app.runner.extras import FeatureCall, ProbeCall, feature_call, probe_call
-from isocompute.app.runner.plan_run import SEED_MODULUS
 from isocompute.app.runner.pools import (
     DEFAULT,
     POOL_LABEL,
     ModelPool,
     Pool,
     PoolsHealth,
-    check_context,
     missing_pools,
     missing_pools_message,
 )
 from isocompute.app.runner.voting import Voter
-from isocompute.app.schemas import ChatMessage
+from isocompute.app.schemas import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    RouteRequest,
+    RouteResponse,
+)
 from isocompute.app.serving_policy import PolicyDecision, ServingPolicy, as_serving_policy
 from isocompute.app.settings import Settings
+from isocompute.app.streaming import (
+    SSE_HEADERS,
+    answer_events,
+    chat_response,
+    completion_response,
+    head,
+    unless_disconnected,
+)
 from isocompute.engines.base import Engine
 from isocompute.errors import EngineUnavailable, InputError
-
-OFF_LOOP_CHARS = 16_000  # a request with more text than this is templated and tokenised in a worker thread
 
 __all__ = ["Answer", "Ask", "FeatureCall", "Gateway", "ProbeCall", "Routing", "Verifier", "policy_text",
            "render_chat"]
@@ -150,8 +165,7 @@ class Gateway:
         self.answers = Answers(self.pools, default, settings=settings, voter=self.voter, extract=extract,
                                verifier=verifier, ledger=self.ledger)
         self._decide_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="isocompute-decide")
-        # large requests' templating and tokenising (one at a time: the tokenizer is shared)
-        self._prep_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="isocompute-prep")
+        self.intake = Intake(settings, tokenizer, context_limit)
         self.quotas = Quotas(open_store(settings.quota_store))
         self.spend = Spend(self.quotas, self.ledger, list(flops_of.values()))
 
@@ -159,7 +173,7 @@ class Gateway:
         """Stop the decide and vote workers (requests still running in them finish first)."""
         try:
             self._decide_pool.shutdown(wait=True, cancel_futures=True)
-            self._prep_pool.shutdown(wait=True, cancel_futures=True)
+            self.intake.close()
         finally:
             self.voter.close()
 
@@ -193,80 +207,59 @@ class Gateway:
             raise EngineUnavailable("no policy loaded; start the gateway with --policy DIR or POST /admin/reload")
         return self.policy
 
-    # ---- input checks ---------------------------------------------------------------------------
+    # ---- the routes' one call each --------------------------------------------------------------
 
-    def check_model(self, model: str | None) -> str | None:
-        """The model a request pins (one of a multi-model policy's ``models``), None when it pins none."""
-        served = self.settings.served_model
-        models = () if self.policy is None else self.policy.models
-        if model is None or model == served:
-            return None
-        if model in models:
-            return model
-        if models:
-            raise InputError(f"model {model!r} is not served here; send model={served!r} (the policy chooses the "
-                             f"models) or one of {', '.join(models)} to pin it (GET /v1/models lists them)")
-        raise ModelNotFound(f"model {model!r} is not served here; send model={served!r} (GET /v1/models lists it)")
+    async def chat_completions(self, req: ChatCompletionRequest, caller: Principal, request: Request,
+                               response: Response) -> ChatCompletionResponse | StreamingResponse:
+        """A chat request, whole (the one call its route makes): checked, priced, decided, run, voted,
+        charged, and answered as one assistant message — or streamed."""
+        deadline = self.deadline()
+        prompts, ask = await self.intake.generation(req, self._models())
+        h = head("chat", self.settings.served_model)
+        if req.stream:
+            return await self._stream(request, caller, prompts, ask, deadline, "chat", req.stream_options, h)
+        answers = await unless_disconnected(request, self.answer(prompts, ask, principal=caller, deadline=deadline,
+                                                                 headers=response.headers))
+        return chat_response(h, answers)
 
-    async def prepare(self, prompts: Sequence[str] | None, messages: Sequence[ChatMessage] | None,
-                      max_tokens: int) -> tuple[list[str], list[int] | None]:
-        """The request's prompts (a chat's rendered in its template) and their token counts, checked
-        (:meth:`chat_prompt`, :meth:`check_prompts`): inline for a small request, in a worker thread for a
-        large one (over ``OFF_LOOP_CHARS`` characters), so that templating and tokenising a big body never
-        hold up the event loop — ``/health`` and every other request go on meanwhile."""
-        s = self.settings
-        if messages is not None and len(messages) > s.max_messages:
-            raise InputError(f"{len(messages)} messages in one chat; send at most {s.max_messages} (max_messages)")
+    async def completions(self, req: CompletionRequest, caller: Principal, request: Request,
+                          response: Response) -> CompletionResponse | StreamingResponse:
+        """A completion request, whole: one aggregated choice per prompt — or streamed."""
+        deadline = self.deadline()
+        prompts, ask = await self.intake.generation(req, self._models())
+        h = head("text", self.settings.served_model)
+        if req.stream:
+            return await self._stream(request, caller, prompts, ask, deadline, "text", req.stream_options, h)
+        answers = await unless_disconnected(request, self.answer(prompts, ask, principal=caller, deadline=deadline,
+                                                                 headers=response.headers))
+        return completion_response(h, answers)
 
-        def work() -> tuple[list[str], list[int] | None]:
-            texts = [self.chat_prompt(messages)] if messages is not None else list(prompts or [])
-            return texts, self.check_prompts(texts, max_tokens)
+    async def route_request(self, req: RouteRequest, caller: Principal, request: Request) -> RouteResponse:
+        """The decision alone (``/v1/route``): a plan per prompt, without sampling. A dry run must not move
+        the controller, so it reads the internal budget without observing a cost; a probe policy's probe
+        call is upstream work, which a client that goes away cancels."""
+        deadline = self.deadline()
+        prompts, ask = await self.intake.route(req, self._models())
+        r = await unless_disconnected(request, self.route(prompts, ask, principal=caller, deadline=deadline))
+        return route_response(r, self.settings.served_model, len(prompts))
 
-        size = (sum(len(m.content) if isinstance(m.content, str) else sum(len(p.text or "") for p in m.content or ())
-                    for m in messages) if messages is not None else sum(map(len, prompts or [])))
-        if size <= OFF_LOOP_CHARS:
-            return work()
-        return await asyncio.get_running_loop().run_in_executor(self._prep_pool, work)
+    async def _stream(self, request: Request, caller: Principal, prompts: list[str], ask: Ask, deadline: Deadline,
+                      kind: Literal["chat", "text"], options: dict[str, Any] | None, h: dict[str, Any]
+                      ) -> StreamingResponse:
+        """A ``stream: true`` request (:mod:`isocompute.app.streaming`): routed before the stream opens, so a
+        refusal is a JSON 4xx; its waves run inside the stream, a disconnect cancelling them."""
+        if options is not None and not isinstance(options.get("include_usage", False), bool):
+            raise InputError("stream_options.include_usage must be true or false")
+        routing = await unless_disconnected(request, self.route(prompts, ask, principal=caller, deadline=deadline,
+                                                                dry_run=False))
+        events = answer_events(self.run(prompts, routing, ask, deadline), request.receive, kind=kind, head=h,
+                               include_usage=bool((options or {}).get("include_usage")),
+                               keepalive_s=self.settings.stream_keepalive_s)
+        quota = {} if routing.quota is None else routing.quota.headers()  # what was left before this request
+        return StreamingResponse(events, media_type="text/event-stream", headers={**SSE_HEADERS, **quota})
 
-    def chat_prompt(self, messages: Sequence[ChatMessage]) -> str:
-        if self.tokenizer is None:
-            raise InputError(
-                "chat needs the model's chat template and this gateway has no tokenizer; start it with "
-                "--model DIR (the checkpoint the upstream serves) or use /v1/completions"
-            )
-        return render_chat(self.tokenizer, messages)
-
-    def check_prompts(self, prompts: Sequence[str], max_tokens: int) -> list[int] | None:
-        """Reject empty, too many or over-long prompts (400); return token counts when a tokenizer is known.
-        The context checked is the default pool's; a multi-model action's other models are checked before
-        it runs (:meth:`Answers.check_context`)."""
-        s = self.settings
-        if not prompts:
-            raise InputError("prompt is empty; send a non-empty string or list of strings")
-        if len(prompts) > s.max_batch_prompts:
-            raise InputError(f"{len(prompts)} prompts in one request; send at most {s.max_batch_prompts}")
-        for i, p in enumerate(prompts):
-            if not p.strip():
-                raise InputError(f"prompt {i} is empty; send text to answer")
-            check_text(p, f"prompt {i}")
-            if len(p) > s.max_prompt_chars:
-                raise InputError(f"prompt {i} has {len(p)} characters; the limit is {s.max_prompt_chars}, "
-                                 "shorten it")
-        if self.tokenizer is None:
-            return None
-        counts = [len(ids) for ids in self.tokenizer(list(prompts), add_special_tokens=True)["input_ids"]]
-        if self.context_limit is not None:
-            check_context(counts, max_tokens, self.context_limit)
-        return counts
-
-    def sampling(self, max_tokens: int | None, temperature: float | None, seed: int | None
-                 ) -> tuple[int, float, int | None]:
-        s = self.settings
-        mt = s.default_max_tokens if max_tokens is None else max_tokens
-        if mt > s.max_tokens_limit:
-            raise InputError(f"max_tokens={mt} exceeds this server's limit {s.max_tokens_limit}; lower it")
-        t = s.temperature if temperature is None else temperature
-        return mt, t, None if seed is None else seed % SEED_MODULUS
+    def _models(self) -> tuple[str, ...]:
+        return () if self.policy is None else tuple(self.policy.models)
 
     # ---- routing --------------------------------------------------------------------------------
 
