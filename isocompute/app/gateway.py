@@ -29,10 +29,9 @@ For a request with prompts ``x_1 … x_P``, arriving with a deadline ``upstream_
    ``prefix_caching``, else once per wave) — goes to the controller, the metrics and the response; under a
    latency budget the realised latency too (:mod:`isocompute.app.accounting.latency_control`).
 
-Each route makes one call (:meth:`Gateway.chat_completions`, :meth:`Gateway.completions`,
-:meth:`Gateway.route_request`, as vLLM's routes hand the request to one serving method): the request is
-checked (:class:`~isocompute.app.routing.Intake`), steps 1–5 run, and the response is shaped or streamed
-(:mod:`isocompute.app.streaming`).
+Each route makes one call (:meth:`Gateway.chat_completions`, :meth:`Gateway.completions`, :meth:`Gateway.route_request`,
+as vLLM's routes hand the request to one serving method): the request is checked (:class:`~isocompute.app.routing.Intake`),
+admitted (:class:`~isocompute.app.accounting.admission.Admission`), steps 1–5 run, the response shaped or streamed.
 
 A policy with a probe feature needs one cheap model call per prompt before it can decide, and a policy
 with extra feature blocks computes them inside ``decide`` (:mod:`isocompute.app.runner.extras`). Both are part
@@ -48,10 +47,8 @@ default one. A multi-model policy's decision carries an action per prompt (``mod
 on its model's pool, the vote over the last stage or all of them, the stages summed. A request's ``model``
 naming one of ``policy.models`` pins the decision to actions on that model alone.
 
-**Spend quotas** (:mod:`isocompute.app.accounting.spend`): a key's worst case is reserved after step 1,
-its cap lowered to fit (re-priced with that ``max_samples``) or a 429; settled to what it generated after 5.
-
-Ignores: streaming responses and stop strings.
+**Spend quotas** (:mod:`isocompute.app.accounting.spend`): a key's worst case (the policy's largest plan) is reserved
+after step 1, its cap lowered to fit (re-priced with that ``max_samples``) or a 429; settled after 5. Ignores: stop strings.
 """
 
 from __future__ import annotations
@@ -59,14 +56,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 
+from isocompute.app.accounting.admission import Admission
 from isocompute.app.accounting.auth import Principal
 from isocompute.app.accounting.budget_control import BudgetController, ControllerBank
 from isocompute.app.accounting.latency_control import LatencyControl
@@ -113,6 +111,7 @@ from isocompute.app.streaming import (
 from isocompute.engines.base import Engine
 from isocompute.errors import EngineUnavailable, InputError
 
+T = TypeVar("T")
 __all__ = ["Answer", "Ask", "FeatureCall", "Gateway", "ProbeCall", "Routing", "Verifier", "policy_text",
            "render_chat"]
 
@@ -139,10 +138,7 @@ class Gateway:
         self.settings = settings
         self.metrics = metrics
         self.extract = extract
-        self.tokenizer = tokenizer
-        self.model_flops = model_flops
-        self.context_limit = context_limit
-        self.verifier = verifier
+        self.tokenizer, self.model_flops, self.context_limit, self.verifier = tokenizer, model_flops, context_limit, verifier
         # the default pool is the bare one, or the named pool whose engine it is: its metrics carry that name
         label = next((n for n, f in (pools or {}).items() if f.engine is engine), POOL_LABEL)
         self.backend = Backend(engine, metrics, UpstreamHealth(), label)
@@ -166,6 +162,7 @@ class Gateway:
                                verifier=verifier, ledger=self.ledger)
         self._decide_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="isocompute-decide")
         self.intake = Intake(settings, tokenizer, context_limit)
+        self.admission = Admission(settings.max_inflight, settings.queue_timeout_s, metrics)
         self.quotas = Quotas(open_store(settings.quota_store))
         self.spend = Spend(self.quotas, self.ledger, list(flops_of.values()))
 
@@ -211,33 +208,35 @@ class Gateway:
 
     async def chat_completions(self, req: ChatCompletionRequest, caller: Principal, request: Request,
                                response: Response) -> ChatCompletionResponse | StreamingResponse:
-        """A chat request, whole (the one call its route makes): checked, priced, decided, run, voted,
-        charged, and answered as one assistant message — or streamed."""
-        deadline = self.deadline()
-        prompts, ask = await self.intake.generation(req, self._models())
-        h = head("chat", self.settings.served_model)
-        if req.stream:
-            return await self._stream(request, caller, prompts, ask, deadline, "chat", req.stream_options, h)
-        answers = await unless_disconnected(request, self.answer(prompts, ask, principal=caller, deadline=deadline,
-                                                                 headers=response.headers))
-        return chat_response(h, answers)
+        """A chat request, whole (the one call its route makes): checked, admitted, priced, decided, run,
+        voted, charged, and answered as one assistant message — or streamed."""
+        return await self._generate("chat", req, caller, request, response)  # type: ignore[return-value]
 
     async def completions(self, req: CompletionRequest, caller: Principal, request: Request,
                           response: Response) -> CompletionResponse | StreamingResponse:
         """A completion request, whole: one aggregated choice per prompt — or streamed."""
+        return await self._generate("text", req, caller, request, response)  # type: ignore[return-value]
+
+    async def _generate(self, kind: Literal["chat", "text"], req: ChatCompletionRequest | CompletionRequest,
+                        caller: Principal, request: Request, response: Response) -> Any:
         deadline = self.deadline()
         prompts, ask = await self.intake.generation(req, self._models())
-        h = head("text", self.settings.served_model)
+        self.answers.check_strategy(ask.strategy)  # a refusal before any stream opens is a JSON 4xx
+        h = head(kind, self.settings.served_model)
         if req.stream:
-            return await self._stream(request, caller, prompts, ask, deadline, "text", req.stream_options, h)
-        answers = await unless_disconnected(request, self.answer(prompts, ask, principal=caller, deadline=deadline,
-                                                                 headers=response.headers))
-        return completion_response(h, answers)
+            return await self._stream(request, caller, prompts, ask, deadline, kind, req.stream_options, h)
+        answers = await unless_disconnected(request, self._admitted(self.answer(
+            prompts, ask, principal=caller, deadline=deadline, headers=response.headers)))
+        return chat_response(h, answers) if kind == "chat" else completion_response(h, answers)
+
+    async def _admitted(self, work: Awaitable[T]) -> T:
+        """``work`` holding an admission slot (:class:`Admission`: 503 after ``queue_timeout_s`` without one)."""
+        async with self.admission.slot():
+            return await work
 
     async def route_request(self, req: RouteRequest, caller: Principal, request: Request) -> RouteResponse:
-        """The decision alone (``/v1/route``): a plan per prompt, without sampling. A dry run must not move
-        the controller, so it reads the internal budget without observing a cost; a probe policy's probe
-        call is upstream work, which a client that goes away cancels."""
+        """The decision alone (``/v1/route``): a plan per prompt, without sampling (a dry run moves no controller);
+        a probe policy's probe call is upstream work, which a client that goes away cancels."""
         deadline = self.deadline()
         prompts, ask = await self.intake.route(req, self._models())
         r = await unless_disconnected(request, self.route(prompts, ask, principal=caller, deadline=deadline))
@@ -246,20 +245,27 @@ class Gateway:
     async def _stream(self, request: Request, caller: Principal, prompts: list[str], ask: Ask, deadline: Deadline,
                       kind: Literal["chat", "text"], options: dict[str, Any] | None, h: dict[str, Any]
                       ) -> StreamingResponse:
-        """A ``stream: true`` request (:mod:`isocompute.app.streaming`): routed before the stream opens, so a
-        refusal is a JSON 4xx; its waves run inside the stream, a disconnect cancelling them."""
+        """A ``stream: true`` request (:mod:`isocompute.app.streaming`): admitted and routed before the stream
+        opens, so a refusal is a JSON 4xx (or 503); its waves run in a task started now — settled and its slot
+        given back however it ends, even when the stream never starts — which a disconnect cancels."""
         if options is not None and not isinstance(options.get("include_usage", False), bool):
             raise InputError("stream_options.include_usage must be true or false")
-        routing = await unless_disconnected(request, self.route(prompts, ask, principal=caller, deadline=deadline,
-                                                                dry_run=False))
-        events = answer_events(self.run(prompts, routing, ask, deadline), request.receive, kind=kind, head=h,
-                               include_usage=bool((options or {}).get("include_usage")),
-                               keepalive_s=self.settings.stream_keepalive_s)
+        await unless_disconnected(request, self.admission.acquire())
+        try:
+            routing = await unless_disconnected(request, self.route(prompts, ask, principal=caller,
+                                                                    deadline=deadline, dry_run=False))
+        except BaseException:
+            self.admission.release()
+            raise
+        work = asyncio.ensure_future(self.run(prompts, routing, ask, deadline))
+        work.add_done_callback(lambda _: self.admission.release())
+        events = answer_events(work, request.receive, kind=kind, head=h, keepalive_s=self.settings.stream_keepalive_s,
+                               include_usage=bool((options or {}).get("include_usage")))
         quota = {} if routing.quota is None else routing.quota.headers()  # what was left before this request
         return StreamingResponse(events, media_type="text/event-stream", headers={**SSE_HEADERS, **quota})
 
     def _models(self) -> tuple[str, ...]:
-        return () if self.policy is None else tuple(self.policy.models)
+        return () if self.policy is None else self.policy.models
 
     # ---- routing --------------------------------------------------------------------------------
 
@@ -297,8 +303,10 @@ class Gateway:
         policy = self._loaded_policy()  # one policy for the whole request, whatever /admin/reload does
         texts = prompts if ask.policy_prompts is None else ask.policy_prompts
         plan = self._price(policy, principal, ask)
-        hold = None if dry_run else await self.spend.admit(policy, principal, ask, plan.cap, len(prompts))
-        if hold is not None and hold.cap < plan.cap:  # the quota left buys fewer samples: re-priced with that cap
+        # reserve for the largest plan the policy can serve, not the server's cap (often far above it)
+        most = min(plan.cap, getattr(policy, "max_plan_samples", None) or plan.cap)
+        hold = None if dry_run else await self.spend.admit(policy, principal, ask, most, len(prompts))
+        if hold is not None and hold.cap < most:  # the quota left buys fewer samples: re-priced with that cap
             plan = self._price(policy, principal, dataclasses.replace(ask, max_samples=hold.cap))
         return await self.spend.released(hold, self._route(policy, texts, prompts, ask, plan, hold, deadline,
                                                            dry_run))

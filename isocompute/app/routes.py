@@ -137,7 +137,8 @@ async def health() -> HealthResponse:
 
 @router.get("/ready", response_model=ReadyResponse, responses={503: {"model": ReadyResponse}})
 async def ready(request: Request) -> Any:
-    """Readiness: a policy is loaded and the upstream answers real requests now (see ``app.readiness``)."""
+    """Readiness: a policy is loaded, the upstream answers real requests now (see ``app.readiness``) and an
+    admission slot is free (``saturated`` otherwise: ``app.accounting.admission``)."""
     gw: Gateway | None = getattr(request.app.state, "gateway", None)
     policy_loaded = gw is not None and gw.policy is not None
     answered = gw is not None and gw.health.ok
@@ -152,8 +153,15 @@ async def ready(request: Request) -> Any:
         detail = gw.health.detail
     elif not policy_loaded:
         detail = "no policy loaded; start the gateway with --policy DIR or POST /admin/reload"
-    body = ReadyResponse(ready=policy_loaded and answered and not draining, policy_loaded=policy_loaded, upstream_answered=answered,
-                         engine=None if gw is None else gw.engine.name, detail=detail)
+    adm = None if gw is None else gw.admission
+    saturated = adm is not None and adm.saturated
+    if saturated and detail is None:
+        detail = (f"saturated: {adm.inflight} requests in flight (max_inflight {adm.max_inflight}), {adm.waiting} "
+                  "waiting; a new request would queue")
+    body = ReadyResponse(ready=policy_loaded and answered and not draining and not saturated,
+                         policy_loaded=policy_loaded, upstream_answered=answered,
+                         engine=None if gw is None else gw.engine.name, detail=detail, saturated=saturated,
+                         inflight=0 if adm is None else adm.inflight)
     return JSONResponse(body.model_dump(), status_code=200 if body.ready else 503)
 
 

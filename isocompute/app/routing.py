@@ -32,6 +32,7 @@ from pydantic import BaseModel
 
 from isocompute.app.accounting.budget_control import BudgetController
 from isocompute.app.accounting.latency_control import LatencyRoute
+from isocompute.app.accounting.logs import loggable
 from isocompute.app.accounting.pricing import BudgetPlan
 from isocompute.app.accounting.quotas import Hold
 from isocompute.app.chat import check_text, policy_text, render_chat
@@ -264,8 +265,11 @@ class Intake:
 
 
 def log_unknown(req: BaseModel) -> None:
+    """One log line naming the unknown fields (at most 10, each escaped and cut: ``accounting.logs``)."""
     if req.model_extra:
-        log.info("ignoring unknown request fields: %s", ", ".join(sorted(req.model_extra)))
+        names = sorted(req.model_extra)
+        more = f" and {len(names) - 10} more" if len(names) > 10 else ""
+        log.info("ignoring unknown request fields: %s%s", ", ".join(loggable(n, 64) for n in names[:10]), more)
 
 
 def refuse_unsupported(req: GenerationRequest) -> None:
