@@ -225,14 +225,14 @@ class Gateway:
         h = head(kind, self.settings.served_model)
         if req.stream:
             return await self._stream(request, caller, prompts, ask, deadline, kind, req.stream_options, h)
-        answers = await unless_disconnected(request, self._admitted(self.answer(
+        answers = await unless_disconnected(request, self._admitted(lambda: self.answer(
             prompts, ask, principal=caller, deadline=deadline, headers=response.headers)))
         return chat_response(h, answers) if kind == "chat" else completion_response(h, answers)
 
-    async def _admitted(self, work: Awaitable[T]) -> T:
-        """``work`` holding an admission slot (:class:`Admission`: 503 after ``queue_timeout_s`` without one)."""
+    async def _admitted(self, work: Callable[[], Awaitable[T]]) -> T:
+        """``work()`` holding an admission slot (:class:`Admission`: 503 after ``queue_timeout_s`` without one)."""
         async with self.admission.slot():
-            return await work
+            return await work()
 
     async def route_request(self, req: RouteRequest, caller: Principal, request: Request) -> RouteResponse:
         """The decision alone (``/v1/route``): a plan per prompt, without sampling (a dry run moves no controller);

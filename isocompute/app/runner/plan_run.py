@@ -215,7 +215,7 @@ async def run_plans(
         t0 = time.perf_counter()
         meter, worst = GENERATED.get(), max_tokens * sum(runs[i].next_wave or 0 for i in active)
         if meter is not None:
-            meter.inflight += worst  # until the round is back: the most it may generate
+            meter.inflight += worst  # until the round is back (kept when cancelled): the most it may generate
         try:
             (waited, wait_s), streamed = await backend.call(
                 _round(backend, prompts, runs, wait, par, voter=voter, extract=extract, max_tokens=max_tokens,
@@ -223,6 +223,8 @@ async def run_plans(
                        logprobs=logprobs),
                 deadline=deadline, what="the sampling call" if wave == 0 else f"wave {wave + 1} of the sampling")
         except EngineUnavailable as e:
+            if meter is not None:
+                meter.inflight -= worst
             if wave == 0:
                 raise
             reason = "deadline" if isinstance(e, UpstreamTimeout) else "upstream_error"
@@ -230,11 +232,9 @@ async def run_plans(
                 runs[i].stop(reason, str(e))
             _observe_ends(backend, [runs[i] for i in active], started)
             break
-        finally:
-            if meter is not None:
-                meter.inflight -= worst
         backend.metrics.upstream_latency.labels(backend.pool).observe(time.perf_counter() - t0)
         if meter is not None:
+            meter.inflight -= worst
             meter.done += sum(c.completion_tokens for comps in waited for c in comps if c is not None) + sum(
                 c.completion_tokens for out in streamed for c in out.completions if c is not None)
         for i, comps in zip(wait, waited, strict=True):
