@@ -6,10 +6,11 @@ day). Before a request starts — after pricing, before any upstream call — :m
 worst case: ``P · (cap · max_tokens + probe_tokens)`` completion tokens for ``P`` prompts of at most ``cap``
 samples each (``probe_tokens``: the policy's probe's ``max_tokens``, 0 without one), and ``P · cap · F`` FLOPs
 (``F``: one sample of ``max_tokens`` on the largest model). When that exceeds what is left, ``cap`` is lowered
-to the most samples per prompt that fit; when not even one fits, the request is refused (429, ``Retry-After``
+to the most samples per prompt that fit; when not even one fits, it is refused (429 — 403 past the whole quota; ``Retry-After``
 the seconds until enough frees up: the rolling window's oldest spend leaving it, or the next UTC midnight).
 After the request the reservation is settled to what it generated (:meth:`Hold.settle`); a request cancelled
-by its client's disconnect keeps its reservation (its aborted samples' tokens are not reported back).
+by its client's disconnect settles to what came back plus the worst case of its calls in flight
+(:mod:`isocompute.app.accounting.spend`). ``cap`` is the largest plan the policy serves, within the request's caps.
 
 Worked example: ``tokens_per_window = 1000``, 32 prompts, ``max_tokens = 16``, cap 16 → worst case 8192 > 1000,
 so the cap becomes ``⌊1000 / (32 · 16)⌋ = 1``; if they generate 5 tokens each, 160 are charged and 840 left;

@@ -23,7 +23,7 @@ rejected the caller's input      400     ``InputError`` (e.g. vLLM's context-len
 A client that disconnects cancels the request's task (see ``routes``), and with it the awaits here and
 the engine's HTTP requests (``gather_or_cancel``): no upstream keeps generating for nobody.
 
-Ignores: cancelling an in-process engine's thread (the call finishes in the background).
+The in-process transformers engine stops a cancelled call at its next decode step (its thread cannot be killed).
 """
 
 from __future__ import annotations
