@@ -271,8 +271,8 @@ class Gateway:
 
     async def answer(self, prompts: list[str], ask: Ask, *, principal: Principal, deadline: Deadline,
                      headers: MutableMapping[str, str] | None = None) -> list[Answer]:
-        """Route, run, vote and charge every prompt of a generation request (module docstring, steps 1–5):
-        the one call a generation route makes. Raises what :meth:`route` and :meth:`Answers.answer` raise.
+        """Route, run, vote and charge every prompt of a generation request (module docstring, steps 1–5).
+        Raises what :meth:`route` and :meth:`Answers.answer` raise.
         ``headers`` receives the key's quota headers after the request (a key with quotas)."""
         routing = await self.route(prompts, ask, principal=principal, deadline=deadline, dry_run=False)
         answers = await self.run(prompts, routing, ask, deadline)
@@ -294,7 +294,7 @@ class Gateway:
         ``ask.policy_prompts`` (default ``prompts``) is the text the policy sees: for chat, the question
         without the chat template (see :func:`policy_text`). A probe policy's probe call happens here,
         after the budget checks (so a refused request costs no model call), and only when the rule
-        serving the budget reads it. ``ask.model`` (from :meth:`check_model`) pins the decision to that
+        serving the budget reads it. ``ask.model`` (from ``Intake.check_model``) pins the decision to that
         model; ``ask.latency_budget`` (sample lengths, checked in pricing) goes to the policy only when sent.
         Raises EngineUnavailable (503) when an action names a model with no pool. A ``dry_run`` (``/v1/route``)
         reads the key's controller when it exists and keeps none it makes: dry runs never grow the bank nor
