@@ -284,3 +284,16 @@ def test_report_scores_every_method_under_both_targets(tmp_path):
             assert all(0 <= row[other] <= 1 for row in e["methods"].values())
             assert "fixed_best" in e["methods"] and "uniform" in e["methods"]
         assert f"| {other} |" in (out / "report.md").read_text()
+
+
+def test_evidence_walks_and_vote_evidence_credit_consensus_values():
+    from isocompute.policy.evidence.walks import walk
+    from isocompute.solver.votes.evidence import evidence
+
+    # a and b tie over all samples: each is worth ½ under consensus, so a finished tie is worth ½, not 1
+    codes = np.array([[0, 1, 0, 1]])
+    w = walk(codes, consensus_credit(codes), np.array([[1.0, 2.0, 3.0, 4.0]]), np.array([4]), (4,), unit=1.0,
+             draws=8, seed=0)
+    assert np.allclose(w.utility[:, -1], 0.5) and np.allclose(w.utility[:, 0], 0.5)
+    ev = evidence(with_target(table_of([[0, 1, 0, 1, 2]], graded=False)))
+    np.testing.assert_allclose(ev.value[0], [0.5, 0.5, 0.5, 0.5, 0.0])
