@@ -149,3 +149,35 @@ def test_reload_under_load_drops_nothing_and_answers_once(refitted):
     assert [code for code, _ in got] == [200] * 120, "no request dropped across the reloads"
     assert len({rid for _, rid in got}) == 120, "every request answered once"
     assert json.loads((d / "policy" / "policy.json").read_text())["config"]["target"] == "consensus"
+
+
+def test_the_loop_cold_start_capture_refit_reload(tmp_path):
+    """serve with capture (no policy: the cold start) → traffic → refit → reload → the fitted policy serves."""
+    import hashlib
+
+    from fastapi.testclient import TestClient
+
+    prompts = [f"question {i}: " + ("hard " * 6 if i % 2 else "easy ") for i in range(40)]
+    script = {p: (["The answer is 7."] * 3 + ["The answer is 5."] if i % 2 == 0 else
+                  ["The answer is 1.", "The answer is 2.", "The answer is 3.", "The answer is 2."])
+              for i, p in enumerate(prompts)}
+    admin = "adm1n"
+    cap = tmp_path / "cap"
+    s = Settings(upstream_timeout_s=10.0, ready_probe_timeout_s=1.0, capture_dir=cap, explore=1.0, capture_samples=8,
+                 capture_prompts=True, cold_start_sample_tokens=5.0,
+                 admin_key_sha256=hashlib.sha256(admin.encode()).hexdigest())
+    with TestClient(create_app(s, policy=None, engine=FakeEngine(script, lengths=(4, 6, 5, 7)))) as c:
+        for p in prompts:
+            r = c.post("/v1/completions", json=completion(p, budget="4x"))
+            assert r.status_code == 200 and r.json()["isocompute"]["rule"] == "cold_start"
+        gw = c.app.state.gateway
+        while gw.capture.tasks:
+            threading.Event().wait(0.02)
+        res = refit(RefitConfig(capture=cap, out=tmp_path / "policy", actions=(1, 2, 4, 8), n_rounds=5,
+                                budgets=[2.0, 4.0], force=True))
+        assert res.written and res.prompts == 40 and res.target == "consensus"
+        r = c.post("/admin/reload", json={"policy_dir": str(tmp_path / "policy")},
+                   headers={"Authorization": f"Bearer {admin}"})
+        assert r.status_code == 200, r.text
+        after = c.post("/v1/completions", json=completion(prompts[0], budget="4x")).json()
+    assert after["isocompute"]["rule"] != "cold_start"
