@@ -1,0 +1,88 @@
+"""Running a replay server: in this process until a signal (:func:`serve_forever`, what ``isocompute replay``
+does), or as a child process that tests and benches start and stop (:func:`start_replay`).
+
+Ignores: TLS, several worker processes (one event loop serves thousands of streams; the timing model, not
+the host's CPU, is meant to set the pace — check the host keeps up with :func:`lag_note` in benches).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from isocompute.errors import EngineUnavailable
+from isocompute.replay.server import ReplayServer
+from isocompute.replay.table import ReplayTable
+from isocompute.replay.timing import TimingModel
+
+__all__ = ["replay_process", "serve_forever", "start_replay"]
+
+
+def serve_forever(table: ReplayTable, timing: TimingModel, *, host: str, port: int) -> None:
+    """Serve ``table`` on ``host:port`` until SIGINT or SIGTERM."""
+
+    async def main() -> None:
+        server = ReplayServer(table, timing, host=host, port=port)
+        await server.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        sys.stderr.write(f"isocompute replay (a simulator: seconds from its timing model {timing}) serving {len(table.rows)} "
+              f"prompts as model {table.model!r} on http://{host}:{port}"
+              + (f"; {table.inexact} of {table.answers} answers do not read back exactly" if table.inexact else "") + "\n")
+        sys.stderr.flush()
+        await stop.wait()
+        await server.stop()
+
+    asyncio.run(main())
+
+
+def start_replay(tables: Sequence[str | Path], port: int, *, log: Path | None = None, timeout: float = 30.0,
+                 **timing: float | int) -> subprocess.Popen[bytes]:
+    """``isocompute replay TABLES --port PORT`` in a child process, returned once ``/health`` answers;
+    ``timing``: :class:`TimingModel` fields (``decode_tps=5000``…). Raises EngineUnavailable (with its log)
+    when it does not come up within ``timeout``."""
+    cmd = [sys.executable, "-m", "isocompute", "replay", *map(str, tables), "--port", str(port)]
+    for k, v in timing.items():
+        cmd += [f"--{k.replace('_', '-')}", str(v)]
+    out = open(log, "wb") if log is not None else subprocess.DEVNULL  # noqa: SIM115 (the child owns it)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parents[2]),
+                                                                       os.environ.get("PYTHONPATH", "")]))}
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            break
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+                return proc
+        time.sleep(0.1)
+    proc.kill()
+    proc.wait()
+    tail = log.read_text(errors="replace")[-2000:] if log is not None and log.exists() else ""
+    raise EngineUnavailable(f"the replay server on port {port} did not come up within {timeout:.0f} s "
+                            f"(exit {proc.returncode}): {tail}")
+
+
+@contextlib.contextmanager
+def replay_process(tables: Sequence[str | Path], port: int, **kw: float | int | Path | None) -> Iterator[str]:
+    """:func:`start_replay` as a context manager yielding its base URL; stopped (SIGTERM, then kill) on exit."""
+    proc = start_replay(tables, port, **kw)  # type: ignore[arg-type]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
