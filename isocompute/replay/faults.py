@@ -8,7 +8,7 @@ Set for the whole server with ``POST /admin/faults`` (a JSON object of the field
 ``slowdown``     every rate divided by this factor (≥ 1) while set (server-wide only)
 ``drop``         true: the connection is cut (no end of stream) after ``after_tokens`` tokens
 ``status``       completions requests are answered with this HTTP status (e.g. 503) at once
-``refuse_s``     the server stops listening for this many seconds: connections are refused (server-wide only)
+``refuse_s``     the server stops listening for this many seconds (or until DELETE): connections are refused (server-wide only)
 ``requests``     the fault applies to the next this-many completions requests, then clears (default: all)
 ============== ================================================================================
 

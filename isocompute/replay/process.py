@@ -23,7 +23,7 @@ from isocompute.replay.server import ReplayServer
 from isocompute.replay.table import ReplayTable
 from isocompute.replay.timing import TimingModel
 
-__all__ = ["replay_process", "serve_forever", "start_replay"]
+__all__ = ["ReplayProcess", "replay_process", "serve_forever", "start_replay"]
 
 
 def serve_forever(table: ReplayTable, timing: TimingModel, *, host: str, port: int) -> None:
@@ -46,25 +46,42 @@ def serve_forever(table: ReplayTable, timing: TimingModel, *, host: str, port: i
     asyncio.run(main())
 
 
+class ReplayProcess:
+    """A replay server in a child process (its own process group): ``url``, ``process``, :meth:`stop`."""
+
+    def __init__(self, url: str, process: subprocess.Popen[bytes]) -> None:
+        self.url, self.process = url, process
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 10 s."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
 def start_replay(tables: Sequence[str | Path], port: int, *, log: Path | None = None, timeout: float = 30.0,
-                 **timing: float | int) -> subprocess.Popen[bytes]:
-    """``isocompute replay TABLES --port PORT`` in a child process, returned once ``/health`` answers;
-    ``timing``: :class:`TimingModel` fields (``decode_tps=5000``…). Raises EngineUnavailable (with its log)
-    when it does not come up within ``timeout``."""
+                 **timing: float | int) -> ReplayProcess:
+    """``isocompute replay TABLES --port PORT`` in a child process (a new session, so a test may signal its
+    group), returned once ``/health`` answers; ``timing``: :class:`TimingModel` fields (``decode_tps=5000``…).
+    Raises EngineUnavailable (with its log) when it does not come up within ``timeout``."""
     cmd = [sys.executable, "-m", "isocompute", "replay", *map(str, tables), "--port", str(port)]
     for k, v in timing.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
     out = open(log, "wb") if log is not None else subprocess.DEVNULL  # noqa: SIM115 (the child owns it)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parents[2]),
                                                                        os.environ.get("PYTHONPATH", "")]))}
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             break
         with contextlib.suppress(OSError):
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
-                return proc
+                return ReplayProcess(f"http://127.0.0.1:{port}", proc)
         time.sleep(0.1)
     proc.kill()
     proc.wait()
@@ -74,15 +91,10 @@ def start_replay(tables: Sequence[str | Path], port: int, *, log: Path | None = 
 
 
 @contextlib.contextmanager
-def replay_process(tables: Sequence[str | Path], port: int, **kw: float | int | Path | None) -> Iterator[str]:
-    """:func:`start_replay` as a context manager yielding its base URL; stopped (SIGTERM, then kill) on exit."""
-    proc = start_replay(tables, port, **kw)  # type: ignore[arg-type]
+def replay_process(tables: Sequence[str | Path], port: int, **kw: float | int | Path | None) -> Iterator[ReplayProcess]:
+    """:func:`start_replay` as a context manager; stopped on exit."""
+    rp = start_replay(tables, port, **kw)  # type: ignore[arg-type]
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield rp
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        rp.stop()

@@ -76,19 +76,22 @@ class ReplayServer:
         await self._site.start()
 
     async def stop(self) -> None:
+        runner, self._runner = self._runner, None
         if self._refusing is not None:
             self._refusing.cancel()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if runner is not None:
+            await runner.cleanup()
 
     async def refuse(self, seconds: float) -> None:
         """Stop listening for ``seconds`` (new connections are refused), then listen again."""
         if self._site is not None:
             await self._site.stop()
             self._site = None
-        await asyncio.sleep(seconds)
-        await self._listen()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            if self._runner is not None and self._site is None:
+                await self._listen()
 
     # ---- small routes ---------------------------------------------------------------------------
 
@@ -127,12 +130,15 @@ class ReplayServer:
             return _error(400, str(e))
         self.faults = faults
         self.sched.slowdown = faults.slowdown
-        if faults.refuse_s:
-            self.faults.refuse_s = 0.0  # a one-off: done once it is scheduled
-            self._refusing = asyncio.get_running_loop().create_task(self.refuse(faults.refuse_s))
+        refuse_s, faults.refuse_s = faults.refuse_s, 0.0  # a one-off: done once it is scheduled
+        if refuse_s:
+            self._refusing = asyncio.get_running_loop().create_task(self.refuse(refuse_s))
         return web.json_response(self.faults.to_dict())
 
     async def clear_faults(self, request: web.Request) -> web.Response:
+        if self._refusing is not None and not self._refusing.done():
+            self._refusing.cancel()  # listen again now
+            await asyncio.gather(self._refusing, return_exceptions=True)
         self.faults = Faults()
         self.sched.slowdown = 1.0
         return web.json_response(self.faults.to_dict())
