@@ -21,8 +21,9 @@ or token ids) of the attempt that streamed; ``saved_tokens`` is None for a stopp
 choices never finished, so what the stop saved is not known) and 0 for one that ran to its end.
 
 Failures: the request's *start* (connect, status) goes through the engine's balancer, circuit breakers and
-retries like any request (:meth:`~isocompute.engines.vllm_http.VLLMHTTPEngine.request`); once chunks flow, a
-broken or stalled stream is not retried (its samples were already handed out) and raises
+retries like any request (:meth:`~isocompute.engines.vllm_http.VLLMHTTPEngine.request`); a stream broken before
+any of its samples finished is retried elsewhere like a failed start (nothing was handed out yet); once a
+sample has been handed out, a broken or stalled stream is not retried and raises
 :class:`~isocompute.errors.EngineUnavailable` (or :class:`~isocompute.engines.base.UpstreamBadResponse` for a
 chunk that cannot be read). The whole attempt, stream included, has the engine's per-attempt budget,
 shortened to the caller's deadline. A stream abandoned by the pool (its upstream failed or stopped
@@ -59,7 +60,7 @@ from typing import Any
 import httpx
 
 from isocompute.engines.base import Completion, OnFinish, UpstreamBadResponse, WaveStream
-from isocompute.engines.openai_replies import describe
+from isocompute.engines.openai_replies import Retryable, describe
 from isocompute.engines.upstream_calls import open_stream, with_retries
 from isocompute.errors import EngineUnavailable
 from isocompute.tasks.confidence import DEFAULT_WINDOW, sample_confidence
@@ -193,6 +194,8 @@ async def stream_completions(engine: Any, body: dict[str, Any], on_finish: OnFin
             engine.pool.failed(up, "the stream stalled", epoch, hard=False)  # slow: a strike
             raise EngineUnavailable(f"{up.url} streamed no end within {budget:.3g} s") from None
         except httpx.HTTPError as e:
+            if not order:  # no sample handed out yet: the wave may start again elsewhere
+                raise Retryable(f"it broke the stream before a sample finished ({describe(e)})", "dead") from e
             engine.pool.failed(up, describe(e), epoch, hard=True)
             raise EngineUnavailable(f"{up.url} broke the stream ({describe(e)})") from e
         finally:

@@ -17,13 +17,14 @@ import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from isocompute.errors import EngineUnavailable
 from isocompute.replay.server import ReplayServer
 from isocompute.replay.table import ReplayTable
 from isocompute.replay.timing import TimingModel
 
-__all__ = ["ReplayProcess", "replay_process", "serve_forever", "start_replay"]
+__all__ = ["ReplayProcess", "ReplayThread", "replay_process", "serve_forever", "start_replay"]
 
 
 def serve_forever(table: ReplayTable, timing: TimingModel, *, host: str, port: int) -> None:
@@ -98,3 +99,39 @@ def replay_process(tables: Sequence[str | Path], port: int, **kw: float | int | 
         yield rp
     finally:
         rp.stop()
+
+
+class ReplayThread:
+    """A replay server on its own event loop in a daemon thread of this process (tests: no child to start);
+    ``server`` is the :class:`ReplayServer` (touch it only through its HTTP API or :meth:`call`)."""
+
+    def __init__(self, table: ReplayTable, timing: TimingModel, port: int) -> None:
+        import threading
+
+        self.server = ReplayServer(table, timing, port=port)
+        self.url = f"http://127.0.0.1:{port}"
+        self.loop = asyncio.new_event_loop()
+        started = threading.Event()
+
+        def main() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.loop.run_until_complete(self.server.start())
+            started.set()
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=main, daemon=True)
+        self.thread.start()
+        if not started.wait(30):
+            raise EngineUnavailable(f"the replay thread on port {port} did not start within 30 s")
+
+    def call(self, fn: Any) -> Any:
+        """Run ``fn(server)`` on the server's loop (a coroutine's result is awaited) and return its result."""
+        async def go() -> Any:
+            out = fn(self.server)
+            return await out if asyncio.iscoroutine(out) else out
+        return asyncio.run_coroutine_threadsafe(go(), self.loop).result(30)
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(30)

@@ -204,14 +204,18 @@ class ReplayServer:
                 if fault is not None and pos < fault.after_tokens:
                     step = min(step, fault.after_tokens - pos)
                 await asyncio.sleep(step / sched.rate())
-                out = [(s, pos, step) for s in left]
                 for s in left:
                     s.pos += step
                 self.generation_tokens += step * len(left)
                 done = sum(s.pos == s.length for s in left)
-                if done:
-                    left = [s for s in left if s.pos < s.length]
+                if done:  # the step's finishes go last: a client that stops at one has every other's tokens
+                    out = [(s, pos, step) for s in left if s.pos < s.length]
+                    out += [(s, pos, step) for s in left if s.pos == s.length]
+                    left = out[: len(left) - done]
+                    left = [s for s, _, _ in left]
                     sched.release(done)
+                else:
+                    out = [(s, pos, step) for s in left]
                 yield out
         finally:
             sched.release(len(left), request_done=True)
