@@ -65,9 +65,9 @@ class ReplayProcess:
 
 
 def start_replay(tables: Sequence[str | Path], port: int, *, log: Path | None = None, timeout: float = 30.0,
-                 **timing: float | int) -> ReplayProcess:
+                 **timing: str | float | int) -> ReplayProcess:
     """``isocompute replay TABLES --port PORT`` in a child process (a new session, so a test may signal its
-    group), returned once ``/health`` answers; ``timing``: :class:`TimingModel` fields (``decode_tps=5000``…).
+    group), returned once ``/health`` answers; ``timing``: the command's flags as keywords (``decode_tps=5000``, ``model="name"``…).
     Raises EngineUnavailable (with its log) when it does not come up within ``timeout``."""
     cmd = [sys.executable, "-m", "isocompute", "replay", *map(str, tables), "--port", str(port)]
     for k, v in timing.items():
@@ -92,7 +92,7 @@ def start_replay(tables: Sequence[str | Path], port: int, *, log: Path | None = 
 
 
 @contextlib.contextmanager
-def replay_process(tables: Sequence[str | Path], port: int, **kw: float | int | Path | None) -> Iterator[ReplayProcess]:
+def replay_process(tables: Sequence[str | Path], port: int, **kw: Any) -> Iterator[ReplayProcess]:
     """:func:`start_replay` as a context manager; stopped on exit."""
     rp = start_replay(tables, port, **kw)  # type: ignore[arg-type]
     try:
