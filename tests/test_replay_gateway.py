@@ -114,6 +114,8 @@ def test_a_parallel_stop_wave_serves_what_its_definition_gives_on_the_recorded_s
         stop()
     info = out["isocompute"]
     assert info["answer"] == answer and info["stopped"] == stopped and info["k"] == 4
+    # the wave's decode length (what latency sums): the last finish, or the stop point
+    assert info["wave_runs"][0]["decode_tokens"] == {"rule": tokens // 4 if aborted == 3 else 30}.get(stopped, 50)
     assert out["usage"]["completion_tokens"] == tokens and out["usage"]["prompt_tokens"] == 7
     assert metric(metrics, "isocompute_aborted_samples_total") == aborted
     for _ in range(50):  # the upstream counts the aborted samples' tokens once their stream is closed
