@@ -134,6 +134,22 @@ def test_the_same_seed_draws_the_same_samples_and_max_tokens_cuts_without_an_ans
     assert by_len == [(10, "stop", "6"), (20, "stop", "5"), (25, "length", None), (25, "length", None)]
 
 
+def test_the_waves_of_one_plan_draw_without_replacement_across_waves(table):
+    from isocompute.app.runner.plan_run import wave_seed as gateway_wave_seed
+    from isocompute.replay.replies import wave_seed
+
+    assert [wave_seed(7, w) for w in (1, 2, 9)] == [gateway_wave_seed(7, w) for w in (1, 2, 9)]
+
+    async def body(srv, eng):
+        first = await eng.generate([PROMPT], 2, 100, 1.0, seed=5)
+        second = await eng.generate([PROMPT], 2, 100, 1.0, seed=wave_seed(5, 1))
+        again = await eng.generate([PROMPT], 2, 100, 1.0, seed=5)  # a new request with that seed: a fresh draw
+        return first[0] + second[0], again[0]
+    both, again = run(table, body)
+    assert sorted(c.completion_tokens for c in both) == [10, 20, 30, 50]  # all four, none twice
+    assert [c.completion_tokens for c in again] == [c.completion_tokens for c in both[:2]]
+
+
 def test_closing_a_stream_stops_its_samples_at_once(table):
     slow = TimingModel(decode_tps=400.0, stream_interval=1)  # the 50-token sample would take 0.125 s
 

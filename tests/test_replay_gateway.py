@@ -129,6 +129,16 @@ def test_a_parallel_stop_wave_serves_what_its_definition_gives_on_the_recorded_s
     assert metric(upstream, 'vllm:request_success_total{finished_reason="abort"') == (stopped == "rule")
 
 
+def test_a_plans_waves_draw_each_recorded_sample_once(replays):
+    url, app, stop = gateway(replays[:1], "none@1x4")  # four waves of one sample
+    try:
+        out = ask(url)
+    finally:
+        stop()
+    assert out["isocompute"]["waves"] == 4
+    assert sorted(w["tokens"] for w in out["isocompute"]["wave_runs"]) == [10, 20, 30, 50]
+
+
 def test_a_client_stream_gets_the_answer_and_a_disconnect_aborts_the_upstream_samples(replays, table):
     slow = ReplayThread(table, TimingModel(decode_tps=20.0, max_tps=1e6), free_port())  # 50 tokens: 2.5 s
     url, app, stop = gateway([slow], "none@4s")

@@ -1,8 +1,9 @@
 """What a replay request draws and how its tokens read on the wire, in vLLM's shapes.
 
-:func:`draw` picks a request's ``n`` samples from its row: without replacement within the request (a fresh
-permutation of the row's samples each time they run out), seeded by the request's ``seed`` (no seed: a
-fresh draw); greedy (``temperature == 0``) repeats the row's first sample. :class:`Seq` is one sample as
+:class:`Draws` picks a request's ``n`` samples from its row: without replacement (a fresh permutation of the
+row's samples each time they run out), seeded by the request's ``seed`` (no seed: a fresh draw), and across
+the waves of one gateway plan, whose seeds it recognises; greedy (``temperature == 0``) repeats the row's
+first sample. :class:`Seq` is one sample as
 served: its length cut to ``max_tokens`` (``finish_reason: length``, no answer) and the text of any run of
 its tokens. :func:`completion_chunk`, :func:`chat_chunk` and :func:`usage_chunk` are vLLM's SSE chunks
 (``text_completion`` / ``chat.completion.chunk``; ``usage`` on every chunk with
@@ -15,25 +16,65 @@ Logprobs (``"logprobs": K``): each token's sampled log-probability is the sample
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
+from collections import OrderedDict
 from typing import Any
 
 from isocompute.replay.table import FILLER, FIRST_FILLER, ReplayRow, ReplaySample
 
-__all__ = ["Seq", "chat_chunk", "completion_chunk", "draw", "usage_chunk"]
+__all__ = ["Draws", "Seq", "chat_chunk", "completion_chunk", "usage_chunk", "wave_seed"]
 
 _IDS: dict[int, list[int]] = {}
 
 
-def draw(row: ReplayRow, n: int, seed: int | None, temperature: float) -> list[ReplaySample]:
-    """``n`` of ``row``'s samples (module docstring)."""
-    if temperature == 0:
-        return [row.samples[0]] * n
-    rng = random.Random(f"{seed}/{row.id}") if seed is not None else random.Random()
+def wave_seed(seed: int, wave: int) -> int:
+    """The seed the gateway gives wave ``wave`` ≥ 1 of a request with ``seed``: ``blake2b(f"{seed}/{wave}") mod
+    2³¹`` (:func:`isocompute.app.runner.plan_run.wave_seed`; a test holds the two equal)."""
+    digest = hashlib.blake2b(f"{seed}/{wave}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % 2**31
+
+
+class Draws:
+    """Each request's draw of its row's samples (module docstring). A plan's later waves continue its first
+    wave's draw: a request whose ``seed`` is a wave seed (:func:`wave_seed`, waves 1 … ``waves``) of an earlier
+    request on the same row takes the next samples of that request's permutation, so the waves of one plan
+    draw without replacement across waves, as the report's estimators do. ``keep`` bounds the requests
+    remembered (oldest forgotten first)."""
+
+    def __init__(self, waves: int = 64, keep: int = 200_000) -> None:
+        self.waves, self.keep = waves, keep
+        self._next: OrderedDict[tuple[str, int], list[Any]] = OrderedDict()
+
+    def draw(self, row: ReplayRow, n: int, seed: int | None, temperature: float) -> list[ReplaySample]:
+        """``n`` of ``row``'s samples."""
+        if temperature == 0:
+            return [row.samples[0]] * n
+        if seed is None:
+            return _take([random.Random(), [], 0], row, n)
+        state = self._next.pop((row.id, seed), None)
+        if state is None:  # a first wave: a fresh seeded permutation, its later waves' seeds registered
+            state = [random.Random(f"{seed}/{row.id}"), [], 0]
+            for w in range(1, self.waves + 1):
+                self._next[(row.id, wave_seed(seed, w))] = state
+            while len(self._next) > self.keep:
+                self._next.popitem(last=False)
+        return _take(state, row, n)
+
+
+def _take(state: list[Any], row: ReplayRow, n: int) -> list[ReplaySample]:
+    """The next ``n`` samples of ``state`` = [rng, permutation, position] (a new permutation when it runs out)."""
+    rng, perm, pos = state
     out: list[ReplaySample] = []
     while len(out) < n:
-        out += rng.sample(row.samples, min(len(row.samples), n - len(out)))
+        if pos == len(perm):
+            perm[:] = rng.sample(row.samples, len(row.samples))
+            pos = 0
+        k = min(n - len(out), len(perm) - pos)
+        out += perm[pos:pos + k]
+        pos += k
+    state[2] = pos
     return out
 
 

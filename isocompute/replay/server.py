@@ -28,7 +28,7 @@ from aiohttp import web
 
 from isocompute.errors import InputError
 from isocompute.replay.faults import Faults, parse_header
-from isocompute.replay.replies import Seq, chat_chunk, completion_chunk, draw, usage_chunk
+from isocompute.replay.replies import Draws, Seq, chat_chunk, completion_chunk, usage_chunk
 from isocompute.replay.table import ReplayRow, ReplaySample, ReplayTable
 from isocompute.replay.timing import Scheduler, TimingModel
 
@@ -51,6 +51,7 @@ class ReplayServer:
         self.max_model_len = max_model_len
         self.sched = Scheduler(timing)
         self.faults = Faults()
+        self.draws = Draws()
         self.generation_tokens = 0
         self.prompt_tokens = 0
         self.success: Counter[str] = Counter()
@@ -171,7 +172,7 @@ class ReplayServer:
         if row is None:
             return _error(400, f"prompt not in the replay's tables (first 80 characters: {ask.prompt[:80]!r}); send "
                           "a prompt of the outcome tables it serves (or a row's id)")
-        samples = draw(row, ask.n, ask.seed, ask.temperature)
+        samples = self.draws.draw(row, ask.n, ask.seed, ask.temperature)
         if ask.logprobs is not None and any(s.confidence is None or s.logprob_mean is None for s in samples):
             return _error(400, f"row {row.id!r} has no recorded confidence (logprob_mean, confidence_min_window); "
                           "ask without logprobs, or replay a table sampled with --logprobs")
