@@ -165,6 +165,8 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=0, help="serve --workers N (0: one process, the default)")
     ap.add_argument("--baseline", action="store_true", help="also drive one replay directly (the baseline)")
     ap.add_argument("--profile", action="store_true", help="run the gateway under pyinstrument (report in --out)")
+    ap.add_argument("--py-spy", action="store_true", help="sample the gateway with py-spy during the first level "
+                                                          "(a flame graph and top functions in --out; pip install py-spy)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     prompts = [json.loads(x)["prompt"] for x in args.table.read_text().splitlines() if x.strip()]
@@ -189,7 +191,15 @@ def main() -> int:
     try:
         wait_ready(f"http://127.0.0.1:{port}", gw, log)
         for c in map(int, args.concurrency.split(",")):
+            spy = None
+            if args.py_spy:
+                spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(gw.pid),
+                                        "--format", "raw", "-o", str(args.out / f"pyspy-{c}.txt"), "--duration",
+                                        str(int(args.warmup + args.seconds)), "--rate", "200"],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             res = run_level(f"http://127.0.0.1:{port}", gw.pid, prompts, c, args)
+            if spy is not None:
+                spy.wait(60)
             results.append(res)
             print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()}), flush=True)
         if args.baseline:

@@ -57,11 +57,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 import httpx
 
 from isocompute.engines.base import Completion, OnFinish, UpstreamBadResponse, WaveStream
 from isocompute.engines.openai_replies import Retryable, describe
-from isocompute.engines.upstream_calls import open_stream, with_retries
+from isocompute.engines.upstream_calls import open_stream, open_stream_aiohttp, with_retries
 from isocompute.errors import EngineUnavailable
 from isocompute.tasks.confidence import DEFAULT_WINDOW, sample_confidence
 
@@ -149,11 +150,12 @@ def read_chunk(line: str | bytes, states: list[ChoiceState]) -> tuple[list[int],
                                   f"{payload[:200].decode(errors='replace')!r}") from None
 
 
-async def _lines(r: httpx.Response, up: Any) -> Any:
+async def _lines(r: httpx.Response | aiohttp.ClientResponse, up: Any) -> Any:
     """The response's lines as bytes, split here from whatever blocks arrive (httpx's own line iterator costs
     a few µs per line in Python); each block is news from the upstream ``up`` (``last_answer``)."""
     rest = b""
-    async for block in r.aiter_bytes():
+    blocks = r.content.iter_any() if isinstance(r, aiohttp.ClientResponse) else r.aiter_bytes()
+    async for block in blocks:
         if up is not None:
             up.last_answer = time.monotonic()
         lines = (rest + block).split(b"\n")
@@ -164,7 +166,7 @@ async def _lines(r: httpx.Response, up: Any) -> Any:
         yield rest
 
 
-async def _read(r: httpx.Response, n: int, on_finish: OnFinish, started: float, order: list[int],
+async def _read(r: httpx.Response | aiohttp.ClientResponse, n: int, on_finish: OnFinish, started: float, order: list[int],
                 conf: tuple[int, int] | None = None, up: Any = None) -> WaveStream:
     """The stream's chunks folded into ``n`` choices; ``order`` (the caller's, empty) gets each finished index;
     each chunk is news from the upstream ``up`` (``last_answer``: it is not stalled)."""
@@ -203,25 +205,32 @@ async def stream_completions(engine: Any, body: dict[str, Any], on_finish: OnFin
     body = {**body, "stream": True, "stream_options": STREAM_OPTIONS}
     engine.pool.fail_fast()
     client = engine._ensure_client()
+    # aiohttp (C parser) unless a test transport stands in for the network: httpx/httpcore/h11 cost the
+    # gateway most of its CPU per streamed chunk (bench_gateway_scale's profile)
+    session = engine._session
     order: list[int] = []  # the choices handed to on_finish by the attempt under way
 
     async def attempt(up: Any, epoch: int, budget: float) -> WaveStream:
         order.clear()
         end = asyncio.get_running_loop().time() + budget
-        r = await open_stream(client, up.url, body, budget)
+        r = await (open_stream(client, up.url, body, budget) if session is None
+                   else open_stream_aiohttp(session, up.url, body, budget))
         try:
             async with asyncio.timeout_at(end):
                 return await _read(r, n, on_finish, started, order, conf, up)
         except TimeoutError:
             engine.pool.failed(up, "the stream stalled", epoch, hard=False)  # slow: a strike
             raise EngineUnavailable(f"{up.url} streamed no end within {budget:.3g} s") from None
-        except httpx.HTTPError as e:
+        except (httpx.HTTPError, aiohttp.ClientError) as e:
             if not order:  # no sample handed out yet: the wave may start again elsewhere
                 raise Retryable(f"it broke the stream before a sample finished ({describe(e)})", "dead") from e
             engine.pool.failed(up, describe(e), epoch, hard=True)
             raise EngineUnavailable(f"{up.url} broke the stream ({describe(e)})") from e
-        finally:
-            await r.aclose()  # a stop closes it here: vLLM aborts the request
+        finally:  # a stop closes it here: vLLM aborts the request
+            if isinstance(r, aiohttp.ClientResponse):
+                r.close()
+            else:
+                await r.aclose()
 
     # samples already handed out: the wave cannot start again elsewhere
     return await with_retries(engine, attempt, what="stream", restartable=lambda: not order)

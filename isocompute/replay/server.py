@@ -84,10 +84,14 @@ class ReplayServer:
             await runner.cleanup()
 
     async def refuse(self, seconds: float) -> None:
-        """Stop listening for ``seconds`` (new connections are refused), then listen again."""
+        """Stop listening for ``seconds`` (new connections are refused; kept-alive ones are closed, and a request
+        on one still open is cut), then listen again."""
         if self._site is not None:
             await self._site.stop()
             self._site = None
+        if self._runner is not None and self._runner.server is not None:
+            for conn in list(self._runner.server.connections):
+                conn.close()
         try:
             await asyncio.sleep(seconds)
         finally:
@@ -153,6 +157,9 @@ class ReplayServer:
         return await self._generate(request, chat=True)
 
     async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        if self._site is None and request.transport is not None:  # refusing: cut a kept-alive connection too
+            request.transport.abort()
+            raise web.HTTPServiceUnavailable(text="replay fault: refusing connections")
         try:
             body = await request.json()
             ask = _Ask.parse(body, chat=chat, model=self.table.model)
