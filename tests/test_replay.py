@@ -83,6 +83,7 @@ def test_the_filler_reads_as_no_answer():
 
 @pytest.mark.parametrize("rows,match", [
     ([{"id": "a", "prompt": "x", "samples": [{"answer": "1"}]}], "completion_tokens"),
+    ([{"id": "a", "prompt": "x", "samples": [{"answer": "1", "completion_tokens": -1}]}], "completion_tokens"),
     ([{"id": "a", "prompt": "x", "samples": []}], "no samples"),
     ([{"id": "a", "prompt": "x", "samples": [{"completion_tokens": 2}]}] * 2, "already served"),
     ([{"prompt": "x"}], "not an outcome-table row"),
@@ -191,6 +192,22 @@ def test_an_unknown_prompt_is_a_clear_400_and_the_readiness_check_is_answered(ta
             await eng.generate(["an unknown question"], 1, 10, 1.0)
         return ready
     assert len(run(table, body)) == 1
+
+
+def test_a_recorded_sample_of_zero_tokens_finishes_at_once_with_no_tokens(tmp_path):
+    path = tmp_path / "z.jsonl"
+    path.write_text(json.dumps({"id": "z", "prompt": PROMPT, "meta": {"task": "gsm8k"}, "samples": [
+        {"answer": None, "completion_tokens": 0}, {"answer": "5", "completion_tokens": 6}]}) + "\n")
+
+    async def body(srv, eng):
+        seen = []
+
+        async def on_finish(j, c):
+            seen.append((c.completion_tokens, extract_answer(c.text)))
+            return False
+        await eng.stream_wave(PROMPT, 2, 100, 1.0, 0, on_finish)
+        return seen
+    assert run(load_tables([path]), body) == [(0, None), (6, "5")]
 
 
 def test_the_timing_model_shares_the_aggregate_rate_and_queues_beyond_max_seqs():

@@ -92,7 +92,10 @@ class Seq:
         self.pos = 0
 
     def text(self, start: int, k: int) -> str:
-        """The text of tokens ``start … start + k − 1`` (module docstring of :mod:`isocompute.replay.table`)."""
+        """The text of tokens ``start … start + k − 1`` (module docstring of :mod:`isocompute.replay.table`); a
+        recorded sample of 0 tokens streams its answer (if any) as one empty-token chunk."""
+        if k == 0:
+            return self.sample.answer_text if self.finish == "stop" else ""
         parts = FIRST_FILLER + FILLER * (k - 1) if start == 0 else FILLER * k
         if start + k == self.length and self.finish == "stop" and self.sample.answer_text:
             parts = parts[: -len(FILLER)] + self.sample.answer_text if k > 1 or start else self.sample.answer_text

@@ -95,8 +95,8 @@ class ReplayTable:
 
 def _sample(s: dict, task: str, where: str, table: ReplayTable) -> ReplaySample:
     tokens = s.get("completion_tokens")
-    if not isinstance(tokens, int) or tokens < 1:
-        raise InputError(f"{where}: a sample without a positive integer completion_tokens ({tokens!r}); the replay "
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise InputError(f"{where}: a sample without an integer completion_tokens >= 0 ({tokens!r}); the replay "
                          "streams recorded lengths: import the table with token counts (--tokenizer)")
     text = ""
     if s.get("answer") is not None:
