@@ -7,9 +7,10 @@ per sequence and ``--max-seqs`` in flight; one ``isocompute serve --action m/PLA
 ``lead:m=2@8s``: an 8-sample parallel-stop wave stopped when one answer leads by 2); an aiohttp client keeping
 C requests in flight for ``--seconds`` after ``--warmup`` seconds, at each C of ``--concurrency``.
 
-Measured over each window (after the warm-up): completed requests/s; the gateway process's CPU seconds (user +
-system, /proc) per request and per streamed token (tokens: the responses' ``usage.completion_tokens``, the
-tokens the gateway read; chunks: tokens / ``--stream-interval``); added latency per request = the client's
+Measured over each window (after a warm-up of ``max(--warmup, C × --warmup-per-request)`` s): requests finished
+in it per second; the gateway process's CPU seconds (user + system, /proc) per request and per streamed token
+(tokens: the replays' ``vllm:generation_tokens_total`` over the window — what they streamed to the gateway;
+chunks: tokens / ``--stream-interval``); added latency per request = the client's
 wall time − the gateway's own measure of its waves' upstream time (``latency_s``), p50/p99; event-loop lag =
 the time ``GET /health`` takes (a probe every 50 ms), p50/p99; memory per request in flight = (gateway RSS
 under load − idle RSS) / C; non-200 answers. The named baseline in the same run: the same client sending the
@@ -32,6 +33,7 @@ import random
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -101,7 +103,7 @@ async def drive(url: str, prompts: list[str], concurrency: int, warmup: float, s
                             pass
                         data = None
                 t1 = time.monotonic()
-                if t0 >= t_begin and t1 <= t_end:
+                if t_begin <= t1 <= t_end:  # finished inside the window
                     rec = {"status": status, "wall": t1 - t0}
                     if direct_model is None and status == 200:
                         rec["tokens"] = data["usage"]["completion_tokens"]
@@ -117,25 +119,37 @@ def pct(xs: list[float], q: float) -> float | None:
     return float(np.percentile(xs, q)) if xs else None
 
 
-def run_level(gw_url: str, gw_pid: int, prompts: list[str], c: int, args: argparse.Namespace) -> dict:
+def generated(replays: list[str]) -> float:
+    """The replays' ``vllm:generation_tokens_total``, summed: the tokens streamed to the gateway."""
+    total = 0.0
+    for url in replays:
+        for line in urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode().splitlines():
+            if line.startswith("vllm:generation_tokens_total"):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def run_level(gw_url: str, gw_pid: int, prompts: list[str], c: int, replays: list[str],
+              args: argparse.Namespace) -> dict:
     idle = rss_mb(gw_pid)
     cpu = {}
     peak = [idle]
+    warmup = max(args.warmup, c * args.warmup_per_request)
 
     async def go() -> dict:
         async def sample_cpu() -> None:
-            await asyncio.sleep(args.warmup)
-            cpu["t0"], cpu["c0"] = time.monotonic(), cpu_seconds(gw_pid)
+            await asyncio.sleep(warmup)
+            cpu["t0"], cpu["c0"], cpu["g0"] = time.monotonic(), cpu_seconds(gw_pid), generated(replays)
             while time.monotonic() < cpu["t0"] + args.seconds:
                 await asyncio.sleep(0.5)
                 peak.append(rss_mb(gw_pid))
-            cpu["t1"], cpu["c1"] = time.monotonic(), cpu_seconds(gw_pid)
-        out, _ = await asyncio.gather(drive(gw_url, prompts, c, args.warmup, args.seconds), sample_cpu())
+            cpu["t1"], cpu["c1"], cpu["g1"] = time.monotonic(), cpu_seconds(gw_pid), generated(replays)
+        out, _ = await asyncio.gather(drive(gw_url, prompts, c, warmup, args.seconds), sample_cpu())
         return out
     out = asyncio.run(go())
     recs = out["records"]
     ok = [r for r in recs if r["status"] == 200]
-    tokens = sum(r["tokens"] for r in ok)
+    tokens = cpu["g1"] - cpu["g0"]  # streamed in the window (decoded upstream; a stop's last step may be unread)
     gcpu = cpu["c1"] - cpu["c0"]
     added = [r["wall"] - r["upstream_s"] for r in ok]
     return {"concurrency": c, "requests": len(recs), "errors": len(recs) - len(ok),
@@ -156,6 +170,9 @@ def main() -> int:
     ap.add_argument("--concurrency", default="64,256,1024")
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--warmup", type=float, default=5.0)
+    ap.add_argument("--warmup-per-request", type=float, default=0.04,
+                    help="warm-up seconds per request in flight (the longest of the two): a level reaches its "
+                         "steady state before its window")
     ap.add_argument("--upstreams", type=int, default=4)
     ap.add_argument("--max-tps", type=float, default=5000.0)
     ap.add_argument("--decode-tps", type=float, default=100.0)
@@ -197,7 +214,7 @@ def main() -> int:
                                         "--format", "raw", "-o", str(args.out / f"pyspy-{c}.txt"), "--duration",
                                         str(int(args.warmup + args.seconds)), "--rate", "200"],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            res = run_level(f"http://127.0.0.1:{port}", gw.pid, prompts, c, args)
+            res = run_level(f"http://127.0.0.1:{port}", gw.pid, prompts, c, [r.url for r in reps], args)
             if spy is not None:
                 spy.wait(60)
             results.append(res)

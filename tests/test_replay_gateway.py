@@ -130,11 +130,13 @@ def test_a_parallel_stop_wave_serves_what_its_definition_gives_on_the_recorded_s
 
 
 def test_a_plans_waves_draw_each_recorded_sample_once(replays):
-    url, app, stop = gateway(replays[:1], "none@1x4")  # four waves of one sample
+    url, app, stop = gateway(replays[:1], "none@1x4", upstream_max_concurrency=3)  # four waves of one sample
     try:
         out = ask(url)
+        cap = app.state.gateway.engine.max_concurrency
     finally:
         stop()
+    assert cap == 3  # the setting reaches the pool's engine
     assert out["isocompute"]["waves"] == 4
     assert sorted(w["tokens"] for w in out["isocompute"]["wave_runs"]) == [10, 20, 30, 50]
 

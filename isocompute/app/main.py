@@ -59,7 +59,8 @@ def build_engine(s: Settings) -> Engine:
 
     options: dict[str, Any] = {}
     if s.engine == "vllm-http":
-        options |= {"timeout": s.upstream_timeout_s, "stall_s": s.upstream_stall_s or None}
+        options |= {"timeout": s.upstream_timeout_s, "stall_s": s.upstream_stall_s or None,
+                    "max_concurrency": s.upstream_max_concurrency}
         # model_dir is where *this* host finds the checkpoint's tokenizer and config; the upstream knows
         # the model by its own served name, which is asked for (or given) separately.
         return make_engine(s.engine, model=s.upstream_model, upstreams=s.upstreams, **options)
@@ -73,7 +74,7 @@ def build_pool_engine(s: Settings, name: str) -> Engine:
 
     if name in s.model_upstreams:
         return make_engine("vllm-http", upstreams=s.model_upstreams[name], timeout=s.upstream_timeout_s,
-                           stall_s=s.upstream_stall_s or None)
+                           stall_s=s.upstream_stall_s or None, max_concurrency=s.upstream_max_concurrency)
     kind = s.engine if s.engine in ("transformers", "vllm") else "transformers"
     return make_engine(kind, model=s.model_dirs[name])
 

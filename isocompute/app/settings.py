@@ -63,6 +63,7 @@ class Settings(BaseSettings):
     stream_keepalive_s: float = Field(5.0, gt=0)
     upstream_timeout_s: float = Field(120.0, gt=0)
     upstream_stall_s: float = Field(3.0, ge=0)  # 0: no stall check (engines.circuit)
+    upstream_max_concurrency: int = Field(64, ge=1)  # requests (waves) in flight to one pool's upstreams
     retry_after_s: int = Field(5, ge=0)
     ready_probe_timeout_s: float = Field(30.0, gt=0)
     ready_interval_s: float = Field(5.0, gt=0)
