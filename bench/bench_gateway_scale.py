@@ -19,8 +19,7 @@ prices the client and replays, and its requests/s is the ceiling this machine re
 
     python bench/bench_gateway_scale.py /work/tables/gsm8k_tok.jsonl --concurrency 64,256,1024 --seconds 20
 
-Ignores: TLS, auth, policies with features (a fixed action decides in microseconds), several gateway processes
-unless ``--workers`` is given to serve.
+Ignores: TLS, auth, policies with features (a fixed action decides in microseconds), several gateway processes.
 """
 
 from __future__ import annotations
@@ -179,7 +178,8 @@ def main() -> int:
     ap.add_argument("--max-seqs", type=int, default=256)
     ap.add_argument("--stream-interval", type=int, default=1)
     ap.add_argument("--plan", default="lead:m=2@8s")
-    ap.add_argument("--workers", type=int, default=0, help="serve --workers N (0: one process, the default)")
+    ap.add_argument("--upstream-max-concurrency", type=int, default=256,
+                    help="the gateway's upstream_max_concurrency (waves in flight to the pool; its default is 64)")
     ap.add_argument("--baseline", action="store_true", help="also drive one replay directly (the baseline)")
     ap.add_argument("--profile", action="store_true", help="run the gateway under pyinstrument (report in --out)")
     ap.add_argument("--py-spy", action="store_true", help="sample the gateway with py-spy during the first level "
@@ -193,12 +193,11 @@ def main() -> int:
             for i in range(args.upstreams)]
     port = free_port()
     env = {"ISOCOMPUTE_DEFAULT_MAX_TOKENS": "131072", "ISOCOMPUTE_MAX_TOKENS_LIMIT": "131072",
-           "ISOCOMPUTE_UPSTREAM_TIMEOUT_S": "600", "ISOCOMPUTE_MAX_PROMPT_CHARS": "200000"}
+           "ISOCOMPUTE_UPSTREAM_TIMEOUT_S": "600", "ISOCOMPUTE_MAX_PROMPT_CHARS": "200000",
+           "ISOCOMPUTE_UPSTREAM_MAX_CONCURRENCY": str(args.upstream_max_concurrency)}
     log = args.out / "gateway.log"
     cmd = [sys.executable, "-m", "isocompute", "serve", "--port", str(port), "--log-level", "warning",
            "--action", f"m/{args.plan}", *[f"--upstream=m={r.url}" for r in reps]]
-    if args.workers:
-        cmd += ["--workers", str(args.workers)]
     if args.profile:  # pyinstrument writes its report when the gateway exits (SIGTERM: drain, then exit 0)
         cmd[1:3] = ["-m", "pyinstrument", "-r", "text", "-o", str(args.out / "profile.txt"), "-m", "isocompute"]
     with open(log, "ab") as fh:
