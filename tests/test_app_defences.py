@@ -208,7 +208,7 @@ def test_admission_sheds_past_its_queue_timeout_and_serves_in_order():
 
 
 def test_an_overloaded_gateway_answers_503_with_retry_after_and_ready_says_saturated():
-    engine = FakeEngine(delay=1.0)
+    engine = FakeEngine(delay=2.0)  # the slot's holder, long past the queue timeout even on a loaded machine
     app = create_app(Settings(upstream_timeout_s=10.0, max_inflight=1, queue_timeout_s=0.1, retry_after_s=3),
                      policy=FakePolicy(), engine=engine)
 
