@@ -37,7 +37,7 @@ from fastapi import FastAPI
 from isocompute import __version__
 from isocompute.app import serving_policy
 from isocompute.app.accounting.auth import KeyStore, load_key_file, redact_access_log
-from isocompute.app.accounting.metrics import Metrics, MetricsMiddleware
+from isocompute.app.accounting.metrics import GatewayState, Metrics, MetricsMiddleware
 from isocompute.app.errors import BodyLimit, install_error_handlers
 from isocompute.app.fixed_action import FixedActionPolicy
 from isocompute.app.gateway import Gateway, Verifier
@@ -253,6 +253,24 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                         await gw.quotas.store.aclose()
 
 
+def gateway_state(app: FastAPI) -> GatewayState:
+    """What ``/metrics`` reads at each scrape: every backend's readiness and breakers, the drain, the quota
+    store's failures (before the lifespan started: the drain only)."""
+    drain: Drain = app.state.drain
+    st = GatewayState(inflight=drain.inflight,
+                      drain_seconds=None if drain.since is None else time.monotonic() - drain.since)
+    gw: Gateway | None = app.state.gateway
+    if gw is None:
+        return st
+    for b in {id(b): b for b in [gw.backend, *(p.backend for p in gw.pools.values())]}.values():
+        st.upstream_up[b.pool] = b.health.ok
+        status = getattr(b.engine, "upstream_status", None)
+        if status is not None:
+            st.circuits[b.pool] = [(u["url"], u["state"]) for u in status()]
+    st.quota_store_errors = gw.quotas.errors
+    return st
+
+
 # The OpenAI fields the routes refuse with 400 (routes._refuse_unsupported), as the schema should state them:
 # the models accept them (so the refusal can say what to send instead), the published schema does not.
 REFUSED = {"n": {"maximum": 1}, "best_of": {"maximum": 1}, "echo": {"enum": [False, None]},
@@ -296,6 +314,7 @@ def create_app(
     app.state.settings = s
     app.state.injected = {"policy": policy, "engine": engine, "verifier": verifier, "engines": engines}
     app.state.metrics = Metrics()
+    app.state.metrics.watch_state(lambda: gateway_state(app))
     app.state.started_at = time.time()
     app.state.gateway = None
     app.state.drain = Drain(s.drain_timeout_s)  # started by isocompute serve's server on SIGTERM (app.readiness)
