@@ -225,6 +225,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                  tokenizer=facts.tokenizer, model_flops=facts.model_flops, context_limit=facts.context_limit,
                  verifier=injected["verifier"], grader=grader, pools=pools)
     app.state.gateway = gw
+    app.state.metrics.initialise(sorted({gw.backend.pool, *(p.backend.pool for p in gw.pools.values())}))
     # Move what startup loaded (policy, features, tokenizer) out of the GC's young generations: rare
     # 50-70 ms full collections traversing them were seen inside decide.
     gc.freeze()

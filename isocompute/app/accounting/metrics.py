@@ -74,6 +74,8 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 DECISION_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05)
 K_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 CIRCUIT_STATES = ("closed", "open", "half_open")
+STOP_REASONS = ("rule", "plan_end", "cap", "deadline", "upstream_error")
+UPSTREAM_ERROR_KINDS = ("timeout", "circuit_open", "unavailable", "misconfigured", "bad_response", "partial")
 
 
 @dataclass
@@ -161,6 +163,17 @@ class Metrics:
         self.budget_target = Gauge("isocompute_budget_target", "Mean cost per prompt the key asked for, in its "
                                    "unit", ["budget_key"], registry=r)
         self._wave_collectors(r)
+
+    def initialise(self, pools: list[str]) -> None:
+        """Create every fixed label set at 0 (the stop reasons, and per pool its error kinds and abort
+        counters), so a dashboard's rate of something that has not happened yet reads 0, not "no data"."""
+        for reason in STOP_REASONS:
+            self.stops.labels(reason)
+        for pool in pools:
+            for kind in UPSTREAM_ERROR_KINDS:
+                self.upstream_errors.labels(kind, pool)
+            for c in (self.aborted_samples, self.waves_stopped, self.tokens_saved):
+                c.labels(pool)
 
     def watch_state(self, read: Callable[[], GatewayState]) -> None:
         """Export what ``read()`` returns at every scrape (upstreams, circuits, drain, quota store)."""
