@@ -12,7 +12,6 @@ import json
 import re
 import subprocess
 import tomllib
-from pathlib import Path
 
 import pytest
 import yaml
