@@ -93,6 +93,7 @@ from isocompute.app.runner.voting import Voter
 from isocompute.app.schemas import ChatMessage
 from isocompute.app.serving_policy import PolicyDecision, ServingPolicy, as_serving_policy
 from isocompute.app.settings import Settings
+from isocompute.app.tracing import span
 from isocompute.engines.base import Engine
 from isocompute.errors import EngineUnavailable, InputError
 
@@ -303,7 +304,8 @@ class Gateway:
         """
         policy = self._loaded_policy()  # one policy for the whole request, whatever /admin/reload does
         texts = prompts if ask.policy_prompts is None else ask.policy_prompts
-        plan = self._price(policy, principal, ask)
+        with span("isocompute.price", prompts=len(prompts)):
+            plan = self._price(policy, principal, ask)
         hold = None if dry_run else await self.spend.admit(policy, principal, ask, plan.cap, len(prompts))
         if hold is not None and hold.cap < plan.cap:  # the quota left buys fewer samples: re-priced with that cap
             plan = self._price(policy, principal, dataclasses.replace(ask, max_samples=hold.cap))
@@ -321,7 +323,8 @@ class Gateway:
         if reads and policy.probe is not None:
             probe = await probe_call(self.backend, texts, policy.probe, plan, deadline, tokenizer=self.tokenizer,
                                      model_flops=self.model_flops)
-        decision, features = await self._decide(policy, texts, internal, probe, plan, reads, ask.model, lat)
+        with span("isocompute.decide", budget_key=plan.label, internal_budget=float(internal)):
+            decision, features = await self._decide(policy, texts, internal, probe, plan, reads, ask.model, lat)
         routing = Routing.of(decision, plan, len(prompts), multi_model=bool(policy.models),
                              internal_budget=float(internal), controller=ctl, probe=probe, features=features,
                              latency_control=lr, quota=hold)

@@ -47,6 +47,7 @@ from isocompute.app.runner.batching import BatchingEngine
 from isocompute.app.runner.pools import ModelPool, missing_pools, missing_pools_message
 from isocompute.app.serving_policy import as_serving_policy
 from isocompute.app.settings import Settings, get_settings
+from isocompute.app.tracing import TracingMiddleware, make_tracer
 from isocompute.engines.base import Engine
 from isocompute.errors import EngineUnavailable, InputError
 from isocompute.solver.models.actions import parse_action
@@ -252,6 +253,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                         await close_all(owned)
                     finally:
                         await gw.quotas.store.aclose()
+                        if app.state.tracer_provider is not None:  # flush the last spans
+                            await asyncio.to_thread(app.state.tracer_provider.shutdown)
 
 
 def gateway_state(app: FastAPI) -> GatewayState:
@@ -302,9 +305,11 @@ def create_app(
     engine: Engine | None = None,
     verifier: Verifier | None = None,
     engines: dict[str, Engine] | None = None,
+    span_exporter: Any = None,
 ) -> FastAPI:
     """The gateway app. ``settings`` default to :func:`get_settings`; ``policy``/``engine``/``verifier``
-    replace what the lifespan would load, ``engines`` the named pools' engines (for tests and embedding)."""
+    replace what the lifespan would load, ``engines`` the named pools' engines (for tests and embedding);
+    ``span_exporter`` receives the traces instead of ``otel_traces_endpoint`` (tests: the SDK's in-memory one)."""
     s = settings or get_settings()
     app = FastAPI(
         title="isocompute gateway",
@@ -325,5 +330,8 @@ def create_app(
     paths = frozenset(getattr(r, "path", "") for r in (*app.routes, *router.routes))
     app.add_middleware(BodyLimit, max_bytes=s.max_body_bytes)
     app.add_middleware(DrainMiddleware, drain=app.state.drain, retry_after_s=s.retry_after_s)  # before the body
+    tracer, app.state.tracer_provider = make_tracer(s.otel_traces_endpoint, s.otel_service_name, span_exporter)
+    if tracer is not None:
+        app.add_middleware(TracingMiddleware, tracer=tracer)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics, routes=paths)  # outermost: counts the drain's 503s
     return app

@@ -47,6 +47,7 @@ from isocompute.app.runner.pools import DEFAULT, Pool, check_context
 from isocompute.app.runner.voting import Voter
 from isocompute.app.schemas import ChatMessage
 from isocompute.app.settings import Settings
+from isocompute.app.tracing import span
 from isocompute.engines.base import UpstreamBadResponse
 from isocompute.errors import InputError
 from isocompute.flops.logprobs import LOGPROB_COST_FACTOR
@@ -162,7 +163,8 @@ class Answers:
                              verifier=self.verifier, weights=run.weights, vote_weights=self.vote)
         chosen = final.samples[picked.index]
         assert chosen is not None
-        bill = self.ledger.book(run, routing, i)
+        with span("isocompute.charge", drawn=run.drawn):
+            bill = self.ledger.book(run, routing, i)
         info = describe(run, routing, i, picked, strategy=strategy, flops=bill.flops, stage_flops=bill.stage_flops,
                         latency=bill.latency)
         return Answer(chosen.text, chosen.finish_reason, bill.prompt_tokens, bill.completion_tokens, bill.flops,

@@ -62,6 +62,7 @@ from isocompute.app.errors import UpstreamTimeout
 from isocompute.app.runner.execute import Backend, Deadline, run_wave
 from isocompute.app.runner.parallel_wave import FAILED_REASONS, StreamOutcome, WaveRecord, stream_prompt
 from isocompute.app.runner.voting import Voter
+from isocompute.app.tracing import span
 from isocompute.engines.base import Completion, gather_or_cancel
 from isocompute.errors import EngineUnavailable
 from isocompute.solver.plans.plan import Plan, PlanStep
@@ -214,11 +215,12 @@ async def run_plans(
         wait = [i for i in active if i not in par]
         t0 = time.perf_counter()
         try:
-            (waited, wait_s), streamed = await backend.call(
-                _round(backend, prompts, runs, wait, par, voter=voter, extract=extract, max_tokens=max_tokens,
-                       temperature=temperature, seed=wave_seed(seed, wave), deadline_at=deadline.at,
-                       logprobs=logprobs),
-                deadline=deadline, what="the sampling call" if wave == 0 else f"wave {wave + 1} of the sampling")
+            with span("isocompute.wave", wave=wave + 1, pool=backend.pool, prompts=len(active), parallel=len(par)):
+                (waited, wait_s), streamed = await backend.call(
+                    _round(backend, prompts, runs, wait, par, voter=voter, extract=extract, max_tokens=max_tokens,
+                           temperature=temperature, seed=wave_seed(seed, wave), deadline_at=deadline.at,
+                           logprobs=logprobs),
+                    deadline=deadline, what="the sampling call" if wave == 0 else f"wave {wave + 1} of the sampling")
         except EngineUnavailable as e:
             if wave == 0:
                 raise
@@ -233,7 +235,8 @@ async def run_plans(
         for i, out in zip(par, streamed, strict=True):
             runs[i].add(runs[i].next_wave or 0, out.completions, extract, seconds=out.seconds,
                         first_token_s=out.first_token_s, saved_tokens=out.saved_tokens, logprobs=out.logprobs)
-        votes = await voter.classes([runs[i].answers for i in active], deadline.at)
+        with span("isocompute.vote", wave=wave + 1):
+            votes = await voter.classes([runs[i].answers for i in active], deadline.at)
         mid = {i: out for i, out in zip(par, streamed, strict=True) if out.step is not None}
         for i, v in zip(active, votes, strict=True):
             if i in mid:
