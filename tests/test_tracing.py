@@ -1,4 +1,4 @@
-"""Traces (:mod:`isocompute.app.tracing`) with the OpenTelemetry SDK's in-memory exporter: a request to a
+"""Traces (:mod:`isocompute.app.accounting.tracing`) with the OpenTelemetry SDK's in-memory exporter: a request to a
 real gateway app (vllm-http to a local vLLM-shaped upstream that records the headers it gets) is one trace,
 continuing the caller's ``traceparent``, with price, decide, one wave span per upstream call, vote and
 charge under its server span; each upstream call carries its wave span's ``traceparent``. Off by default:
@@ -15,9 +15,9 @@ import httpx
 import pytest
 from app_fakes import serve_in_thread
 
+from isocompute.app.accounting.tracing import make_tracer, span
 from isocompute.app.main import create_app
 from isocompute.app.settings import Settings
-from isocompute.app.tracing import make_tracer, span
 from isocompute.engines.vllm_server import free_port
 
 CALLER_TRACE = "0af7651916cd43dd8448eb211c80319c"

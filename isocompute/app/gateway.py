@@ -70,6 +70,7 @@ from isocompute.app.accounting.metrics import Metrics
 from isocompute.app.accounting.pricing import BudgetPlan, budget_unit, price_request
 from isocompute.app.accounting.quotas import Hold, Quotas, open_store
 from isocompute.app.accounting.spend import Spend
+from isocompute.app.accounting.tracing import span
 from isocompute.app.chat import check_text, policy_text, render_chat
 from isocompute.app.errors import ModelNotFound
 from isocompute.app.readiness import UpstreamHealth
@@ -93,7 +94,6 @@ from isocompute.app.runner.voting import Voter
 from isocompute.app.schemas import ChatMessage
 from isocompute.app.serving_policy import PolicyDecision, ServingPolicy, as_serving_policy
 from isocompute.app.settings import Settings
-from isocompute.app.tracing import span
 from isocompute.engines.base import Engine
 from isocompute.errors import EngineUnavailable, InputError
 

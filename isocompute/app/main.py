@@ -38,6 +38,7 @@ from isocompute import __version__
 from isocompute.app import serving_policy
 from isocompute.app.accounting.auth import KeyStore, load_key_file, redact_access_log
 from isocompute.app.accounting.metrics import GatewayState, Metrics, MetricsMiddleware
+from isocompute.app.accounting.tracing import TracingMiddleware, make_tracer
 from isocompute.app.errors import BodyLimit, install_error_handlers
 from isocompute.app.fixed_action import FixedActionPolicy
 from isocompute.app.gateway import Gateway, Verifier
@@ -47,7 +48,6 @@ from isocompute.app.runner.batching import BatchingEngine
 from isocompute.app.runner.pools import ModelPool, missing_pools, missing_pools_message
 from isocompute.app.serving_policy import as_serving_policy
 from isocompute.app.settings import Settings, get_settings
-from isocompute.app.tracing import TracingMiddleware, make_tracer
 from isocompute.engines.base import Engine
 from isocompute.errors import EngineUnavailable, InputError
 from isocompute.solver.models.actions import parse_action

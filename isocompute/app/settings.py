@@ -85,7 +85,7 @@ class Settings(BaseSettings):
     api_keys: list[ApiKeyRecord] = Field(default_factory=list)
     admin_key_sha256: str | None = None
     quota_store: str = "memory"
-    otel_traces_endpoint: str | None = None  # None: no traces (app.tracing)
+    otel_traces_endpoint: str | None = None  # None: no traces (app.accounting.tracing)
     otel_service_name: str = "isocompute-gateway"
 
     @field_validator("quota_store")

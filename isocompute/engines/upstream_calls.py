@@ -11,7 +11,7 @@ no answer in time; ``down``: no connection within the connect timeout; ``refused
 :func:`accepts_connections` asks whether anything still listens at an upstream's address (the pool's
 watch over the requests waiting there). :func:`check_upstream` is the readiness check (one real 1-token completion); :func:`fetch_model_entry`
 reads ``/v1/models``; :func:`trace_headers` is the W3C ``traceparent`` every completions call carries
-inside a traced request (:mod:`isocompute.app.tracing`); :func:`attempt_budget` is how long the next attempt may take before the caller's
+inside a traced request (:mod:`isocompute.app.accounting.tracing`); :func:`attempt_budget` is how long the next attempt may take before the caller's
 deadline. :class:`~isocompute.engines.vllm_http.VLLMHTTPEngine` balances and retries over these.
 
 Ignores: which upstream to pick, retries and backoff, circuit breaking (the engine and

@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from isocompute.app.accounting.ledger import Ledger
 from isocompute.app.accounting.metrics import Metrics
+from isocompute.app.accounting.tracing import span
 from isocompute.app.chat import render_chat
 from isocompute.app.routing import Routing
 from isocompute.app.runner.action_run import ActionRun, run_actions
@@ -47,7 +48,6 @@ from isocompute.app.runner.pools import DEFAULT, Pool, check_context
 from isocompute.app.runner.voting import Voter
 from isocompute.app.schemas import ChatMessage
 from isocompute.app.settings import Settings
-from isocompute.app.tracing import span
 from isocompute.engines.base import UpstreamBadResponse
 from isocompute.errors import InputError
 from isocompute.flops.logprobs import LOGPROB_COST_FACTOR

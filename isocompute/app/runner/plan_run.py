@@ -58,11 +58,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from isocompute.app.accounting.tracing import span
 from isocompute.app.errors import UpstreamTimeout
 from isocompute.app.runner.execute import Backend, Deadline, run_wave
 from isocompute.app.runner.parallel_wave import FAILED_REASONS, StreamOutcome, WaveRecord, stream_prompt
 from isocompute.app.runner.voting import Voter
-from isocompute.app.tracing import span
 from isocompute.engines.base import Completion, gather_or_cancel
 from isocompute.errors import EngineUnavailable
 from isocompute.solver.plans.plan import Plan, PlanStep
