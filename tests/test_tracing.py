@@ -2,7 +2,8 @@
 real gateway app (vllm-http to a local vLLM-shaped upstream that records the headers it gets) is one trace,
 continuing the caller's ``traceparent``, with price, decide, one wave span per upstream call, vote and
 charge under its server span; each upstream call carries its wave span's ``traceparent``. Off by default:
-no spans and no ``traceparent`` sent.
+no spans and no ``traceparent`` sent. With ``upstream_caller_header`` set, every wave carries a hashed
+caller id in that header (a router's fairness key).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import httpx
 import pytest
 from app_fakes import serve_in_thread
 
-from isocompute.app.accounting.tracing import make_tracer, span
+from isocompute.app.accounting.tracing import caller_id, make_tracer, span
 from isocompute.app.main import create_app
 from isocompute.app.settings import Settings
 from isocompute.engines.vllm_server import free_port
@@ -28,6 +29,7 @@ class Recording(BaseHTTPRequestHandler):
     """A vLLM-shaped upstream answering " 12"; keeps each completions request's traceparent (None if absent)."""
 
     seen: list[tuple[int, str | None]] = []
+    fairness: list[str | None] = []
 
     def log_message(self, *args):
         pass
@@ -46,6 +48,8 @@ class Recording(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         Recording.seen.append((body.get("max_tokens", 0), self.headers.get("traceparent")))
+        if body.get("max_tokens") == 8:
+            Recording.fairness.append(self.headers.get("x-gateway-inference-fairness-id"))
         n = body.get("n", 1)
         self._json({"choices": [{"index": j, "text": " 12", "token_ids": [7, 2], "finish_reason": "stop"}
                                 for j in range(n)], "usage": {"prompt_tokens": 3, "completion_tokens": 2 * n}})
@@ -53,15 +57,15 @@ class Recording(BaseHTTPRequestHandler):
 
 @pytest.fixture()
 def upstream():
-    Recording.seen = []
+    Recording.seen, Recording.fairness = [], []
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Recording)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{srv.server_port}"
     srv.shutdown()
 
 
-def run_gateway(upstream: str, tiny_dir, exporter=None) -> httpx.Response:
-    settings = Settings(model_upstreams={"m": [upstream]}, model_dirs={"m": tiny_dir}, action="m/none@1x2")
+def run_gateway(upstream: str, tiny_dir, exporter=None, **extra) -> httpx.Response:
+    settings = Settings(model_upstreams={"m": [upstream]}, model_dirs={"m": tiny_dir}, action="m/none@1x2", **extra)
     app = create_app(settings, span_exporter=exporter)
     port = free_port()
     stop = serve_in_thread(app, port)
@@ -99,9 +103,18 @@ def test_tracing_is_off_by_default(upstream, tiny_dir):
     r = run_gateway(upstream, tiny_dir)
     assert r.status_code == 200, r.text
     assert Recording.seen and all(tp is None for _, tp in Recording.seen)
+    assert Recording.fairness == [None, None]
     assert make_tracer(None, "x") == (None, None)
     tracer, provider = make_tracer("http://127.0.0.1:9/v1/traces", "x")  # the OTLP exporter, batched
     assert tracer is not None
     provider.shutdown()
     with span("isocompute.price") as s:  # outside a traced request: nothing recorded
         assert s is None
+
+
+def test_the_routers_fairness_header_carries_a_hashed_caller_id_on_every_wave(upstream, tiny_dir):
+    r = run_gateway(upstream, tiny_dir, upstream_caller_header="x-gateway-inference-fairness-id")
+    assert r.status_code == 200, r.text
+    assert Recording.fairness == [caller_id("anonymous")] * 2 and caller_id("anonymous") != caller_id("team-a")
+    with pytest.raises(ValueError, match="upstream_caller_header"):
+        Settings(upstream_caller_header="X Fairness: id")

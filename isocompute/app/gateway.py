@@ -70,7 +70,7 @@ from isocompute.app.accounting.metrics import Metrics
 from isocompute.app.accounting.pricing import BudgetPlan, budget_unit, price_request
 from isocompute.app.accounting.quotas import Hold, Quotas, open_store
 from isocompute.app.accounting.spend import Spend
-from isocompute.app.accounting.tracing import span
+from isocompute.app.accounting.tracing import span, tag_caller
 from isocompute.app.chat import check_text, policy_text, render_chat
 from isocompute.app.errors import ModelNotFound
 from isocompute.app.readiness import UpstreamHealth
@@ -345,6 +345,7 @@ class Gateway:
                              max_waves=ask.max_waves, tokens_per_sample=policy.tokens_per_sample,
                              latency_budget=ask.latency_budget, latency_range=policy.latency_range)
         principal.check_budget(plan.samples)
+        tag_caller(s.upstream_caller_header, principal.name)  # a router's fairness header (app.accounting.tracing)
         return plan
 
     def _controller(self, plan: BudgetPlan, policy: ServingPolicy, *, keep: bool = True) -> BudgetController:

@@ -87,6 +87,7 @@ class Settings(BaseSettings):
     quota_store: str = "memory"
     otel_traces_endpoint: str | None = None  # None: no traces (app.accounting.tracing)
     otel_service_name: str = "isocompute-gateway"
+    upstream_caller_header: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9-]*$")
 
     @field_validator("quota_store")
     @classmethod

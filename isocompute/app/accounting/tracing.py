@@ -11,6 +11,10 @@ The app's tracer is the request's :data:`TRACER` (a context variable its middlew
 in one process never share one, and code that only runs inside a request writes ``with span("…"):``
 without being handed a tracer. Outside a traced request ``span`` is a no-op (one context-variable read).
 
+A router below the gateway (llm-d's endpoint picker, the production-stack router) can be told who the caller
+is: with ``upstream_caller_header`` set, every upstream call of a request carries that header with a hashed
+caller id (:func:`tag_caller`; the key's name never leaves the gateway), docs/deploy-routers.md.
+
 Ignores: metrics and logs over OTLP (Prometheus has the metrics), sampling (every traced request is kept;
 sample in the collector), and the probe and readiness calls (not a request's work).
 """
@@ -18,11 +22,14 @@ sample in the collector), and the probe and readiness calls (not a request's wor
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any
 
-__all__ = ["TRACER", "TracingMiddleware", "make_tracer", "span"]
+from isocompute.engines.upstream_calls import CALLER_HEADERS
+
+__all__ = ["TRACER", "TracingMiddleware", "caller_id", "make_tracer", "span", "tag_caller"]
 
 TRACER: ContextVar[Any] = ContextVar("isocompute_tracer", default=None)
 TRACED_PREFIX = "/v1/"  # generation and route requests; probes and /metrics are not traced
@@ -37,6 +44,17 @@ def span(name: str, **attributes: Any) -> Iterator[Any]:
         return
     with tracer.start_as_current_span(name, attributes={k: v for k, v in attributes.items() if v is not None}) as s:
         yield s
+
+
+def caller_id(name: str) -> str:
+    """The caller's id as a router sees it: 32 hex digits of sha256 of the key's name (stable across replicas)."""
+    return hashlib.sha256(f"isocompute-caller:{name}".encode()).hexdigest()[:32]
+
+
+def tag_caller(header: str | None, name: str) -> None:
+    """Send ``header: caller_id(name)`` with the current request's upstream calls (nothing when ``header`` is None)."""
+    if header is not None:
+        CALLER_HEADERS.set(((header, caller_id(name)),))
 
 
 def make_tracer(endpoint: str | None, service_name: str, exporter: Any = None) -> tuple[Any, Any]:
