@@ -252,6 +252,7 @@ def test_sigterm_under_load_with_the_manifests_numbers_cuts_no_request(tiny_dir,
         assert set(codes) <= {"200", "503 draining", "refused"}, codes
         # the requests in flight at SIGTERM were answered across the drain, not cut
         assert sum(1 for t1, c in results if c == "200" and t1 > t_signal) >= 1, results
-        assert "503 draining" in codes and exit_s <= conf["upstream_timeout_s"] < conf["drain_timeout_s"] < budget_s, exit_s
+        # whether a new request meets the drain's 503 or the closed listener is a race (test_app_drain has the 503)
+        assert exit_s <= conf["upstream_timeout_s"] < conf["drain_timeout_s"] < budget_s, exit_s
     finally:
         t.close()
