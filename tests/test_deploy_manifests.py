@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import subprocess
+import sys
 import tomllib
 
 import pytest
@@ -217,3 +219,22 @@ def _labels(series: str, alert: str, rules: dict) -> dict:
     if alert in ("Isocompute5xxRate", "IsocomputeQuotaStoreUnreachable"):
         labels = {}  # aggregated by job (none on these series) / increase() drops the metric name only
     return {**labels, **rules[alert].get("labels", {})}
+
+
+@pytest.mark.parametrize("overlay", ["cpu", "gpu"])
+def test_the_images_entrypoint_serves_the_baked_demo_at_once_with_the_configmap(overlay, tmp_path):
+    """With the ConfigMap's settings and a demo baked into the image (BAKE_DEMO=1), the container's first
+    command is `isocompute serve` on it — not the 10-minute demo, which the startupProbe's 5 minutes would kill."""
+    baked = tmp_path / "demo"
+    for marker in ("policy/manifest.json", "tiny-sft/manifest.json"):
+        (baked / marker).parent.mkdir(parents=True, exist_ok=True)
+        (baked / marker).write_text("{}")
+    conf = tmp_path / "isocompute.toml"
+    conf.write_text(find(render(overlay), "ConfigMap", "isocompute-config")["data"]["isocompute.toml"])
+    env = {**os.environ, "ISOCOMPUTE_CONFIG": str(conf), "ISOCOMPUTE_ENTRYPOINT_DRY_RUN": "1",
+           "ISOCOMPUTE_BAKED_DEMO_DIR": str(baked)}
+    env.pop("ISOCOMPUTE_DEMO_DIR", None)
+    out = subprocess.run([sys.executable, str(DEPLOY.parent / "docker" / "entrypoint.py")], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [f"isocompute serve --policy {baked}/policy --model {baked}/tiny-sft"]
