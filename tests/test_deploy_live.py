@@ -1,12 +1,13 @@
 """The CPU topology of deploy/ run without containers, checked live (docs/deploy.md, "What CI checks"):
-``isocompute serve`` (a pool ``m`` on the tiny model's tokenizer and config, fixed action ``m/none@1``) in
-front of a vLLM stand-in upstream (tests/vllm_standin.py, its own process), ``redis-server`` as the quota
-store, and Prometheus (Debian's) scraping the gateway every second with the real alert rules (their ``for``
-set to 0 s: promtool's tests in test_deploy_manifests.py check the durations). Traffic is sent, then every
-dashboard query is evaluated through Prometheus's HTTP API and must return data, and no alert fires; then
-each alert is provoked in turn — a budget the fixed action cannot reach, Redis killed, the upstream killed,
-SIGTERM under a slow request, the gateway gone — and must fire. Last, the drain with the manifests' own
-numbers: SIGTERM under load, and no request is cut.
+``isocompute serve`` on the GPU overlay's own settings (rendered by kustomize: drain_timeout_s,
+upstream_timeout_s, retry_after_s…), its upstream a pool ``m`` — a vLLM stand-in (tests/vllm_standin.py, its
+own process) with the tiny model's tokenizer and config, fixed action ``m/none@1`` — ``redis-server`` as the
+quota store, and Prometheus (Debian's) scraping the gateway every second with the real alert rules (their
+``for`` set to 0 s: promtool's tests in test_deploy_manifests.py check the durations). Traffic is sent, then
+every dashboard query is evaluated through Prometheus's HTTP API and must return data, and no alert fires;
+then each alert is provoked in turn — a budget the fixed action cannot reach, Redis killed, the upstream
+killed — and must fire. Last, SIGTERM under load: the drain is scraped, no request is cut, the process
+exits 0 within the grace period less the preStop, and the gateway-down alert fires.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class Topology:
         return (self.tmp / f"{name}.log").read_text(errors="replace")[-3000:]
 
     def upstream(self) -> None:
-        self.spawn("upstream", [sys.executable, "tests/vllm_standin.py", str(self.up_port), "--slow", "6"])
+        self.spawn("upstream", [sys.executable, "tests/vllm_standin.py", str(self.up_port)])
         wait_for(lambda: http_ok(f"http://127.0.0.1:{self.up_port}/v1/models"), 20, "the stand-in upstream")
 
     def start(self) -> None:
@@ -79,12 +80,20 @@ class Topology:
         keys = self.tmp / "keys.json"
         keys.write_text(json.dumps({"keys": [{"name": "team-a", "sha256": hash_key("key-a")},
                                              {"name": "team-q", "sha256": hash_key("key-q"), "tokens_per_window": 1}]}))
-        env = {"ISOCOMPUTE_QUOTA_STORE": f"redis://127.0.0.1:{self.redis_port}/0", "ISOCOMPUTE_API_KEYS_FILE": str(keys),
-               "ISOCOMPUTE_READY_INTERVAL_S": "1", "ISOCOMPUTE_READY_PROBE_TIMEOUT_S": "2",
-               "ISOCOMPUTE_UPSTREAM_TIMEOUT_S": "10", "ISOCOMPUTE_DRAIN_TIMEOUT_S": "20"}
-        self.spawn("gateway", [sys.executable, "-m", "isocompute", "serve", "--upstream",
-                               f"m=http://127.0.0.1:{self.up_port}", "--model", f"m={self.tiny_dir}", "--action",
-                               "m/none@1", "--port", str(self.gw_port), "--log-level", "warning"], env)
+        objs = render("gpu")
+        self.conf = tomllib.loads(find(objs, "ConfigMap", "isocompute-config")["data"]["isocompute.toml"])
+        pod = find(objs, "Deployment", "isocompute-gateway")["spec"]["template"]["spec"]
+        self.stop_budget_s = pod["terminationGracePeriodSeconds"] - float(
+            pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][1])
+        conf = {k: v for k, v in self.conf.items() if k != "upstreams"} | {
+            "host": "127.0.0.1", "port": self.gw_port, "action": "m/none@1", "api_keys_file": str(keys),
+            "quota_store": f"redis://127.0.0.1:{self.redis_port}/0",
+            "ready_interval_s": 1.0, "ready_probe_timeout_s": 2.0}  # the upstream's death seen within a second
+        pools = (f'model_upstreams = {{m = ["http://127.0.0.1:{self.up_port}"]}}\n'
+                 f'model_dirs = {{m = "{self.tiny_dir}"}}\n')
+        (self.tmp / "gateway.toml").write_text(pools + "\n".join(f"{k} = {json.dumps(v)}" for k, v in conf.items()))
+        self.spawn("gateway", [sys.executable, "-m", "isocompute", "serve", "--config", str(self.tmp / "gateway.toml"),
+                               "--log-level", "warning"])
         self.prometheus()
         wait_for(lambda: self.procs["gateway"].poll() is not None or http_ok(f"{self.gw}/ready"), 120,
                  "the gateway ready")
@@ -182,77 +191,46 @@ def test_upstream_killed_fires_upstream_down_and_recovers(topo):
     wait_for(lambda: "IsocomputeUpstreamDown" not in topo.firing(), 30, "IsocomputeUpstreamDown resolved")
 
 
-def test_sigterm_under_a_slow_request_shows_the_drain_then_the_gateway_goes_down(topo):
-    slow: list[httpx.Response] = []
-    client = threading.Thread(target=lambda: slow.append(topo.ask(prompt="slow: what is 5 + 7?")))
-    client.start()
-    wait_for(lambda: topo.query("isocompute_requests_in_flight > 0"), 10, "the slow request in flight")
-    topo.procs["gateway"].send_signal(signal.SIGTERM)
+def test_sigterm_under_load_cuts_no_request_and_the_gateway_goes_down(topo):
+    """6 clients keep sending 1.5 s requests and one 6 s request is in flight; SIGTERM. The drain is scraped;
+    every request is answered 200 or refused 503 ``draining`` (a connection refused after the listener
+    closed never began) — none cut —; those in flight are answered after the signal; the process exits 0
+    within the grace period less the preStop sleep; then the gateway-down alert fires."""
+    results: list[tuple[float, str]] = []
+    stop = threading.Event()
+
+    def client(prompt: str, once: bool = False) -> None:
+        while not stop.is_set():
+            try:
+                r = topo.ask(prompt=prompt, timeout=topo.conf["upstream_timeout_s"] + 5)
+                code = str(r.status_code) if r.status_code != 503 else f"503 {r.json()['error']['code']}"
+            except httpx.ConnectError:
+                code = "refused"
+            except httpx.TransportError as e:
+                code = f"cut: {type(e).__name__}"
+            results.append((time.monotonic(), code))
+            if once or code == "refused":
+                return
+            if code != "200":
+                time.sleep(0.2)  # a client told to retry elsewhere does not spin on this replica
+
+    clients = [threading.Thread(target=client, args=("sleep=1.5 what is 5 + 7?",)) for _ in range(6)]
+    clients.append(threading.Thread(target=client, args=("sleep=6 what is 5 + 7?", True)))
+    for c in clients:
+        c.start()
+    wait_for(lambda: topo.query("isocompute_requests_in_flight >= 7"), 15, "7 requests in flight")
+    gw = topo.procs["gateway"]
+    t_signal = time.monotonic()
+    gw.send_signal(signal.SIGTERM)
     wait_for(lambda: topo.query("isocompute_draining == 1"), 5, "isocompute_draining = 1 scraped")
-    client.join(30)
-    assert slow and slow[0].status_code == 200, slow
-    assert topo.procs["gateway"].wait(30) == 0, topo.log("gateway")
+    assert gw.wait(topo.stop_budget_s) == 0, topo.log("gateway")
+    exit_s = time.monotonic() - t_signal
+    stop.set()
+    for c in clients:
+        c.join(30)
+    codes = [c for _, c in results]
+    assert set(codes) <= {"200", "503 draining", "refused"}, codes
+    assert sum(1 for t1, c in results if c == "200" and t1 > t_signal) >= 2, results  # in flight: answered
+    c = topo.conf
+    assert exit_s <= c["upstream_timeout_s"] < c["drain_timeout_s"] < topo.stop_budget_s, exit_s
     wait_for(lambda: "IsocomputeGatewayDown" in topo.firing(), 15, "IsocomputeGatewayDown")
-
-
-def test_sigterm_under_load_with_the_manifests_numbers_cuts_no_request(tiny_dir, tmp_path):
-    """The GPU overlay's settings (drain_timeout_s, upstream_timeout_s, retry_after_s as rendered), its
-    upstream swapped for the stand-in answering in 1.5 s: 6 clients keep sending; SIGTERM; every request
-    is answered 200 or refused 503 ``draining`` (a connection refused after the listener closed never
-    began) — none cut —, those in flight are answered after the signal, and the process exits 0 within
-    the grace period less the preStop sleep."""
-    objs = render("gpu")
-    conf = tomllib.loads(find(objs, "ConfigMap", "isocompute-config")["data"]["isocompute.toml"])
-    pod = find(objs, "Deployment", "isocompute-gateway")["spec"]["template"]["spec"]
-    budget_s = pod["terminationGracePeriodSeconds"] - float(pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][1])
-    up_port, port = free_port(), free_port()
-    conf |= {"host": "127.0.0.1", "port": port, "quota_store": "memory", "action": "m/none@1", "ready_interval_s": 1.0}
-    conf.pop("api_keys_file"), conf.pop("upstreams")
-    pools = f'model_upstreams = {{m = ["http://127.0.0.1:{up_port}"]}}\nmodel_dirs = {{m = "{tiny_dir}"}}\n'
-    (tmp_path / "c.toml").write_text(pools + "\n".join(f"{k} = {json.dumps(v)}" for k, v in conf.items()))
-    t = Topology(tmp_path, tiny_dir)
-    t.gw = f"http://127.0.0.1:{port}"
-    try:
-        t.spawn("upstream", [sys.executable, "tests/vllm_standin.py", str(up_port), "--delay", "1.5"])
-        gw = t.spawn("gateway", [sys.executable, "-m", "isocompute", "serve", "--config", str(tmp_path / "c.toml"),
-                                 "--log-level", "warning"])
-        wait_for(lambda: gw.poll() is not None or http_ok(f"{t.gw}/ready"), 120, "the gateway ready")
-        assert gw.poll() is None, t.log("gateway")
-        results: list[tuple[float, str]] = []
-        stop = threading.Event()
-
-        def client() -> None:
-            while not stop.is_set():
-                try:
-                    r = httpx.post(f"{t.gw}/v1/completions", json={"model": "isocompute", "prompt": "What is 5 + 7?",
-                                                                   "max_tokens": 8}, timeout=conf["upstream_timeout_s"] + 5)
-                    code = str(r.status_code) if r.status_code != 503 else f"503 {r.json()['error']['code']}"
-                except httpx.ConnectError:
-                    code = "refused"
-                except httpx.TransportError as e:
-                    code = f"cut: {type(e).__name__}"
-                results.append((time.monotonic(), code))
-                if code == "refused":
-                    return
-                if code != "200":
-                    time.sleep(0.2)  # a client told to retry elsewhere does not spin on this replica
-
-        clients = [threading.Thread(target=client) for _ in range(6)]
-        for c in clients:
-            c.start()
-        time.sleep(2.5)
-        t_signal = time.monotonic()
-        gw.send_signal(signal.SIGTERM)
-        assert gw.wait(budget_s) == 0, t.log("gateway")
-        exit_s = time.monotonic() - t_signal
-        stop.set()
-        for c in clients:
-            c.join(30)
-        codes = [c for _, c in results]
-        assert set(codes) <= {"200", "503 draining", "refused"}, codes
-        # the requests in flight at SIGTERM were answered across the drain, not cut
-        assert sum(1 for t1, c in results if c == "200" and t1 > t_signal) >= 1, results
-        # whether a new request meets the drain's 503 or the closed listener is a race (test_app_drain has the 503)
-        assert exit_s <= conf["upstream_timeout_s"] < conf["drain_timeout_s"] < budget_s, exit_s
-    finally:
-        t.close()
