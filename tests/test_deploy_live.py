@@ -218,7 +218,7 @@ def test_sigterm_under_load_cuts_no_request_and_the_gateway_goes_down(topo):
     clients.append(threading.Thread(target=client, args=("sleep=6 what is 5 + 7?", True)))
     for c in clients:
         c.start()
-    wait_for(lambda: topo.query("isocompute_requests_in_flight >= 7"), 15, "7 requests in flight")
+    wait_for(lambda: topo.query("isocompute_requests_inflight >= 7"), 15, "7 requests in flight")
     gw = topo.procs["gateway"]
     t_signal = time.monotonic()
     gw.send_signal(signal.SIGTERM)

@@ -1,5 +1,5 @@
 """The metrics a dashboard and its alerts read besides the request counters (app.accounting.metrics): upstream
-readiness per pool, requests in flight, the drain, quota store failures (read at scrape time), completion
+readiness per pool, the drain, quota store failures (read at scrape time), completion
 tokens, each key's asked budget beside its realised mean, and the fixed label sets created at 0."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def test_state_metrics_follow_the_gateway():
             assert time.monotonic() < deadline, "the readiness probe never answered"
             time.sleep(0.05)
         s = scrape(c)
-        assert s[("isocompute_requests_in_flight", ())] == 0 and s[("isocompute_draining", ())] == 0
+        assert s[("isocompute_draining", ())] == 0 and s[("isocompute_drain_seconds", ())] == 0
         assert s[("isocompute_quota_store_errors_total", ())] == 0
         # created at 0 before anything happened: a dashboard's rate reads 0, not "no data"
         assert s[("isocompute_plan_stops_total", (("reason", "deadline"),))] == 0

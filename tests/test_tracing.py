@@ -16,6 +16,7 @@ import httpx
 import pytest
 from app_fakes import serve_in_thread
 
+from isocompute.app.accounting.auth import hash_key
 from isocompute.app.accounting.tracing import caller_id, make_tracer, span
 from isocompute.app.main import create_app
 from isocompute.app.settings import Settings
@@ -115,6 +116,6 @@ def test_tracing_is_off_by_default(upstream, tiny_dir):
 def test_the_routers_fairness_header_carries_a_hashed_caller_id_on_every_wave(upstream, tiny_dir):
     r = run_gateway(upstream, tiny_dir, upstream_caller_header="x-gateway-inference-fairness-id")
     assert r.status_code == 200, r.text
-    assert Recording.fairness == [caller_id("anonymous")] * 2 and caller_id("anonymous") != caller_id("team-a")
+    assert Recording.fairness == [caller_id("anonymous")] * 2 and caller_id("anonymous") != caller_id(hash_key("k"))
     with pytest.raises(ValueError, match="upstream_caller_header"):
         Settings(upstream_caller_header="X Fairness: id")

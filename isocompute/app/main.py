@@ -36,9 +36,10 @@ from fastapi import FastAPI
 
 from isocompute import __version__
 from isocompute.app import serving_policy
-from isocompute.app.accounting.auth import KeyStore, load_key_file, redact_access_log
+from isocompute.app.accounting.auth import KeyStore, load_key_file
+from isocompute.app.accounting.logs import install_log_hygiene
 from isocompute.app.accounting.metrics import GatewayState, Metrics, MetricsMiddleware
-from isocompute.app.accounting.tracing import TracingMiddleware, make_tracer
+from isocompute.app.accounting.tracing import CallerHeaderMiddleware, TracingMiddleware, make_tracer
 from isocompute.app.errors import BodyLimit, install_error_handlers
 from isocompute.app.fixed_action import FixedActionPolicy
 from isocompute.app.gateway import Gateway, Verifier
@@ -188,7 +189,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
     s: Settings = app.state.settings
     injected = app.state.injected
-    redact_access_log()  # keys in a URL are refused (auth.refuse_query_key), and blanked in the access log
+    install_log_hygiene()  # keys in a URL refused (auth.refuse_query_key) and blanked; client text escaped, cut
     app.state.keystore = build_keystore(s)
     policy = injected["policy"]
     if policy is None and s.policy_dir is not None:
@@ -261,8 +262,7 @@ def gateway_state(app: FastAPI) -> GatewayState:
     """What ``/metrics`` reads at each scrape: every backend's readiness and breakers, the drain, the quota
     store's failures (before the lifespan started: the drain only)."""
     drain: Drain = app.state.drain
-    st = GatewayState(inflight=drain.inflight,
-                      drain_seconds=None if drain.since is None else time.monotonic() - drain.since)
+    st = GatewayState(drain_seconds=None if drain.since is None else time.monotonic() - drain.since)
     gw: Gateway | None = app.state.gateway
     if gw is None:
         return st
@@ -333,5 +333,7 @@ def create_app(
     tracer, app.state.tracer_provider = make_tracer(s.otel_traces_endpoint, s.otel_service_name, span_exporter)
     if tracer is not None:
         app.add_middleware(TracingMiddleware, tracer=tracer)
+    if s.upstream_caller_header is not None:  # a router's fairness header on every upstream call
+        app.add_middleware(CallerHeaderMiddleware, header=s.upstream_caller_header)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics, routes=paths)  # outermost: counts the drain's 503s
     return app

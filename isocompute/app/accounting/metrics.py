@@ -31,6 +31,11 @@ isocompute_internal_latency_budget     gauge      budget_key: the latency contro
 isocompute_mean_latency                gauge      budget_key: realised mean latency per prompt (sample lengths)
 isocompute_upstream_errors_total       counter    kind (timeout, circuit_open, unavailable, misconfigured,
                                                   bad_response, partial), pool
+isocompute_requests_inflight           gauge      generation requests holding an admission slot (``max_inflight``)
+isocompute_queue_depth                 gauge      generation requests waiting for a slot
+isocompute_requests_shed_total         counter    requests refused 503 after ``queue_timeout_s`` (admission)
+isocompute_connections_closed_total    counter    reason (header_timeout, body_timeout, client_limit,
+                                                  total_limit): connections the guard closed
 isocompute_completion_tokens_total     counter    completion tokens generated for answered prompts (aborted
                                                   samples' partial tokens included)
 isocompute_budget_target               gauge      budget_key: the mean cost per prompt the key asked for, in
@@ -39,7 +44,6 @@ isocompute_upstream_up                 gauge      pool: 1 while the pool's upstr
                                                   (what ``/ready`` reads), else 0 — read at scrape time
 isocompute_upstream_circuit            gauge      pool, upstream, state (closed, open, half_open): 1 for the
                                                   state each HTTP upstream's breaker is in — scrape time
-isocompute_requests_in_flight          gauge      requests being answered now (the drain's count)
 isocompute_draining                    gauge      1 from SIGTERM until the process exits
 isocompute_drain_seconds               gauge      seconds since the drain began (0 when not draining)
 isocompute_quota_store_errors_total    counter    calls to the shared quota store (Redis) that failed
@@ -85,7 +89,6 @@ class GatewayState:
 
     upstream_up: dict[str, bool] = field(default_factory=dict)
     circuits: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
-    inflight: int = 0
     drain_seconds: float | None = None  # None: not draining
     quota_store_errors: int = 0
 
@@ -113,7 +116,6 @@ class _StateCollector:
                     circuit.add_metric([pool, url, s], 1.0 if s == state else 0.0)
         yield up
         yield circuit
-        yield GaugeMetricFamily("isocompute_requests_in_flight", "Requests being answered now", value=st.inflight)
         yield GaugeMetricFamily("isocompute_draining", "1 from SIGTERM until exit",
                                 value=0.0 if st.drain_seconds is None else 1.0)
         yield GaugeMetricFamily("isocompute_drain_seconds", "Seconds since the drain began",
@@ -158,6 +160,12 @@ class Metrics:
                                   ["budget_key"], registry=r)
         self.upstream_errors = Counter("isocompute_upstream_errors", "Upstream failures", ["kind", "pool"],
                                        registry=r)
+        # admission control and the connection guard (accounting.admission)
+        self.inflight = Gauge("isocompute_requests_inflight", "Generation requests holding a slot", registry=r)
+        self.queue_depth = Gauge("isocompute_queue_depth", "Generation requests waiting for a slot", registry=r)
+        self.shed = Counter("isocompute_requests_shed", "Requests refused 503 by admission control", registry=r)
+        self.connections_closed = Counter("isocompute_connections_closed", "Connections the guard closed",
+                                          ["reason"], registry=r)
         self.completion_tokens = Counter("isocompute_completion_tokens", "Completion tokens generated for "
                                          "answered prompts", registry=r)
         self.budget_target = Gauge("isocompute_budget_target", "Mean cost per prompt the key asked for, in its "

@@ -13,7 +13,8 @@ without being handed a tracer. Outside a traced request ``span`` is a no-op (one
 
 A router below the gateway (llm-d's endpoint picker, the production-stack router) can be told who the caller
 is: with ``upstream_caller_header`` set, every upstream call of a request carries that header with a hashed
-caller id (:func:`tag_caller`; the key's name never leaves the gateway), docs/deploy-routers.md.
+caller id (:class:`CallerHeaderMiddleware`: of the API key's digest, or ``anonymous``; neither the key nor its
+name leaves the gateway), docs/deploy-routers.md.
 
 Ignores: metrics and logs over OTLP (Prometheus has the metrics), sampling (every traced request is kept;
 sample in the collector), and the probe and readiness calls (not a request's work).
@@ -22,14 +23,16 @@ sample in the collector), and the probe and readiness calls (not a request's wor
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
+from isocompute.app.accounting.auth import hash_key
 from isocompute.engines.upstream_calls import CALLER_HEADERS
 
-__all__ = ["TRACER", "TracingMiddleware", "caller_id", "make_tracer", "span", "tag_caller"]
+__all__ = ["TRACER", "CallerHeaderMiddleware", "TracingMiddleware", "caller_id", "make_tracer", "span", "traced"]
 
 TRACER: ContextVar[Any] = ContextVar("isocompute_tracer", default=None)
 TRACED_PREFIX = "/v1/"  # generation and route requests; probes and /metrics are not traced
@@ -46,15 +49,21 @@ def span(name: str, **attributes: Any) -> Iterator[Any]:
         yield s
 
 
+def traced(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A (synchronous) function run inside ``span(name)``."""
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            with span(name):
+                return fn(*args, **kwargs)
+        return inner
+    return wrap
+
+
 def caller_id(name: str) -> str:
-    """The caller's id as a router sees it: 32 hex digits of sha256 of the key's name (stable across replicas)."""
+    """A caller's id as a router sees it: 32 hex digits of sha256 of ``name`` (the key's sha256 digest, or
+    ``anonymous``): the same on every gateway replica, and no way back to the key."""
     return hashlib.sha256(f"isocompute-caller:{name}".encode()).hexdigest()[:32]
-
-
-def tag_caller(header: str | None, name: str) -> None:
-    """Send ``header: caller_id(name)`` with the current request's upstream calls (nothing when ``header`` is None)."""
-    if header is not None:
-        CALLER_HEADERS.set(((header, caller_id(name)),))
 
 
 def make_tracer(endpoint: str | None, service_name: str, exporter: Any = None) -> tuple[Any, Any]:
@@ -113,3 +122,23 @@ class TracingMiddleware:
                         s.set_status(Status(StatusCode.ERROR))
         finally:
             TRACER.reset(token)
+
+
+class CallerHeaderMiddleware:
+    """Pure ASGI middleware: a ``/v1/`` request's upstream calls carry ``header: caller_id(…)`` of its bearer
+    key's digest (``anonymous`` without one); an unknown key is refused later by the routes, as ever."""
+
+    def __init__(self, app: Any, *, header: str) -> None:
+        self.app, self.header = app, header
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(TRACED_PREFIX):
+            await self.app(scope, receive, send)
+            return
+        auth = dict(scope.get("headers", [])).get(b"authorization", b"").decode("latin-1")
+        key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        token = CALLER_HEADERS.set(((self.header, caller_id(hash_key(key) if key else "anonymous")),))
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            CALLER_HEADERS.reset(token)
