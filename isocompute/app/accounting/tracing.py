@@ -3,7 +3,7 @@
 A traced request is one server span (``POST /v1/completions``, continuing the caller's W3C ``traceparent``)
 with children where its work happens — ``isocompute.price``, ``isocompute.decide``, one
 ``isocompute.wave`` per upstream call (the W3C ``traceparent`` of that span goes upstream with the call,
-:func:`isocompute.engines.upstream_calls.trace_headers`, so vLLM's own spans join the trace),
+:func:`isocompute.engines.upstream_calls.upstream_headers`, so vLLM's own spans join the trace),
 ``isocompute.vote`` and ``isocompute.charge``. Spans go to an OTLP/HTTP collector in batches
 (``BatchSpanProcessor``), named by ``otel_service_name``.
 
