@@ -92,6 +92,9 @@ class Settings(BaseSettings):
     api_keys: list[ApiKeyRecord] = Field(default_factory=list)
     admin_key_sha256: str | None = None
     quota_store: str = "memory"
+    otel_traces_endpoint: str | None = None  # None: no traces (app.accounting.tracing)
+    otel_service_name: str = "isocompute-gateway"
+    upstream_caller_header: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9-]*$")
 
     @field_validator("quota_store")
     @classmethod
