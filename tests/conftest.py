@@ -26,6 +26,7 @@ SERIAL_MODULES = {
     "test_real_model_vllm.py", "test_upstream_aiohttp.py", "test_vllm_server.py", "test_vllm_stream.py",
     "test_app_hostile.py", "test_sample.py", "test_replay.py", "test_replay_gateway.py", "test_app_slow_clients.py",
     "test_refit.py",
+    "test_deploy_live.py",
 }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 import httpx
 import pytest
@@ -207,7 +208,7 @@ def test_admission_sheds_past_its_queue_timeout_and_serves_in_order():
 
 
 def test_an_overloaded_gateway_answers_503_with_retry_after_and_ready_says_saturated():
-    engine = FakeEngine(delay=1.0)
+    engine = FakeEngine(delay=2.0)  # the slot's holder, long past the queue timeout even on a loaded machine
     app = create_app(Settings(upstream_timeout_s=10.0, max_inflight=1, queue_timeout_s=0.1, retry_after_s=3),
                      policy=FakePolicy(), engine=engine)
 
@@ -266,3 +267,33 @@ def test_a_cancelled_in_process_generate_stops_at_the_next_decode_step(engine):
     out = asyncio.run(engine.generate(["What is 5 + 7?"], 2, 8, 0.0, seed=0))
     assert [c.completion_tokens for c in out[0]] == [
         c.completion_tokens for c in engine.generate_sync(["What is 5 + 7?"], 2, 8, 0.0, seed=0)[0]]
+
+
+def test_a_stream_whose_client_goes_settles_its_reservation_and_frees_its_slot():
+    """A streamed request's waves run in a task of their own: its client going away mid-stream cancels them, the
+    reservation settles to the first wave's worst case and the admission slot comes back."""
+    from app_fakes import serve_in_thread
+
+    from isocompute.engines.vllm_server import free_port
+
+    rec = ApiKeyRecord(name="team-d", sha256=hash_key(KEY), tokens_per_window=10_000)
+    engine = FakeEngine(delay=5.0)
+    app = create_app(Settings(upstream_timeout_s=10.0, api_keys=[rec], stream_keepalive_s=0.1),
+                     policy=FakePolicy("lead:m=2@2,2,4"), engine=engine)
+    port = free_port()
+    stop = serve_in_thread(app, port)
+    try:
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", headers=H, timeout=10,
+                          json=completion(max_tokens=16, stream=True)) as r:
+            assert r.status_code == 200
+            next(r.iter_lines())  # a keep-alive: the first wave is running
+        gw = app.state.gateway
+        store = gw.quotas.store
+        for _ in range(1000):  # up to 10 s on a loaded machine; at once on an idle one
+            spent = sum(a for w in store._window.values() for _, a in w)
+            if spent < 8 * 16 and gw.admission.inflight == 0:
+                break
+            time.sleep(0.01)
+    finally:
+        stop()
+    assert spent == 2 * 16 and gw.admission.inflight == 0 and ["What is 5 + 7?"] in engine.cancelled

@@ -65,7 +65,44 @@ def register(subparsers: Any) -> None:
                    help="store the prompts' text in captured rows (default: a salted hash)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=run)
+    register_replay(subparsers)
     register_refit(subparsers)
+
+
+def register_replay(subparsers: Any) -> None:
+    """``isocompute replay TABLE… --port P``: a vLLM-compatible SIMULATOR answering from outcome tables."""
+    from isocompute.replay.timing import TimingModel
+
+    d = TimingModel()
+    p = subparsers.add_parser("replay", help="a vLLM-compatible upstream answering from outcome tables (a simulator)",
+                              description="Serve vLLM's OpenAI API from recorded samples: real answers and lengths, "
+                                          "seconds from a stated timing model (not measurements). docs/replay.md.")
+    p.add_argument("tables", nargs="+", type=Path, metavar="TABLE", help="outcome tables (JSONL) with completion_tokens")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8001, help="TCP port (default 8001)")
+    p.add_argument("--model", help="model id /v1/models lists (default: the table's meta.model, else its file name)")
+    p.add_argument("--prefill-s-per-token", type=float, default=d.prefill_s_per_token,
+                   help=f"seconds of prefill per prompt token (default {d.prefill_s_per_token})")
+    p.add_argument("--decode-tps", type=float, default=d.decode_tps,
+                   help=f"decode tokens/s of one sequence (default {d.decode_tps:g})")
+    p.add_argument("--max-tps", type=float, default=d.max_tps,
+                   help=f"the server's aggregate decode tokens/s ceiling (default {d.max_tps:g})")
+    p.add_argument("--max-seqs", type=int, default=d.max_seqs,
+                   help=f"sequences in flight before requests queue (vLLM's max_num_seqs; default {d.max_seqs})")
+    p.add_argument("--stream-interval", type=int, default=d.stream_interval,
+                   help=f"tokens per streamed chunk per sequence (vLLM's --stream-interval; default {d.stream_interval})")
+    p.set_defaults(func=run_replay)
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    from isocompute.replay.process import serve_forever
+    from isocompute.replay.table import load_tables
+    from isocompute.replay.timing import TimingModel
+
+    timing = TimingModel(prefill_s_per_token=args.prefill_s_per_token, decode_tps=args.decode_tps,
+                         max_tps=args.max_tps, max_seqs=args.max_seqs, stream_interval=args.stream_interval)
+    serve_forever(load_tables(args.tables, args.model), timing, host=args.host, port=args.port)
+    return 0
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
