@@ -36,6 +36,7 @@ import numpy as np
 from isocompute.policy.plans.fixed import fold_assignment
 
 INNER_FOLDS = 5
+REPEATS = 4  # inner fold splits averaged: the search's own noise, not only its bias, moves what is spent
 GRID = 193  # internal budgets searched, geometric between the cheapest and the dearest plan's mean
 
 
@@ -70,7 +71,7 @@ def hull_mix(u_bar: np.ndarray, c_bar: np.ndarray, budgets: np.ndarray) -> tuple
 
 
 def heldout_budgets(U: np.ndarray, C: np.ndarray, budgets: Sequence[float], *, folds: int = INNER_FOLDS,
-                    seed: int = 0) -> np.ndarray:
+                    seed: int = 0, repeats: int = REPEATS) -> np.ndarray:
     """Internal budget per requested budget (module docstring): the fixed plan chosen at it on k − 1
     inner folds spends the budget on the k-th, on average over the folds. Few prompts (< 2·folds): the
     budgets unchanged."""
@@ -82,13 +83,14 @@ def heldout_budgets(U: np.ndarray, C: np.ndarray, budgets: Sequence[float], *, f
     c_all = C.mean(axis=0)
     grid = np.geomspace(max(float(c_all.min()), 1e-12), max(float(c_all.max()), 1e-12) * 1.000001, GRID)
     spent = np.zeros(GRID)
-    fold = fold_assignment(n, folds, seed)
-    for f in range(folds):
-        te = fold == f
-        lo, hi, p = hull_mix(U[~te].mean(axis=0), C[~te].mean(axis=0), grid)
-        Ct = C[te]
-        spent += ((1 - p) * Ct[:, lo] + p * Ct[:, hi]).sum(axis=0)
-    h = np.maximum.accumulate(spent / n)
+    for r in range(repeats):
+        fold = fold_assignment(n, folds, seed + 7919 * r)
+        for f in range(folds):
+            te = fold == f
+            lo, hi, p = hull_mix(U[~te].mean(axis=0), C[~te].mean(axis=0), grid)
+            Ct = C[te]
+            spent += ((1 - p) * Ct[:, lo] + p * Ct[:, hi]).sum(axis=0)
+    h = np.maximum.accumulate(spent / (n * repeats))
     out = np.interp(budgets, h, grid)  # below h[0]: the cheapest; above h[-1]: the top (does not bind)
     return np.where(budgets >= h[-1], grid[-1], out)
 
