@@ -170,8 +170,9 @@ def fit_latency(policy: Any, job: CrossFit, latency: np.ndarray) -> LatencyTable
     chains = tuple(_chain_at(policy, job, tables, acts, float(level)) for level in levels)
     search = cfg.fixed_budget == "heldout" and FIXED_PLAN in (cfg.fallback or ())
     paid = policy.paid_per_request
-    fixed = tuple(budget_table(job.U[:, keep], job.C[:, keep] - paid, job.requested, seed=cfg.seed) if search else None
-                  for keep in (quick_plans(plan_latency, float(level)) for level in levels))
+    unit = job.C[:, policy.ladder[0]] - paid
+    fixed = tuple(budget_table(job.U[:, keep], job.C[:, keep] - paid, job.requested, seed=cfg.seed, unit=unit)
+                  if search else None for keep in (quick_plans(plan_latency, float(level)) for level in levels))
     return LatencyTables(plan_latency, NUS.copy(), tuple(cals), lat_table, levels, chains, fixed)
 
 
@@ -227,7 +228,8 @@ def _chain_at(policy: Any, job: CrossFit, tables: LatencyTables, acts: np.ndarra
         keep = quick_plans(tables.plan_latency, level)
         paid = policy.paid_per_request
         scores[FIXED_PLAN] = fixed_plan_scores(job.U[:, keep], job.C[:, keep] - paid, job.folds, job.requested,
-                                               heldout=cfg.fixed_budget == "heldout", seed=cfg.seed)
+                                               heldout=cfg.fixed_budget == "heldout", seed=cfg.seed,
+                                               unit=job.C[:, policy.ladder[0]] - paid)
     if UNIFORM in cfg.fallback:
         lad = quick_ladder(policy.ladder, tables.plan_latency, level)
         scores[UNIFORM] = uniform_utilities(job.U[:, lad], policy.sample_action_costs[lad], job.requested)

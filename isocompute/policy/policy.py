@@ -83,10 +83,8 @@ class Policy:
         ``model_flops`` (the served model's FLOP shape, ``isocompute.flops.load_model_flops``): prices the
         flops cost unit and, with extra features in the samples unit, one sample's FLOPs per training prompt
         (the k = 1 column of the flops cost table), unless ``sample_flops`` gives those directly.
-
         With a plan menu every plan is estimated on every prompt (:func:`~isocompute.policy.plans.arrays.table_arrays`;
-        ``arrays``: its result for this table and config, when the caller already has it).
-        A ragged table (prompts with fewer samples than the largest action or plan) is kept as the config
+        ``arrays``: its result for this table and config, when the caller already has it). A ragged table (prompts with fewer samples than the largest action or plan) is kept as the config
         says (``min_samples``, ``ragged``: :mod:`isocompute.solver.ragged`); what was dropped or marked
         is in :attr:`training_data_`. ``costs``, ``probe`` and ``sample_flops`` are per prompt of ``table``.
         """
@@ -140,8 +138,8 @@ class Policy:
         self.n_train_ = n
         self.train_lengths_ = np.sort(np.array([len(p) for p in prompts], dtype=np.int64))
         requested = budget_grid(*cfg.budget_range, N_CALIBRATION)
-        targets = (np.array([allocate_plans(U, C, float(b), rounding="mix").mean_cost for b in requested])
-                   if cfg.calibrate_to == "oracle" else requested.copy())  # oracle: less where samples buy nothing
+        targets = (np.array([allocate_plans(U, C, float(b), rounding="mix").mean_cost for b in requested]) if
+                   cfg.calibrate_to == "oracle" else requested.copy())  # oracle: less where samples buy nothing
         job = CrossFit(X, U, C, prompt_uniforms(prompts), crossfit_folds(n, cfg.calibration_folds, cfg.seed),
                        requested, targets, labels, plans=self.plans if self.has_menu else None,
                        samples=S if self.has_menu else None, paid=self.paid_per_request)
@@ -154,8 +152,9 @@ class Policy:
             for name in names:
                 self.learners_[name], held_out[name] = fit_learner(name, job, cfg, self.action_costs_, bar.update)
         self.default_learner_, self.selection_ = select_learner(held_out, U, C, cfg)
-        search = cfg.fixed_budget == "heldout" and self.has_menu
-        self.fixed_budgets_ = budget_table(U, C - self.paid_per_request, requested, seed=cfg.seed) if search else None
+        Cs = C - self.paid_per_request  # the fixed plan pays neither probe nor features
+        self.fixed_budgets_ = (budget_table(U, Cs, requested, seed=cfg.seed, unit=Cs[:, self.ladder[0]])
+                               if cfg.fixed_budget == "heldout" and self.has_menu else None)
         self.fallback_ = {name: self._choose_rules(job, oof) for name, oof in held_out.items()}
         self.latency_ = None if latency is None else latency_budgets.fit_latency(self, job, latency)
         return self
@@ -168,8 +167,9 @@ class Policy:
             return RuleChain.single(LEARNED, job.requested)
         scores = {LEARNED: np.stack([job.U[job.rows, oof(float(b))] for b in job.requested])}
         if FIXED_PLAN in cfg.fallback:
-            scores[FIXED_PLAN] = fixed_plan_scores(job.U, job.C - self.paid_per_request, job.folds, job.requested,
-                                                   heldout=cfg.fixed_budget == "heldout", seed=cfg.seed)
+            C = job.C - self.paid_per_request
+            scores[FIXED_PLAN] = fixed_plan_scores(job.U, C, job.folds, job.requested, seed=cfg.seed,
+                                                   heldout=cfg.fixed_budget == "heldout", unit=C[:, self.ladder[0]])
         if UNIFORM in cfg.fallback:
             lad = self.ladder
             scores[UNIFORM] = uniform_utilities(job.U[:, lad], self.sample_action_costs[lad], job.requested)

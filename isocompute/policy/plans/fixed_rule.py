@@ -41,14 +41,15 @@ def _clip(budget: float, c_bar: np.ndarray) -> float:
 
 def fixed_plan_scores(U: np.ndarray, C: np.ndarray, folds: Sequence[tuple[np.ndarray, np.ndarray]],
                       budgets: Sequence[float], *, heldout: bool = False, seed: int = 0,
-                      cost: bool = False) -> np.ndarray:
+                      cost: bool = False, unit: np.ndarray | None = None) -> np.ndarray:
     """(B, N) out-of-fold expected utility of every prompt under the fixed plan chosen at each budget on
     the folds that do not hold it; ``C`` without per-request payments. ``heldout``: each fold chooses at
-    its held-out-searched internal budget; ``cost``: the (B, N) out-of-fold cost instead of the utility."""
+    its held-out-searched internal budget (``unit``: each prompt's cost of one sample, for the search);
+    ``cost``: the (B, N) out-of-fold cost instead of the utility."""
     budgets = np.asarray(budgets, dtype=np.float64)
     out = np.empty((budgets.size, U.shape[0]))
     for tr, ho in folds:
-        g = heldout_budgets(U[tr], C[tr], budgets, seed=seed) if heldout else budgets
+        g = heldout_budgets(U[tr], C[tr], budgets, seed=seed, unit=None if unit is None else unit[tr]) if heldout else budgets
         lo, hi, p = hull_mix(U[tr].mean(axis=0), C[tr].mean(axis=0), g)
         X = C[ho] if cost else U[ho]
         out[:, ho] = ((1 - p) * X[:, lo] + p * X[:, hi]).T

@@ -71,10 +71,12 @@ def hull_mix(u_bar: np.ndarray, c_bar: np.ndarray, budgets: np.ndarray) -> tuple
 
 
 def heldout_budgets(U: np.ndarray, C: np.ndarray, budgets: Sequence[float], *, folds: int = INNER_FOLDS,
-                    seed: int = 0, repeats: int = REPEATS) -> np.ndarray:
+                    seed: int = 0, repeats: int = REPEATS, unit: np.ndarray | None = None) -> np.ndarray:
     """Internal budget per requested budget (module docstring): the fixed plan chosen at it on k − 1
-    inner folds spends the budget on the k-th, on average over the folds. Few prompts (< 2·folds): the
-    budgets unchanged."""
+    inner folds spends the budget on the k-th, on average over ``repeats`` splits. ``unit`` (N,): each
+    prompt's cost of one sample (the cheapest ladder plan): an inner fold then chooses at the budget times
+    its own mean unit over the whole's, as a budget written in ``x`` is served by a policy in its own 1x
+    (the common length scale is then not corrected twice). Few prompts (< 2·folds): the budgets unchanged."""
     U, C = np.asarray(U, dtype=np.float64), np.asarray(C, dtype=np.float64)
     budgets = np.asarray(budgets, dtype=np.float64)
     n = U.shape[0]
@@ -87,7 +89,8 @@ def heldout_budgets(U: np.ndarray, C: np.ndarray, budgets: Sequence[float], *, f
         fold = fold_assignment(n, folds, seed + 7919 * r)
         for f in range(folds):
             te = fold == f
-            lo, hi, p = hull_mix(U[~te].mean(axis=0), C[~te].mean(axis=0), grid)
+            scale = 1.0 if unit is None else float(unit[~te].mean() / unit.mean())
+            lo, hi, p = hull_mix(U[~te].mean(axis=0), C[~te].mean(axis=0), grid * scale)
             Ct = C[te]
             spent += ((1 - p) * Ct[:, lo] + p * Ct[:, hi]).sum(axis=0)
     h = np.maximum.accumulate(spent / (n * repeats))
@@ -95,11 +98,13 @@ def heldout_budgets(U: np.ndarray, C: np.ndarray, budgets: Sequence[float], *, f
     return np.where(budgets >= h[-1], grid[-1], out)
 
 
-def budget_table(U: np.ndarray, C: np.ndarray, requested: np.ndarray, *, seed: int = 0) -> dict[str, list[float]]:
+def budget_table(U: np.ndarray, C: np.ndarray, requested: np.ndarray, *, seed: int = 0,
+                 unit: np.ndarray | None = None) -> dict[str, list[float]]:
     """JSON-able ``{"requested", "internal"}``: :func:`heldout_budgets` at each of ``requested`` (a policy's
     calibration budgets), what a fitted policy stores and serves the fixed plan through."""
     requested = np.asarray(requested, dtype=np.float64)
-    return {"requested": requested.tolist(), "internal": heldout_budgets(U, C, requested, seed=seed).tolist()}
+    internal = heldout_budgets(U, C, requested, seed=seed, unit=unit)
+    return {"requested": requested.tolist(), "internal": internal.tolist()}
 
 
 def internal_budget(table: dict[str, list[float]] | None, budget: float) -> float:
