@@ -50,7 +50,7 @@ from isocompute.solver.outcomes import read_outcomes  # noqa: E402
 BX = np.array([2.0, 3.0, 4.0, 5.0, 6.0, 8.0])
 CURVE = np.geomspace(1.2, 12.0, 33)
 POOL = {30: 100, 60: 150, 120: 250}
-RULES = ("before", "after", "uniform", "true cost", "ratio")
+RULES = ("before", "after", "own 1x only", "search only", "true cost", "uniform before", "uniform after")
 
 
 def _ci(x: np.ndarray) -> tuple[float, float, float]:
@@ -69,7 +69,8 @@ def subset_spend(U: np.ndarray, C: np.ndarray, ladder: list[int], seed: int) -> 
     part) — above the top extra tokens buy nothing there), and before's and after's accuracy-vs-tokens
     curves (``curve:``, in x) for the matched comparison."""
     n = U.shape[0]
-    m = C[:, ladder[0]].mean()
+    unit = C[:, ladder[0]]
+    m = unit.mean()
     b, curve = BX * m, CURVE * m
     fold = fold_assignment(n, 5, seed)
     tok = {r: np.zeros((BX.size, n)) for r in RULES}
@@ -79,19 +80,23 @@ def subset_spend(U: np.ndarray, C: np.ndarray, ladder: list[int], seed: int) -> 
     for f in range(5):
         te, tr = fold == f, fold != f
         Ut, Ct = U[tr], C[tr]
+        x = unit[tr].mean() / m  # the refit's own 1x over the subset's: "4x" is served as 4 of its own
         top = Ct.mean(axis=0)[hull_mix(Ut.mean(axis=0), Ct.mean(axis=0), np.array([np.inf]))[1][0]]
-        for r, gb, gc in (("before", b, curve), ("after", heldout_budgets(Ut, Ct, b, seed=seed),
-                                                   heldout_budgets(Ut, Ct, curve, seed=seed))):
+        after = heldout_budgets(Ut, Ct, x * b, seed=seed, unit=unit[tr])
+        for r, gb, gc in (("before", b, curve),
+                          ("after", after, heldout_budgets(Ut, Ct, x * curve, seed=seed, unit=unit[tr]))):
             tok[r][:, te] = _mix(Ut, Ct, C[te], gb)
-            meant[r][:, te] = np.minimum(b, top)[:, None]
+            meant[r][:, te] = np.minimum(b, top * (1 if r == "before" else 1 / x))[:, None]
             crv[r][0][:, te], crv[r][1][:, te] = _mix(Ut, Ct, C[te], gc), _mix(Ut, Ct, U[te], gc)
+        tok["own 1x only"][:, te] = _mix(Ut, Ct, C[te], x * b)
+        tok["search only"][:, te] = _mix(Ut, Ct, C[te], heldout_budgets(Ut, Ct, b, seed=seed))
         full = np.broadcast_to(C.mean(axis=0), Ct.shape)  # true cost: the subset's own means
         tok["true cost"][:, te] = _mix(Ut, full, C[te], b)
-        tok["ratio"][:, te] = _mix(Ut, Ct / Ct[:, ladder[0]].mean() * m, C[te], b)
         cl = Ct[:, lad].mean(axis=0)
-        j = np.clip(np.searchsorted(cl, b, side="right") - 1, 0, len(ladder) - 2)
-        q = np.clip((b - cl[j]) / (cl[j + 1] - cl[j]), 0, 1)
-        tok["uniform"][:, te] = ((1 - q)[:, None] * C[te][:, lad[j]].T + q[:, None] * C[te][:, lad[j + 1]].T)
+        for r, bb in (("uniform before", b), ("uniform after", x * b)):
+            j = np.clip(np.searchsorted(cl, bb, side="right") - 1, 0, len(ladder) - 2)
+            q = np.clip((bb - cl[j]) / (cl[j + 1] - cl[j]), 0, 1)
+            tok[r][:, te] = ((1 - q)[:, None] * C[te][:, lad[j]].T + q[:, None] * C[te][:, lad[j + 1]].T)
     out = {f"tok:{r}": v.mean(axis=1) / b - 1 for r, v in tok.items()}
     for r in ("before", "after"):
         out[f"bind:{r}"] = tok[r].mean(axis=1) / meant[r].mean(axis=1) - 1
@@ -117,29 +122,32 @@ def matched(curves_before: np.ndarray, curves_after: np.ndarray, n_boot: int = 1
 def part_a(name: str, U: np.ndarray, C: np.ndarray, lengths: np.ndarray, ladder: list[int], sizes, subsets,
            seed: int) -> dict:
     res = {}
-    for n in sizes:
-        pool = np.argsort(-lengths)[: min(POOL.get(n, 2 * n), len(lengths))]
-        rng = np.random.default_rng(seed + n)
+    for n, pool_n in sizes:
+        if n >= len(lengths):
+            continue
+        pool = np.argsort(-lengths)[: min(pool_n or len(lengths), len(lengths))]
+        rng = np.random.default_rng(seed + n + pool.size)
         runs = [subset_spend(U[rows], C[rows], ladder, seed + s)
                 for s, rows in enumerate(rng.choice(pool, n, replace=False) for _ in range(subsets))]
-        res[n] = {k: np.array([r[k] for r in runs]) for k in runs[0]}
+        key = f"{n}:{pool.size}"
+        res[key] = {k: np.array([r[k] for r in runs]) for k in runs[0]}
         print(f"\n### {name}: {n} of the {pool.size} longest, {subsets} subsets — realised tokens / budget − 1, "
               f"mean [95% CI] over subsets (** = outside ±5%)\n")
         print("| rule | " + " | ".join(f"{b:g}x" for b in BX) + " |")
         print("|---|" + "---|" * BX.size)
         rows = [(r, f"tok:{r}") for r in RULES] + [(f"{r}, vs what it means to spend", f"bind:{r}")
                                                     for r in ("before", "after")]
-        for label, key in rows:
+        for label, k in rows:
             cells = []
-            for v in res[n][key].T:
+            for v in res[key][k].T:
                 m, lo, hi = _ci(100 * v)
                 star = "**" if abs(m) > 5 else ""
                 cells.append(f"{star}{m:+.1f}%{star} [{lo:+.1f}, {hi:+.1f}]")
             print(f"| {label} | " + " | ".join(cells) + " |")
-        d = matched(res[n]["curve:before"], res[n]["curve:after"], seed=seed)
+        d = matched(res[key]["curve:before"], res[key]["curve:after"], seed=seed)
         print("| after − before at matched tokens (pt) | " + " | ".join(
             f"{x:+.2f} [{lo:+.2f}, {hi:+.2f}]" for x, lo, hi in d.T) + " |", flush=True)
-        res[n]["matched"] = d
+        res[key]["matched"] = d
     return res
 
 
@@ -220,14 +228,16 @@ def _print_b(row: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("tables", type=Path, nargs="+")
-    ap.add_argument("--sizes", default="30,60,120")
+    ap.add_argument("--sizes", default="30:100,60:150,120:250,30:all",
+                    help="n:pool — n prompts drawn from the pool longest (all: from every prompt)")
     ap.add_argument("--subsets", type=int, default=100)
     ap.add_argument("--policy-sizes", default="30,60")
     ap.add_argument("--policy-subsets", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
-    sizes = [int(x) for x in a.sizes.split(",") if x]
+    sizes = [(int(x.split(":")[0]), None if x.split(":")[1] == "all" else int(x.split(":")[1]))
+             for x in a.sizes.split(",") if x]
     psizes = [int(x) for x in a.policy_sizes.split(",") if x]
     plans = resolve_plans("default", (1, 2, 4, 8, 16), parallel=True)
     out: dict = {"a": {}, "b": []}
@@ -236,9 +246,8 @@ def main() -> None:
         arr = plan_arrays(table, plans, cost_unit="tokens")
         ladder = [[p.name for p in plans].index(f"none@{k}") for k in (1, 2, 4, 8, 16)]
         lengths = arr.tokens[:, ladder[0]]
-        res = part_a(path.stem, arr.utility, arr.cost, lengths, ladder, [n for n in sizes if n < len(lengths)],
-                     a.subsets, a.seed)
-        out["a"][path.stem] = {str(n): {k: (v if k == "matched" else v.mean(axis=0)).tolist() for k, v in r.items()}
+        res = part_a(path.stem, arr.utility, arr.cost, lengths, ladder, sizes, a.subsets, a.seed)
+        out["a"][path.stem] = {n: {k: (v if k == "matched" else v.mean(axis=0)).tolist() for k, v in r.items()}
                                for n, r in res.items()}
     for path in a.tables:
         if a.policy_subsets <= 0:
