@@ -257,7 +257,7 @@ def cross_validate(prompts: Sequence[str], U: np.ndarray, C: np.ndarray, config:
     ctx = {"prompts": prompts, "U": U, "C": C, "config": config, "refit": refit, "pv": pv, "sf": sf,
            "label_var": label_var, "groups": groups, "samples": samples, "waves": waves, "C_alt": C_alt,
            "paid_alt": paid_alt, "baselines": baselines, "budgets": budgets_arr, "extra": extra,
-           "reach": reach_setup(config, Policy(config).plans, U, C, extra), "unit": int(Policy(config).ladder[0])}
+           "reach": reach_setup(config, Policy(config).plans, U, C, extra), "unit": int(Policy(config).ladder[0]) if config.cost_unit == "tokens" else None}
     results = run_jobs(_fold, ctx, jobs, workers=workers, done=lambda: bar.update(1))
     defaults: list[list[str]] = [[] for _ in seeds]
     selections: list[list[dict[str, Any]]] = [[] for _ in seeds]
@@ -293,7 +293,7 @@ def _fold(c: dict[str, Any], job: tuple[int, int, int, np.ndarray, np.ndarray]) 
     labels = _fold_labels(config, U, c["label_var"], c["groups"], train)
     lat = None if config.latency_range is None else c["extra"]["latency"][train]
     # a tokens budget is served as the same multiple of the refit's own 1x, as the gateway serves "4x" (issue 32)
-    x = float(C[train, c["unit"]].mean() / C[:, c["unit"]].mean()) if config.cost_unit == "tokens" else 1.0
+    x = 1.0 if c["unit"] is None else float(C[train, c["unit"]].mean() / C[:, c["unit"]].mean())
     refit = dataclasses.replace(c["refit"], budget_range=tuple(x * b for b in c["refit"].budget_range))
     refit = dataclasses.replace(refit, seed=config.seed + 1000 * seed + f, budget_range=_reachable(refit, C[train]),
                                 latency_range=reachable_latency(config.latency_range, lat))

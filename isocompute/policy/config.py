@@ -120,8 +120,8 @@ class PolicyConfig:
     best single model's best fixed plan); latency_range: the mean latency budgets (lo, hi) the policy
     also serves, in sample lengths (1.0 = waiting for one sample; :mod:`isocompute.policy.latency`), None
     for none; wave_overhead: each wave's prefill and queueing time in sample lengths, added to a plan's
-    latency per wave; fixed_budget: how the fixed plan's mix is set at a budget — ``heldout`` (default) at
-    the internal budget whose held-out cost on inner folds is the budget
+    latency per wave; fixed_budget: how the fixed plan's mix is set at a budget in tokens or FLOPs —
+    ``heldout`` (default) at the internal budget whose held-out cost on inner folds is the budget
     (:mod:`isocompute.policy.plans.heldout`), ``train`` at the budget on the training means (before issue
     32; it overspends on small tables of heavy-tailed lengths); the rest are LightGBM hyper-parameters and
     the seed.
@@ -320,6 +320,12 @@ class PolicyConfig:
                 raise InputError("feature_cost declares the cost of extra features, but feature_extras is empty; "
                                  "add e.g. feature_extras=('minilm',) or drop feature_cost.")
             object.__setattr__(self, "feature_cost", cost)
+
+    @property
+    def heldout_fixed(self) -> bool:
+        """Whether the fixed plan is served at its held-out-searched budget: ``fixed_budget="heldout"`` with a plan
+        menu, in tokens or FLOPs (a plan's samples are bounded by its k, so in samples nothing is heavy-tailed)."""
+        return self.fixed_budget == "heldout" and bool(self.plans) and self.cost_unit != "samples"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -168,7 +168,7 @@ def fit_latency(policy: Any, job: CrossFit, latency: np.ndarray) -> LatencyTable
     levels = latency_levels(lo, hi, plan_latency[policy.ladder])
     tables = LatencyTables(plan_latency, NUS.copy(), tuple(cals), lat_table, levels, ())
     chains = tuple(_chain_at(policy, job, tables, acts, float(level)) for level in levels)
-    search = cfg.fixed_budget == "heldout" and FIXED_PLAN in (cfg.fallback or ())
+    search = cfg.heldout_fixed and FIXED_PLAN in (cfg.fallback or ())
     paid = policy.paid_per_request
     unit = job.C[:, policy.ladder[0]] - paid
     fixed = tuple(budget_table(job.U[:, keep], job.C[:, keep] - paid, job.requested, seed=cfg.seed, unit=unit)
@@ -228,7 +228,7 @@ def _chain_at(policy: Any, job: CrossFit, tables: LatencyTables, acts: np.ndarra
         keep = quick_plans(tables.plan_latency, level)
         paid = policy.paid_per_request
         scores[FIXED_PLAN] = fixed_plan_scores(job.U[:, keep], job.C[:, keep] - paid, job.folds, job.requested,
-                                               heldout=cfg.fixed_budget == "heldout", seed=cfg.seed,
+                                               heldout=cfg.heldout_fixed, seed=cfg.seed,
                                                unit=job.C[:, policy.ladder[0]] - paid)
     if UNIFORM in cfg.fallback:
         lad = quick_ladder(policy.ladder, tables.plan_latency, level)

@@ -154,7 +154,7 @@ class Policy:
         self.default_learner_, self.selection_ = select_learner(held_out, U, C, cfg)
         Cs = C - self.paid_per_request  # the fixed plan pays neither probe nor features
         self.fixed_budgets_ = (budget_table(U, Cs, requested, seed=cfg.seed, unit=Cs[:, self.ladder[0]])
-                               if cfg.fixed_budget == "heldout" and self.has_menu else None)
+                               if cfg.heldout_fixed else None)
         self.fallback_ = {name: self._choose_rules(job, oof) for name, oof in held_out.items()}
         self.latency_ = None if latency is None else latency_budgets.fit_latency(self, job, latency)
         return self
@@ -169,7 +169,7 @@ class Policy:
         if FIXED_PLAN in cfg.fallback:
             C = job.C - self.paid_per_request
             scores[FIXED_PLAN] = fixed_plan_scores(job.U, C, job.folds, job.requested, seed=cfg.seed,
-                                                   heldout=cfg.fixed_budget == "heldout", unit=C[:, self.ladder[0]])
+                                                   heldout=cfg.heldout_fixed, unit=C[:, self.ladder[0]])
         if UNIFORM in cfg.fallback:
             lad = self.ladder
             scores[UNIFORM] = uniform_utilities(job.U[:, lad], self.sample_action_costs[lad], job.requested)
