@@ -75,6 +75,9 @@ class FakePolicy:
     def __init__(self, plan: str | None = None, *, reads: bool = True, rule: str = "learned") -> None:
         self.calls: list[tuple[list[str], float]] = []
         self.plan, self.reads, self.rule = plan, reads, rule
+        # the most samples any of its plans draws (sizes quota reservations, as a fitted policy's does)
+        self.max_plan_samples = (max(ACTIONS) if plan is None else
+                                 (parse_plan(plan) if isinstance(plan, str) else plan).max_samples)
 
     def extra_flops(self, texts):
         return [0.0] * len(texts)

@@ -24,7 +24,7 @@ SERIAL_MODULES = {
     "test_app_drain.py", "test_app_faults.py", "test_app_pools_vllm.py", "test_app_quotas.py",
     "test_app_vllm.py", "test_docker.py", "test_engines_stall.py", "test_engines_http.py", "test_grading.py",
     "test_real_model_vllm.py", "test_upstream_aiohttp.py", "test_vllm_server.py", "test_vllm_stream.py",
-    "test_app_hostile.py", "test_sample.py", "test_replay.py", "test_replay_gateway.py",
+    "test_app_hostile.py", "test_sample.py", "test_replay.py", "test_replay_gateway.py", "test_app_slow_clients.py",
 }
 
 

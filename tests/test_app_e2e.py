@@ -117,7 +117,8 @@ def test_flop_budget_is_converted_and_served(server):
 
 def test_ready_and_metrics_after_real_traffic(server):
     assert httpx.get(f"{server}/ready").json() == {
-        "ready": True, "policy_loaded": True, "upstream_answered": True, "engine": "transformers", "detail": None}
+        "ready": True, "policy_loaded": True, "upstream_answered": True, "engine": "transformers", "detail": None,
+        "saturated": False, "inflight": 0}
     text = httpx.get(f"{server}/metrics").text
     for name in ("isocompute_requests_total", "isocompute_request_latency_seconds_bucket",
                  "isocompute_k_chosen_bucket", "isocompute_samples_total", "isocompute_flops_total",

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from app_fakes import FakeEngine, make_client
 
-from isocompute.app.accounting.auth import RedactQueryKeys
+from isocompute.app.accounting.logs import RedactQueryKeys
 from isocompute.app.main import create_app
 from isocompute.app.settings import Settings
 from isocompute.training.tiny import build_tokenizer

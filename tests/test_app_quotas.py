@@ -161,9 +161,12 @@ def test_the_day_quota_resets_at_utc_midnight():
 
 
 def test_a_request_that_can_never_fit_says_so():
+    """Issue 35: it was a 429 telling the client to retry in 3600 s; it can never fit, so a 403 without
+    Retry-After, with the quota headers."""
     with quota_client(FakeEngine(), tokens_per_window=100) as c:
         r = c.post("/v1/completions", json=completion(budget=8, max_tokens=128), headers=H)
-        assert r.status_code == 429 and "exceeds the whole quota: lower max_tokens" in r.json()["error"]["message"]
+        assert r.status_code == 403 and "more than the whole spend quota" in r.json()["error"]["message"]
+        assert "Retry-After" not in r.headers and r.headers["X-Quota-Remaining-Tokens"] == "100"
 
 
 def test_a_flops_quota_caps_by_the_worst_case_flops():

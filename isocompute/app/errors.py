@@ -17,6 +17,7 @@ error                      status  type                       when
 ``UpstreamMisconfigured``  502     ``upstream_error``         upstream refuses this server's settings
 ``UpstreamBadResponse``    502     ``upstream_error``         upstream answered with nothing usable
 ``CircuitOpen``            503     ``service_unavailable``    every upstream is down: not even tried
+``Overloaded``             503     ``service_unavailable``    no admission slot within ``queue_timeout_s``
 ``EngineUnavailable``      503     ``service_unavailable``    upstream down / policy not loaded
 ``UpstreamTimeout``        504     ``upstream_timeout``       upstream did not answer in time
 ``ArtifactError``          503     ``service_unavailable``    the policy artifact cannot be loaded
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any
 
 from pydantic import BaseModel
@@ -63,11 +65,17 @@ class ModelNotFound(InputError):
 
 
 class RateLimited(IsoComputeError):
-    """The key's token bucket is empty; ``retry_after`` is when the next token arrives (seconds)."""
+    """The key's token bucket or spend quota is empty; ``retry_after`` is when enough comes back (seconds);
+    ``headers`` go out with the 429 (a quota's ``X-Quota-*``)."""
 
-    def __init__(self, message: str, retry_after: float):
+    def __init__(self, message: str, retry_after: float, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.retry_after = retry_after
+        self.headers = headers or {}
+
+
+class Overloaded(EngineUnavailable):
+    """Every admission slot stayed taken for ``queue_timeout_s`` (``accounting.admission``): 503 at once."""
 
 
 class UpstreamTimeout(EngineUnavailable):
@@ -78,7 +86,8 @@ class ClientDisconnected(IsoComputeError):
     """The client closed the connection before the answer; its upstream work was cancelled."""
 
 
-__all__ = ["AuthError", "CircuitOpen", "ClientDisconnected", "ModelNotFound", "PermissionDenied", "RateLimited",
+__all__ = ["AuthError", "CircuitOpen", "ClientDisconnected", "ModelNotFound", "Overloaded", "PermissionDenied",
+           "RateLimited",
            "UpstreamBadResponse", "UpstreamMisconfigured", "UpstreamTimeout", "classify", "error_body",
            "error_responses", "install_error_handlers"]
 
@@ -95,6 +104,7 @@ STATUS: tuple[tuple[type[BaseException], int, str, str], ...] = (
     (UpstreamMisconfigured, 502, "upstream_error", "upstream_misconfigured"),
     (UpstreamBadResponse, 502, "upstream_error", "upstream_bad_response"),
     (CircuitOpen, 503, "service_unavailable", "upstream_circuit_open"),
+    (Overloaded, 503, "service_unavailable", "overloaded"),
     (EngineUnavailable, 503, "service_unavailable", "engine_unavailable"),
     (ArtifactError, 503, "service_unavailable", "policy_unavailable"),
     (ClientDisconnected, 499, "client_closed_request", "client_closed_request"),
@@ -156,9 +166,14 @@ def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     return "; ".join(parts) + more + ". Fix these fields and retry.", param
 
 
-def _unparsable(exc: BaseException) -> str | None:
+def _unparsable(exc: BaseException, body: bytes = b"") -> str | None:
     """What is wrong with a body FastAPI could not parse (its HTTP 400's cause), or None."""
     cause = exc.__cause__
+    if isinstance(cause, ValueError) and "digits" in str(cause):  # Python's int-from-string limit (4300 digits)
+        m = re.search(rb'"([^"\\]{1,64})"\s*:\s*-?\d{1000,}', body)
+        where = f"field {m.group(1).decode(errors='replace')!r}" if m else "a field"
+        return (f"{where} holds a number of more than 4300 digits, too long to read; send an ordinary number "
+                "(e.g. 4) and retry")
     if isinstance(cause, UnicodeDecodeError):
         return (f"request body is not valid UTF-8 (byte {cause.start}: {cause.reason}); send JSON encoded as "
                 "UTF-8 with Content-Type: application/json")
@@ -242,9 +257,10 @@ def install_error_handlers(app: Any, retry_after_s: int) -> None:
     from fastapi.responses import JSONResponse
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
-    def respond(status: int, body: dict[str, Any], retry_after: float | None = None) -> JSONResponse:
-        headers = {"Retry-After": str(max(1, int(-(-retry_after // 1))))} if retry_after is not None else None
-        return JSONResponse(body, status_code=status, headers=headers)
+    def respond(status: int, body: dict[str, Any], retry_after: float | None = None,
+                extra: dict[str, str] | None = None) -> JSONResponse:
+        headers = {"Retry-After": str(max(1, int(-(-retry_after // 1))))} if retry_after is not None else {}
+        return JSONResponse(body, status_code=status, headers={**(extra or {}), **headers})
 
     @app.exception_handler(IsoComputeError)
     async def _domain(request: Request, exc: IsoComputeError) -> JSONResponse:
@@ -259,7 +275,8 @@ def install_error_handlers(app: Any, retry_after_s: int) -> None:
             log.log(logging.DEBUG if isinstance(exc, CircuitOpen) else logging.WARNING, "%s %s → %d: %s",
                     request.method, request.url.path, status, exc)
         param = getattr(exc, "param", None) or ("budget" if isinstance(exc, BudgetError) else None)
-        return respond(status, error_body(str(exc), type_, param=param, code=code), retry)
+        return respond(status, error_body(str(exc), type_, param=param, code=code), retry,
+                       getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -286,7 +303,7 @@ def install_error_handlers(app: Any, retry_after_s: int) -> None:
             msg = f"method {request.method} is not allowed on {request.url.path} (allowed: {allow}); see /docs"
         elif exc.status_code == 400 and isinstance(exc.__cause__, _TooLarge):
             return respond(413, too_large_body(exc.__cause__.max_bytes))
-        elif exc.status_code == 400 and (why := _unparsable(exc)) is not None:
+        elif exc.status_code == 400 and (why := _unparsable(exc, await request.body())) is not None:
             msg, code = why, "invalid_json"
         return JSONResponse(error_body(msg, type_, code=code), status_code=exc.status_code, headers=exc.headers)
 

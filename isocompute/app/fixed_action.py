@@ -81,6 +81,7 @@ class FixedActionPolicy:
         # the menu: the action, then each stage alone (what a request pinning that model runs)
         self.menu: tuple[Action, ...] = (action, *(Action((st,)) for st in action.stages)) if len(
             action.stages) > 1 else (action,)
+        self.max_plan_samples = sum(st.plan.max_samples for st in action.stages)  # sizes quota reservations
 
     def _stage_cost(self, model: str, k: int) -> float:
         if self.cost_unit == "samples":

@@ -29,7 +29,9 @@ For a request with prompts ``x_1 … x_P``, arriving with a deadline ``upstream_
    ``prefix_caching``, else once per wave) — goes to the controller, the metrics and the response; under a
    latency budget the realised latency too (:mod:`isocompute.app.accounting.latency_control`).
 
-Each route is validate → one call (:meth:`Gateway.answer`, or :meth:`Gateway.route` for a dry run) → respond.
+Each route makes one call (:meth:`Gateway.chat_completions`, :meth:`Gateway.completions`, :meth:`Gateway.route_request`,
+as vLLM's routes hand the request to one serving method): the request is checked (:class:`~isocompute.app.routing.Intake`),
+admitted (:class:`~isocompute.app.accounting.admission.Admission`), steps 1–5 run, the response shaped or streamed.
 
 A policy with a probe feature needs one cheap model call per prompt before it can decide, and a policy
 with extra feature blocks computes them inside ``decide`` (:mod:`isocompute.app.runner.extras`). Both are part
@@ -45,10 +47,8 @@ default one. A multi-model policy's decision carries an action per prompt (``mod
 on its model's pool, the vote over the last stage or all of them, the stages summed. A request's ``model``
 naming one of ``policy.models`` pins the decision to actions on that model alone.
 
-**Spend quotas** (:mod:`isocompute.app.accounting.spend`): a key's worst case is reserved after step 1,
-its cap lowered to fit (re-priced with that ``max_samples``) or a 429; settled to what it generated after 5.
-
-Ignores: streaming responses and stop strings.
+**Spend quotas** (:mod:`isocompute.app.accounting.spend`): a key's worst case (the policy's largest plan) is reserved
+after step 1, its cap lowered to fit (re-priced with that ``max_samples``) or a 429; settled after 5. Ignores: stop strings.
 """
 
 from __future__ import annotations
@@ -56,12 +56,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import numpy as np
+from fastapi import Request, Response
+from fastapi.responses import StreamingResponse
 
+from isocompute.app.accounting.admission import Admission
 from isocompute.app.accounting.auth import Principal
 from isocompute.app.accounting.budget_control import BudgetController, ControllerBank
 from isocompute.app.accounting.latency_control import LatencyControl
@@ -70,34 +73,45 @@ from isocompute.app.accounting.metrics import Metrics
 from isocompute.app.accounting.pricing import BudgetPlan, budget_unit, price_request
 from isocompute.app.accounting.quotas import Hold, Quotas, open_store
 from isocompute.app.accounting.spend import Spend
-from isocompute.app.chat import check_text, policy_text, render_chat
-from isocompute.app.errors import ModelNotFound
+from isocompute.app.chat import policy_text, render_chat
 from isocompute.app.readiness import UpstreamHealth
-from isocompute.app.routing import Ask, Routing
+from isocompute.app.routing import Ask, Intake, Routing, route_response
 from isocompute.app.runner.answer import Answer, Verifier
 from isocompute.app.runner.answers import Answers
 from isocompute.app.runner.execute import Backend, Deadline
 from isocompute.app.runner.extras import FeatureCall, ProbeCall, feature_call, probe_call
-from isocompute.app.runner.plan_run import SEED_MODULUS
 from isocompute.app.runner.pools import (
     DEFAULT,
     POOL_LABEL,
     ModelPool,
     Pool,
     PoolsHealth,
-    check_context,
     missing_pools,
     missing_pools_message,
 )
 from isocompute.app.runner.voting import Voter
-from isocompute.app.schemas import ChatMessage
+from isocompute.app.schemas import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    RouteRequest,
+    RouteResponse,
+)
 from isocompute.app.serving_policy import PolicyDecision, ServingPolicy, as_serving_policy
 from isocompute.app.settings import Settings
+from isocompute.app.streaming import (
+    SSE_HEADERS,
+    answer_events,
+    chat_response,
+    completion_response,
+    head,
+    unless_disconnected,
+)
 from isocompute.engines.base import Engine
 from isocompute.errors import EngineUnavailable, InputError
 
-OFF_LOOP_CHARS = 16_000  # a request with more text than this is templated and tokenised in a worker thread
-
+T = TypeVar("T")
 __all__ = ["Answer", "Ask", "FeatureCall", "Gateway", "ProbeCall", "Routing", "Verifier", "policy_text",
            "render_chat"]
 
@@ -124,10 +138,7 @@ class Gateway:
         self.settings = settings
         self.metrics = metrics
         self.extract = extract
-        self.tokenizer = tokenizer
-        self.model_flops = model_flops
-        self.context_limit = context_limit
-        self.verifier = verifier
+        self.tokenizer, self.model_flops, self.context_limit, self.verifier = tokenizer, model_flops, context_limit, verifier
         # the default pool is the bare one, or the named pool whose engine it is: its metrics carry that name
         label = next((n for n, f in (pools or {}).items() if f.engine is engine), POOL_LABEL)
         self.backend = Backend(engine, metrics, UpstreamHealth(), label)
@@ -150,8 +161,8 @@ class Gateway:
         self.answers = Answers(self.pools, default, settings=settings, voter=self.voter, extract=extract,
                                verifier=verifier, ledger=self.ledger)
         self._decide_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="isocompute-decide")
-        # large requests' templating and tokenising (one at a time: the tokenizer is shared)
-        self._prep_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="isocompute-prep")
+        self.intake = Intake(settings, tokenizer, context_limit)
+        self.admission = Admission(settings.max_inflight, settings.queue_timeout_s, metrics)
         self.quotas = Quotas(open_store(settings.quota_store))
         self.spend = Spend(self.quotas, self.ledger, list(flops_of.values()))
 
@@ -159,7 +170,7 @@ class Gateway:
         """Stop the decide and vote workers (requests still running in them finish first)."""
         try:
             self._decide_pool.shutdown(wait=True, cancel_futures=True)
-            self._prep_pool.shutdown(wait=True, cancel_futures=True)
+            self.intake.close()
         finally:
             self.voter.close()
 
@@ -193,87 +204,75 @@ class Gateway:
             raise EngineUnavailable("no policy loaded; start the gateway with --policy DIR or POST /admin/reload")
         return self.policy
 
-    # ---- input checks ---------------------------------------------------------------------------
+    # ---- the routes' one call each --------------------------------------------------------------
 
-    def check_model(self, model: str | None) -> str | None:
-        """The model a request pins (one of a multi-model policy's ``models``), None when it pins none."""
-        served = self.settings.served_model
-        models = () if self.policy is None else self.policy.models
-        if model is None or model == served:
-            return None
-        if model in models:
-            return model
-        if models:
-            raise InputError(f"model {model!r} is not served here; send model={served!r} (the policy chooses the "
-                             f"models) or one of {', '.join(models)} to pin it (GET /v1/models lists them)")
-        raise ModelNotFound(f"model {model!r} is not served here; send model={served!r} (GET /v1/models lists it)")
+    async def chat_completions(self, req: ChatCompletionRequest, caller: Principal, request: Request,
+                               response: Response) -> ChatCompletionResponse | StreamingResponse:
+        """A chat request, whole (the one call its route makes): checked, admitted, priced, decided, run,
+        voted, charged, and answered as one assistant message — or streamed."""
+        return await self._generate("chat", req, caller, request, response)  # type: ignore[return-value]
 
-    async def prepare(self, prompts: Sequence[str] | None, messages: Sequence[ChatMessage] | None,
-                      max_tokens: int) -> tuple[list[str], list[int] | None]:
-        """The request's prompts (a chat's rendered in its template) and their token counts, checked
-        (:meth:`chat_prompt`, :meth:`check_prompts`): inline for a small request, in a worker thread for a
-        large one (over ``OFF_LOOP_CHARS`` characters), so that templating and tokenising a big body never
-        hold up the event loop — ``/health`` and every other request go on meanwhile."""
-        s = self.settings
-        if messages is not None and len(messages) > s.max_messages:
-            raise InputError(f"{len(messages)} messages in one chat; send at most {s.max_messages} (max_messages)")
+    async def completions(self, req: CompletionRequest, caller: Principal, request: Request,
+                          response: Response) -> CompletionResponse | StreamingResponse:
+        """A completion request, whole: one aggregated choice per prompt — or streamed."""
+        return await self._generate("text", req, caller, request, response)  # type: ignore[return-value]
 
-        def work() -> tuple[list[str], list[int] | None]:
-            texts = [self.chat_prompt(messages)] if messages is not None else list(prompts or [])
-            return texts, self.check_prompts(texts, max_tokens)
+    async def _generate(self, kind: Literal["chat", "text"], req: ChatCompletionRequest | CompletionRequest,
+                        caller: Principal, request: Request, response: Response) -> Any:
+        deadline = self.deadline()
+        prompts, ask = await self.intake.generation(req, self._models())
+        self.answers.check_strategy(ask.strategy)  # a refusal before any stream opens is a JSON 4xx
+        h = head(kind, self.settings.served_model)
+        if req.stream:
+            return await self._stream(request, caller, prompts, ask, deadline, kind, req.stream_options, h)
+        answers = await unless_disconnected(request, self._admitted(lambda: self.answer(
+            prompts, ask, principal=caller, deadline=deadline, headers=response.headers)))
+        return chat_response(h, answers) if kind == "chat" else completion_response(h, answers)
 
-        size = (sum(len(m.content) if isinstance(m.content, str) else sum(len(p.text or "") for p in m.content or ())
-                    for m in messages) if messages is not None else sum(map(len, prompts or [])))
-        if size <= OFF_LOOP_CHARS:
-            return work()
-        return await asyncio.get_running_loop().run_in_executor(self._prep_pool, work)
+    async def _admitted(self, work: Callable[[], Awaitable[T]]) -> T:
+        """``work()`` holding an admission slot (:class:`Admission`: 503 after ``queue_timeout_s`` without one)."""
+        async with self.admission.slot():
+            return await work()
 
-    def chat_prompt(self, messages: Sequence[ChatMessage]) -> str:
-        if self.tokenizer is None:
-            raise InputError(
-                "chat needs the model's chat template and this gateway has no tokenizer; start it with "
-                "--model DIR (the checkpoint the upstream serves) or use /v1/completions"
-            )
-        return render_chat(self.tokenizer, messages)
+    async def route_request(self, req: RouteRequest, caller: Principal, request: Request) -> RouteResponse:
+        """The decision alone (``/v1/route``): a plan per prompt, without sampling (a dry run moves no controller);
+        a probe policy's probe call is upstream work, which a client that goes away cancels."""
+        deadline = self.deadline()
+        prompts, ask = await self.intake.route(req, self._models())
+        r = await unless_disconnected(request, self.route(prompts, ask, principal=caller, deadline=deadline))
+        return route_response(r, self.settings.served_model, len(prompts))
 
-    def check_prompts(self, prompts: Sequence[str], max_tokens: int) -> list[int] | None:
-        """Reject empty, too many or over-long prompts (400); return token counts when a tokenizer is known.
-        The context checked is the default pool's; a multi-model action's other models are checked before
-        it runs (:meth:`Answers.check_context`)."""
-        s = self.settings
-        if not prompts:
-            raise InputError("prompt is empty; send a non-empty string or list of strings")
-        if len(prompts) > s.max_batch_prompts:
-            raise InputError(f"{len(prompts)} prompts in one request; send at most {s.max_batch_prompts}")
-        for i, p in enumerate(prompts):
-            if not p.strip():
-                raise InputError(f"prompt {i} is empty; send text to answer")
-            check_text(p, f"prompt {i}")
-            if len(p) > s.max_prompt_chars:
-                raise InputError(f"prompt {i} has {len(p)} characters; the limit is {s.max_prompt_chars}, "
-                                 "shorten it")
-        if self.tokenizer is None:
-            return None
-        counts = [len(ids) for ids in self.tokenizer(list(prompts), add_special_tokens=True)["input_ids"]]
-        if self.context_limit is not None:
-            check_context(counts, max_tokens, self.context_limit)
-        return counts
+    async def _stream(self, request: Request, caller: Principal, prompts: list[str], ask: Ask, deadline: Deadline,
+                      kind: Literal["chat", "text"], options: dict[str, Any] | None, h: dict[str, Any]
+                      ) -> StreamingResponse:
+        """A ``stream: true`` request (:mod:`isocompute.app.streaming`): admitted and routed before the stream
+        opens, so a refusal is a JSON 4xx (or 503); its waves run in a task started now — settled and its slot
+        given back however it ends, even when the stream never starts — which a disconnect cancels."""
+        if options is not None and not isinstance(options.get("include_usage", False), bool):
+            raise InputError("stream_options.include_usage must be true or false")
+        await unless_disconnected(request, self.admission.acquire())
+        try:
+            routing = await unless_disconnected(request, self.route(prompts, ask, principal=caller,
+                                                                    deadline=deadline, dry_run=False))
+        except BaseException:
+            self.admission.release()
+            raise
+        work = asyncio.ensure_future(self.run(prompts, routing, ask, deadline))
+        work.add_done_callback(lambda _: self.admission.release())
+        events = answer_events(work, request.receive, kind=kind, head=h, keepalive_s=self.settings.stream_keepalive_s,
+                               include_usage=bool((options or {}).get("include_usage")))
+        quota = {} if routing.quota is None else routing.quota.headers()  # what was left before this request
+        return StreamingResponse(events, media_type="text/event-stream", headers={**SSE_HEADERS, **quota})
 
-    def sampling(self, max_tokens: int | None, temperature: float | None, seed: int | None
-                 ) -> tuple[int, float, int | None]:
-        s = self.settings
-        mt = s.default_max_tokens if max_tokens is None else max_tokens
-        if mt > s.max_tokens_limit:
-            raise InputError(f"max_tokens={mt} exceeds this server's limit {s.max_tokens_limit}; lower it")
-        t = s.temperature if temperature is None else temperature
-        return mt, t, None if seed is None else seed % SEED_MODULUS
+    def _models(self) -> tuple[str, ...]:
+        return () if self.policy is None else self.policy.models
 
     # ---- routing --------------------------------------------------------------------------------
 
     async def answer(self, prompts: list[str], ask: Ask, *, principal: Principal, deadline: Deadline,
                      headers: MutableMapping[str, str] | None = None) -> list[Answer]:
-        """Route, run, vote and charge every prompt of a generation request (module docstring, steps 1–5):
-        the one call a generation route makes. Raises what :meth:`route` and :meth:`Answers.answer` raise.
+        """Route, run, vote and charge every prompt of a generation request (module docstring, steps 1–5).
+        Raises what :meth:`route` and :meth:`Answers.answer` raise.
         ``headers`` receives the key's quota headers after the request (a key with quotas)."""
         routing = await self.route(prompts, ask, principal=principal, deadline=deadline, dry_run=False)
         answers = await self.run(prompts, routing, ask, deadline)
@@ -295,7 +294,7 @@ class Gateway:
         ``ask.policy_prompts`` (default ``prompts``) is the text the policy sees: for chat, the question
         without the chat template (see :func:`policy_text`). A probe policy's probe call happens here,
         after the budget checks (so a refused request costs no model call), and only when the rule
-        serving the budget reads it. ``ask.model`` (from :meth:`check_model`) pins the decision to that
+        serving the budget reads it. ``ask.model`` (from ``Intake.check_model``) pins the decision to that
         model; ``ask.latency_budget`` (sample lengths, checked in pricing) goes to the policy only when sent.
         Raises EngineUnavailable (503) when an action names a model with no pool. A ``dry_run`` (``/v1/route``)
         reads the key's controller when it exists and keeps none it makes: dry runs never grow the bank nor
@@ -304,8 +303,10 @@ class Gateway:
         policy = self._loaded_policy()  # one policy for the whole request, whatever /admin/reload does
         texts = prompts if ask.policy_prompts is None else ask.policy_prompts
         plan = self._price(policy, principal, ask)
-        hold = None if dry_run else await self.spend.admit(policy, principal, ask, plan.cap, len(prompts))
-        if hold is not None and hold.cap < plan.cap:  # the quota left buys fewer samples: re-priced with that cap
+        # reserve for the largest plan the policy can serve, not the server's cap (often far above it)
+        most = min(plan.cap, getattr(policy, "max_plan_samples", None) or plan.cap)
+        hold = None if dry_run else await self.spend.admit(policy, principal, ask, most, len(prompts))
+        if hold is not None and hold.cap < most:  # the quota left buys fewer samples: re-priced with that cap
             plan = self._price(policy, principal, dataclasses.replace(ask, max_samples=hold.cap))
         return await self.spend.released(hold, self._route(policy, texts, prompts, ask, plan, hold, deadline,
                                                            dry_run))

@@ -36,7 +36,8 @@ from fastapi import FastAPI
 
 from isocompute import __version__
 from isocompute.app import serving_policy
-from isocompute.app.accounting.auth import KeyStore, load_key_file, redact_access_log
+from isocompute.app.accounting.auth import KeyStore, load_key_file
+from isocompute.app.accounting.logs import install_log_hygiene
 from isocompute.app.accounting.metrics import Metrics, MetricsMiddleware
 from isocompute.app.errors import BodyLimit, install_error_handlers
 from isocompute.app.fixed_action import FixedActionPolicy
@@ -187,7 +188,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
     s: Settings = app.state.settings
     injected = app.state.injected
-    redact_access_log()  # keys in a URL are refused (auth.refuse_query_key), and blanked in the access log
+    install_log_hygiene()  # keys in a URL refused (auth.refuse_query_key) and blanked; client text escaped, cut
     app.state.keystore = build_keystore(s)
     policy = injected["policy"]
     if policy is None and s.policy_dir is not None:

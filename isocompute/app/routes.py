@@ -1,4 +1,5 @@
-"""The HTTP endpoints: each one validates, calls the :class:`~isocompute.app.gateway.Gateway`, responds.
+"""The HTTP endpoints: each one hands its request to one serving method of the
+:class:`~isocompute.app.gateway.Gateway` (as vLLM's routes do), which checks, runs and shapes it.
 
 =====================  ======================================================================
 endpoint               what it does
@@ -16,10 +17,10 @@ POST /admin/reload     reload the policy (admin key); resets the budget controll
 Dependencies come in as ``Annotated[..., Depends(...)]`` (:data:`GatewayDep`, :data:`CallerDep`) so tests
 can override them with ``app.dependency_overrides``.
 
-A generation request runs as a task raced against the client's disconnect (:func:`unless_disconnected`,
-the pattern of vLLM's ``with_cancellation``): a client that goes away cancels the task, and with it the
-upstream calls it awaits; the server logs a 499. Each request gets its deadline when it arrives
-(:meth:`Gateway.deadline`), shared by everything it awaits upstream.
+A generation request runs raced against the client's disconnect
+(:func:`~isocompute.app.streaming.unless_disconnected`, the pattern of vLLM's ``with_cancellation``): a client
+that goes away cancels its work, and with it the upstream calls it awaits; the server logs a 499. Each request
+gets its deadline when it arrives (:meth:`Gateway.deadline`), shared by everything it awaits upstream.
 """
 
 from __future__ import annotations
@@ -27,27 +28,20 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import time
-import uuid
-from collections.abc import Awaitable
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Header, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
 from isocompute.app.accounting.auth import KeyStore, Principal, refuse_query_key
-from isocompute.app.errors import ClientDisconnected, error_responses
-from isocompute.app.gateway import Answer, Ask, Gateway, policy_text
-from isocompute.app.runner.execute import Deadline
+from isocompute.app.errors import error_responses
+from isocompute.app.gateway import Gateway
 from isocompute.app.schemas import (
-    ChatChoice,
     ChatCompletionRequest,
     ChatCompletionResponse,
-    ChatMessageOut,
-    CompletionChoice,
     CompletionRequest,
     CompletionResponse,
     HealthResponse,
@@ -55,17 +49,13 @@ from isocompute.app.schemas import (
     ModelList,
     ReadyResponse,
     ReloadResponse,
-    RouteDecision,
     RouteRequest,
     RouteResponse,
-    Usage,
 )
-from isocompute.app.streaming import SSE_HEADERS, answer_events, usage_of, wait_disconnect
 from isocompute.errors import ArtifactError, EngineUnavailable, InputError
 
 log = logging.getLogger("isocompute.app")
 router = APIRouter()
-T = TypeVar("T")
 
 GENERATE_ERRORS = {**error_responses(400, 401, 403, 404, 422, 429, 502, 503, 504),
                    200: {"content": {"text/event-stream": {"description": "with stream: true (app.streaming)"}}}}
@@ -106,95 +96,6 @@ CallerDep = Annotated[Principal, Depends(get_caller)]
 KeysDep = Annotated[KeyStore, Depends(get_keystore)]
 
 
-# ---- request checks ----------------------------------------------------------------------------
-
-
-def _log_unknown(req: BaseModel) -> None:
-    if req.model_extra:
-        log.info("ignoring unknown request fields: %s", ", ".join(sorted(req.model_extra)))
-
-
-def _refuse_unsupported(req: ChatCompletionRequest | CompletionRequest) -> None:
-    """400 for OpenAI options that would change the answer's form; we cannot honour them."""
-    if req.n not in (None, 1):
-        raise InputError(f"n={req.n}: the gateway returns one aggregated choice per prompt; send n=1 and "
-                         "control sampling with budget / max_samples")
-    if isinstance(req, ChatCompletionRequest):
-        if req.logprobs or req.top_logprobs:
-            raise InputError("logprobs are not supported; send logprobs=false")
-        if req.tools:
-            raise InputError("tools are not supported; send no tools")
-        fmt = (req.response_format or {}).get("type", "text")
-        if fmt != "text":
-            raise InputError(f"response_format {fmt!r} is not supported; send type 'text' or omit it")
-    else:
-        if req.logprobs:
-            raise InputError("logprobs are not supported; omit logprobs")
-        if req.echo:
-            raise InputError("echo=true is not supported; send echo=false")
-        if req.suffix:
-            raise InputError("suffix is not supported; omit it")
-        if req.best_of not in (None, 1):
-            raise InputError("best_of is not supported; use strategy='best_of' with budget instead")
-
-
-def _text_prompts(prompt: Any) -> list[str]:
-    if isinstance(prompt, str):
-        return [prompt]
-    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
-        return list(prompt)
-    raise InputError("prompt must be a string or a list of strings; token-id prompts are not supported")
-
-
-def _usage(answers: list[Answer]) -> Usage:
-    return Usage(**usage_of(answers))
-
-
-async def _stream(request: Request, gw: Gateway, caller: Principal, prompts: list[str], ask: Ask, deadline: Deadline,
-                  kind: Literal["chat", "text"], options: dict[str, Any] | None, head: dict[str, Any]
-                  ) -> StreamingResponse:
-    """A ``stream: true`` request (:mod:`isocompute.app.streaming`): routed before the stream opens, so a
-    refusal is a JSON 4xx; its waves run inside the stream, a disconnect cancelling them."""
-    if options is not None and not isinstance(options.get("include_usage", False), bool):
-        raise InputError("stream_options.include_usage must be true or false")
-    routing = await unless_disconnected(request, gw.route(prompts, ask, principal=caller, deadline=deadline,
-                                                          dry_run=False))
-    events = answer_events(gw.run(prompts, routing, ask, deadline), request.receive, kind=kind, head=head,
-                           include_usage=bool((options or {}).get("include_usage")),
-                           keepalive_s=gw.settings.stream_keepalive_s)
-    quota = {} if routing.quota is None else routing.quota.headers()  # what was left before this request
-    return StreamingResponse(events, media_type="text/event-stream", headers={**SSE_HEADERS, **quota})
-
-
-async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """``work``'s result, unless the client disconnects first: then ``work`` is cancelled (its upstream
-    calls with it) and :class:`ClientDisconnected` raised (499 in the log; nobody reads the answer).
-
-    ``work`` runs in this task — only the watcher is a task of its own, which on a disconnect cancels this
-    one — so a request pays no extra scheduling hop when its work is done.
-    """
-    me = asyncio.current_task()
-    assert me is not None
-    done = False
-
-    def on_disconnect(watch: asyncio.Future[None]) -> None:
-        if not done and not watch.cancelled():
-            me.cancel()
-
-    watch = asyncio.ensure_future(wait_disconnect(request.receive))
-    watch.add_done_callback(on_disconnect)
-    try:
-        return await work
-    except asyncio.CancelledError:
-        if not (watch.done() and not watch.cancelled()):
-            raise  # cancelled for another reason (shutdown): let it go
-        me.uncancel()
-        raise ClientDisconnected("the client closed the connection; its upstream work was cancelled") from None
-    finally:
-        done = True
-        watch.cancel()
-
-
 # ---- endpoints ---------------------------------------------------------------------------------
 
 
@@ -202,88 +103,20 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
 async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, caller: CallerDep,
                            request: Request, response: Response) -> ChatCompletionResponse:
     """Answer a chat under a compute budget: a plan's waves of samples, one vote, one assistant message."""
-    deadline = gw.deadline()
-    _log_unknown(req)
-    _refuse_unsupported(req)
-    pin = gw.check_model(req.model)
-    max_tokens, temperature, seed = gw.sampling(req.max_completion_tokens or req.max_tokens, req.temperature,
-                                                req.seed)
-    prompts, counts = await gw.prepare(None, req.messages, max_tokens)
-    ask = Ask(req.budget, req.budget_unit, req.max_samples, req.max_waves, max_tokens, temperature, seed,
-              req.strategy, req.latency_budget, pin, counts, [policy_text(req.messages)], req.messages)
-    rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    if req.stream:
-        return await _stream(request, gw, caller, prompts, ask, deadline, "chat", req.stream_options,  # type: ignore[return-value]
-                             {"id": rid, "object": "chat.completion.chunk", "created": created,
-                              "model": gw.settings.served_model})
-    [ans] = await unless_disconnected(request, gw.answer(prompts, ask, principal=caller, deadline=deadline,
-                                                         headers=response.headers))
-    return ChatCompletionResponse(
-        id=rid, created=created, model=gw.settings.served_model,
-        choices=[ChatChoice(index=0, message=ChatMessageOut(content=ans.text), finish_reason=ans.finish_reason)],
-        usage=_usage([ans]), isocompute=ans.info,
-    )
+    return await gw.chat_completions(req, caller, request, response)  # type: ignore[return-value]
 
 
 @router.post("/v1/completions", response_model=CompletionResponse, responses=GENERATE_ERRORS)
 async def completions(req: CompletionRequest, gw: GatewayDep, caller: CallerDep,
                       request: Request, response: Response) -> CompletionResponse:
     """Complete one prompt (or a list: one choice each) under a compute budget."""
-    deadline = gw.deadline()
-    _log_unknown(req)
-    _refuse_unsupported(req)
-    pin = gw.check_model(req.model)
-    max_tokens, temperature, seed = gw.sampling(req.max_tokens, req.temperature, req.seed)
-    prompts, counts = await gw.prepare(_text_prompts(req.prompt), None, max_tokens)
-    ask = Ask(req.budget, req.budget_unit, req.max_samples, req.max_waves, max_tokens, temperature, seed,
-              req.strategy, req.latency_budget, pin, counts)
-    rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-    if req.stream:
-        return await _stream(request, gw, caller, prompts, ask, deadline, "text", req.stream_options,  # type: ignore[return-value]
-                             {"id": rid, "object": "text_completion", "created": created,
-                              "model": gw.settings.served_model})
-    answers = await unless_disconnected(request, gw.answer(prompts, ask, principal=caller, deadline=deadline,
-                                                           headers=response.headers))
-    return CompletionResponse(
-        id=rid, created=created, model=gw.settings.served_model,
-        choices=[CompletionChoice(index=i, text=a.text, finish_reason=a.finish_reason, isocompute=a.info)
-                 for i, a in enumerate(answers)],
-        usage=_usage(answers), isocompute=answers[0].info,
-    )
+    return await gw.completions(req, caller, request, response)  # type: ignore[return-value]
 
 
 @router.post("/v1/route", response_model=RouteResponse, responses=ROUTE_ERRORS)
 async def route(req: RouteRequest, gw: GatewayDep, caller: CallerDep, request: Request) -> RouteResponse:
     """The decision alone: a plan per prompt under the budget, without sampling (a dry run)."""
-    deadline = gw.deadline()
-    _log_unknown(req)
-    pin = gw.check_model(req.model)
-    if (req.prompt is None) == (req.messages is None):
-        raise InputError("send exactly one of prompt (string or list of strings) or messages")
-    max_tokens, temperature, _ = gw.sampling(None, req.temperature, None)
-    prompts, counts = await gw.prepare(None if req.messages is not None else _text_prompts(req.prompt), req.messages,
-                                       max_tokens)
-    ask = Ask(req.budget, req.budget_unit, req.max_samples, req.max_waves, max_tokens, temperature,
-              latency_budget=req.latency_budget, model=pin, prompt_tokens=counts,
-              policy_prompts=None if req.messages is None else [policy_text(req.messages)])
-    # A dry run must not move the controller, so it reads the internal budget without observing a cost;
-    # a probe policy's probe call is upstream work, which a client that goes away cancels.
-    r = await unless_disconnected(request, gw.route(prompts, ask, principal=caller, deadline=deadline))
-    el = r.expected_latency
-    return RouteResponse(
-        model=gw.settings.served_model, budget=r.plan.budget, budget_unit=r.plan.unit,  # type: ignore[arg-type]
-        budget_written=r.plan.written, internal_budget=r.internal_budget, latency_budget=r.latency_budget,
-        internal_latency_budget=None if r.latency_control is None else r.latency_control.internal,
-        expected_latency=None if el is None else sum(el) / len(el),
-        lambda_=r.lam, rule=r.rule, rule_evidence=r.rule_evidence,
-        decisions=[RouteDecision(action=r.actions[i], plan=r.plans[i].name, policy_plan=r.policy_plans[i].name,
-                                 k=r.ks[i], policy_k=r.policy_ks[i], expected_cost=r.costs[i],
-                                 expected_samples=None if r.expected_samples is None else r.expected_samples[i],
-                                 expected_waves=None if r.expected_waves is None else r.expected_waves[i],
-                                 expected_latency=None if el is None else el[i],
-                                 model_action=r.model_actions[i].name if r.model_actions else None)
-                   for i in range(len(prompts))],
-    )
+    return await gw.route_request(req, caller, request)
 
 
 @router.get("/v1/models", response_model=ModelList)
@@ -304,7 +137,8 @@ async def health() -> HealthResponse:
 
 @router.get("/ready", response_model=ReadyResponse, responses={503: {"model": ReadyResponse}})
 async def ready(request: Request) -> Any:
-    """Readiness: a policy is loaded and the upstream answers real requests now (see ``app.readiness``)."""
+    """Readiness: a policy is loaded, the upstream answers real requests now (see ``app.readiness``) and an
+    admission slot is free (``saturated`` otherwise: ``app.accounting.admission``)."""
     gw: Gateway | None = getattr(request.app.state, "gateway", None)
     policy_loaded = gw is not None and gw.policy is not None
     answered = gw is not None and gw.health.ok
@@ -319,8 +153,15 @@ async def ready(request: Request) -> Any:
         detail = gw.health.detail
     elif not policy_loaded:
         detail = "no policy loaded; start the gateway with --policy DIR or POST /admin/reload"
-    body = ReadyResponse(ready=policy_loaded and answered and not draining, policy_loaded=policy_loaded, upstream_answered=answered,
-                         engine=None if gw is None else gw.engine.name, detail=detail)
+    adm = None if gw is None else gw.admission
+    saturated = adm is not None and adm.saturated
+    if saturated and detail is None:
+        detail = (f"saturated: {adm.inflight} requests in flight (max_inflight {adm.max_inflight}), {adm.waiting} "
+                  "waiting; a new request would queue")
+    body = ReadyResponse(ready=policy_loaded and answered and not draining and not saturated,
+                         policy_loaded=policy_loaded, upstream_answered=answered,
+                         engine=None if gw is None else gw.engine.name, detail=detail, saturated=saturated,
+                         inflight=0 if adm is None else adm.inflight)
     return JSONResponse(body.model_dump(), status_code=200 if body.ready else 503)
 
 

@@ -1,18 +1,15 @@
 """Request and response schemas: OpenAI's fields in OpenAI's order, then a fenced block of extensions.
 
-Extensions (every request type):
-
-* ``budget`` — target mean cost per request under this key: samples (default unit), tokens or FLOPs, or
-  (a tokens-unit policy only) a multiple of one sample's mean completion tokens on the policy's training
-  table written as a string, ``"4x"`` (resolved to tokens); omitted → the server's ``default_budget``;
-* ``budget_unit`` — ``"samples"`` | ``"tokens"`` | ``"flops"``;
-* ``latency_budget`` — target mean latency per request in sample lengths (1.0 = waiting for one
-  sample), for a policy fitted with latency budgets (``fit --latency-budgets``), within its range;
-* ``max_samples`` — hard cap on the samples drawn for this request, over all its waves (never exceeded,
-  also not by budget control);
-* ``max_waves`` — hard cap on the waves of this request's plan (at most the server's ``max_waves``);
-* ``strategy`` — ``"majority"`` (plurality vote) | ``"best_of"`` (highest verifier score, with a verifier) |
-  ``"weighted"`` (each vote weighted by its sample's evidence under the server's fitted ``vote_file``).
+Extensions (every request type): ``budget`` — target mean cost per request under this key: samples (default unit),
+tokens or FLOPs, or (a tokens-unit policy only) a multiple of one sample's mean completion tokens on the policy's
+training table written as a string, ``"4x"`` (resolved to tokens); omitted → the server's ``default_budget``;
+``budget_unit`` — ``"samples"`` | ``"tokens"`` | ``"flops"``; ``latency_budget`` — target mean latency per request
+in sample lengths (1.0 = waiting for one sample), for a policy fitted with latency budgets (``fit
+--latency-budgets``), within its range; ``max_samples`` — hard cap on the samples drawn for this request, over all
+its waves (never exceeded, also not by budget control); ``max_waves`` — hard cap on the waves of this request's plan
+(at most the server's ``max_waves``); ``strategy`` — ``"majority"`` (plurality vote) | ``"best_of"`` (highest
+verifier score, with a verifier) | ``"weighted"`` (each vote weighted by its sample's evidence under the server's
+fitted ``vote_file``). A number is a number: ``true`` for a numeric field is a 422 (lax parsing would read it as 1).
 
 OpenAI fields the gateway cannot honour are refused with 400 when they would change the answer's form (``n`` > 1,
 ``logprobs``, ``tools``, ``echo``, ``suffix``, ``best_of`` > 1, a non-text ``response_format``) and accepted but
@@ -26,11 +23,12 @@ Responses follow OpenAI; the first choice carries the aggregated answer (one sam
 
 from __future__ import annotations
 
-import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
+
+from isocompute.app.accounting.pricing import budget_as_sent
 
 BudgetUnit = Literal["samples", "tokens", "flops"]
 Strategy = Literal["majority", "best_of", "weighted"]
@@ -40,34 +38,12 @@ StageStop = Literal["rule", "plan_end", "cap", "deadline", "upstream_error", "es
 _INT64 = 2**63
 
 
-def _positive(text: str) -> float | None:
-    try:
-        v = float(text)
-    except ValueError:
-        return None
-    return v if math.isfinite(v) and v > 0 else None
+def _leaves(t: Any) -> set[Any]:
+    """The plain types in a type (``int | None`` → {int, NoneType})."""
+    return set().union(*map(_leaves, args)) if (args := get_args(t)) else {t}
 
 
-def _budget(v: Any) -> Any:
-    """A request's ``budget`` as sent: a positive finite number; a numeric string (its number, as pydantic's
-    lax mode reads it); or ``"4x"``, a positive number followed by x, kept as written (stripped)."""
-    if isinstance(v, str):
-        text = v.strip()
-        multiple = text[-1:] in ("x", "X")
-        b = _positive(text[:-1] if multiple else text)
-        if b is None:
-            raise PydanticCustomError("budget", "Input should be a positive number, or a positive number followed "
-                                                "by x (a multiple of one sample's mean tokens, e.g. \"4x\")")
-        return text if multiple else b
-    if isinstance(v, int | float) and not isinstance(v, bool):
-        if not math.isfinite(v):
-            raise PydanticCustomError("finite_number", "Input should be a finite number")
-        if v <= 0:
-            raise PydanticCustomError("greater_than", "Input should be greater than 0")
-    return v
-
-
-Budget = Annotated[float | str, BeforeValidator(_budget)]
+Budget = Annotated[float | str, BeforeValidator(budget_as_sent)]
 """A budget: a number in ``budget_unit``, or ``"4x"`` (a multiple of one sample's mean tokens)."""
 LatencyBudget = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
@@ -76,6 +52,15 @@ class _Open(BaseModel):
     # Unknown fields are kept (and logged by the route) rather than rejected: clients of newer OpenAI
     # API versions send fields we do not know yet.
     model_config = ConfigDict(extra="allow")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, v: Any, info: ValidationInfo) -> Any:
+        # pydantic's lax mode reads true as 1: `budget: true` is a client's mistake, never a budget of 1
+        leaves = _leaves(cls.model_fields[info.field_name].annotation) if isinstance(v, bool) else set()
+        if leaves & {int, float} and bool not in leaves:
+            raise PydanticCustomError("number_type", "Input should be a number, not true or false")
+        return v
 
 
 class TextPart(_Open):
@@ -213,11 +198,9 @@ class StageInfo(BaseModel):
     samples: int = Field(description="samples drawn (asked upstream in waves that answered)")
     samples_received: int
     stopped: StageStop = Field(description="rule | plan_end | cap | deadline | upstream_error as for a plan, or "
-                                           "escalated: the plan ran out without its rule firing and the next "
-                                           "stage ran")
+                                           "escalated: the plan ran out without its rule firing and the next stage ran")
     stop_statistic: float | None = None
-    stop_detail: str | None = Field(None, description="the failure that stopped the stage (deadline, "
-                                                      "upstream_error)")
+    stop_detail: str | None = Field(None, description="the failure that stopped the stage (deadline, upstream_error)")
     votes: dict[str, int] = Field(description="this stage's own vote over answer classes")
     weight: float = Field(description="its samples' weight in a vote over all samples (1 otherwise)")
     flops: float | None = Field(None, description="FLOPs of its samples on its model (None without that "
@@ -336,8 +319,6 @@ class CompletionResponse(BaseModel):
 
 
 class RouteDecision(BaseModel):
-    model_config = ConfigDict(populate_by_name=True)
-
     action: int
     plan: str = Field(description="the plan a request would run (after max_samples / max_waves caps)")
     policy_plan: str = Field(description="the plan the policy chose")
@@ -393,6 +374,8 @@ class ReadyResponse(BaseModel):
     upstream_answered: bool
     engine: str | None = None
     detail: str | None = None
+    saturated: bool = Field(False, description="every admission slot is taken (max_inflight): a request would wait")
+    inflight: int = 0
 
 
 class ReloadResponse(BaseModel):

@@ -176,6 +176,10 @@ class FittedPolicy:
         latency = getattr(policy, "latency_", None)
         self.latency_range = None if latency is None else (float(latency.range[0]), float(latency.range[1]))
         self.wave_overhead = float(getattr(config, "wave_overhead", 0.0) or 0.0)  # optional (latency control)
+        # optional: the most samples any of its plans draws, which sizes a request's quota reservation (None:
+        # unknown, the request's cap is reserved) — a multi-model policy's actions sum stages: not known here
+        acts = getattr(policy, "actions", None)
+        self.max_plan_samples = int(max(acts)) if acts and not self.models else None
 
     def _sample_flops(self) -> float:
         # the probe's and the extra features' costs are in every action's cost, not in a sample's

@@ -67,6 +67,12 @@ class Settings(BaseSettings):
     ready_probe_timeout_s: float = Field(30.0, gt=0)
     ready_interval_s: float = Field(5.0, gt=0)
     drain_timeout_s: float = Field(30.0, ge=0)
+    max_inflight: int = Field(64, ge=1)
+    queue_timeout_s: float = Field(10.0, ge=0)
+    max_connections: int = Field(2048, ge=1)
+    max_connections_per_client: int = Field(256, ge=1)
+    header_timeout_s: float = Field(10.0, gt=0)
+    body_timeout_s: float = Field(30.0, gt=0)
     tie_break: Literal["first", "seeded"] = "seeded"
     vote_file: Path | None = None
     answer_kind: str = "number"

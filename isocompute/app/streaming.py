@@ -1,4 +1,5 @@
-"""Streaming responses (``stream: true``): OpenAI's server-sent events, the answer sent once the vote is decided.
+"""A generation request's response: OpenAI's JSON body, or with ``stream: true`` its server-sent events, the
+answer sent once the vote is decided; and the race of a request's work against its client's disconnect.
 
 A streamed request is validated, priced and routed before the stream opens (a refusal is an ordinary JSON
 4xx); then :func:`answer_events` runs the request's waves and, while they run, keeps the connection alive
@@ -38,14 +39,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from isocompute.app.errors import classify, error_body
+from starlette.requests import Request
+
+from isocompute.app.errors import ClientDisconnected, classify, error_body
 from isocompute.app.runner.answer import Answer
+from isocompute.app.schemas import (
+    ChatChoice,
+    ChatCompletionResponse,
+    ChatMessageOut,
+    CompletionChoice,
+    CompletionResponse,
+    Usage,
+)
 from isocompute.errors import IsoComputeError
 
-__all__ = ["DONE", "KEEPALIVE", "answer_events", "usage_of", "wait_disconnect"]
+__all__ = ["DONE", "KEEPALIVE", "answer_events", "chat_response", "completion_response", "head", "unless_disconnected",
+           "usage_of", "wait_disconnect"]
+
+T = TypeVar("T")
 
 KEEPALIVE = b": keep-alive\n\n"
 DONE = b"data: [DONE]\n\n"
@@ -68,6 +84,62 @@ async def wait_disconnect(receive: Callable[[], Awaitable[dict[str, Any]]]) -> N
     """Returns when the client has gone (the request body was read, so the next message is the disconnect)."""
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """``work``'s result, unless the client disconnects first: then ``work`` is cancelled (its upstream
+    calls with it) and :class:`ClientDisconnected` raised (499 in the log; nobody reads the answer) — the
+    pattern of vLLM's ``with_cancellation``.
+
+    ``work`` runs in this task — only the watcher is a task of its own, which on a disconnect cancels this
+    one — so a request pays no extra scheduling hop when its work is done.
+    """
+    me = asyncio.current_task()
+    assert me is not None
+    done = False
+
+    def on_disconnect(watch: asyncio.Future[None]) -> None:
+        if not done and not watch.cancelled():
+            me.cancel()
+
+    watch = asyncio.ensure_future(wait_disconnect(request.receive))
+    watch.add_done_callback(on_disconnect)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if not (watch.done() and not watch.cancelled()):
+            raise  # cancelled for another reason (shutdown): let it go
+        me.uncancel()
+        raise ClientDisconnected("the client closed the connection; its upstream work was cancelled") from None
+    finally:
+        done = True
+        watch.cancel()
+
+
+def head(kind: Literal["chat", "text"], model: str) -> dict[str, Any]:
+    """The fields every chunk of a response starts with: a new id, the object type, created, model."""
+    if kind == "chat":
+        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time()),
+                "model": model}
+    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()), "model": model}
+
+
+def chat_response(h: dict[str, Any], answers: list[Answer]) -> ChatCompletionResponse:
+    """A chat's JSON response: one assistant message, the aggregated answer."""
+    [a] = answers
+    return ChatCompletionResponse(
+        id=h["id"], created=h["created"], model=h["model"],
+        choices=[ChatChoice(index=0, message=ChatMessageOut(content=a.text), finish_reason=a.finish_reason)],
+        usage=Usage(**usage_of(answers)), isocompute=a.info)
+
+
+def completion_response(h: dict[str, Any], answers: list[Answer]) -> CompletionResponse:
+    """A completion's JSON response: one aggregated choice per prompt."""
+    return CompletionResponse(
+        id=h["id"], created=h["created"], model=h["model"],
+        choices=[CompletionChoice(index=i, text=a.text, finish_reason=a.finish_reason, isocompute=a.info)
+                 for i, a in enumerate(answers)],
+        usage=Usage(**usage_of(answers)), isocompute=answers[0].info)
 
 
 def _info(a: Answer) -> dict[str, Any]:

@@ -169,6 +169,7 @@ def log_at(level: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from isocompute.app.accounting.admission import ConnectionGuard, guarded_protocol
     from isocompute.app.main import create_app
     from isocompute.app.readiness import run_server
 
@@ -179,9 +180,12 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--engine {s.engine} needs --model DIR (a checkpoint directory)")
     log_at(args.log_level)
     policy = preflight(s)
+    app = create_app(s, policy=policy)
     # Keep idle connections longer than common client pools do (httpx: 5 s), so a client never sends on a
-    # connection the server is closing at that moment.
+    # connection the server is closing at that moment; the guard bounds connections and how long a request's
+    # headers and body may take (isocompute.app.accounting.admission: uvicorn has no read timeouts).
     # On SIGTERM the app drains first (isocompute.app.readiness: /ready and new requests 503, the requests in
     # flight finish within drain_timeout_s), then uvicorn shuts down and the process exits 0.
-    run_server(create_app(s, policy=policy), host=s.host, port=s.port, log_level=args.log_level, timeout_keep_alive=75)
+    run_server(app, host=s.host, port=s.port, log_level=args.log_level, timeout_keep_alive=75,
+               http=guarded_protocol(ConnectionGuard.of(s, app.state.metrics)))
     return 0

@@ -64,8 +64,8 @@ from isocompute.engines.upstream_calls import open_stream, with_retries
 from isocompute.errors import EngineUnavailable
 from isocompute.tasks.confidence import DEFAULT_WINDOW, sample_confidence
 
-__all__ = ["ChoiceState", "Finish", "Put", "StepConfidence", "batch_finish_watch", "consume_finishes", "read_chunk",
-           "stream_completions"]
+__all__ = ["ChoiceState", "Finish", "Put", "StepConfidence", "StopWhenSet", "batch_finish_watch", "consume_finishes",
+           "read_chunk", "stop_when", "stream_completions"]
 
 STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
 
@@ -305,3 +305,22 @@ async def consume_finishes(queue: asyncio.Queue[Finish | None], worker: asyncio.
     prompt_tokens, steps = await worker  # raises what the thread raised
     comps = [done.get(j) or Completion("", prompt_tokens, steps, "abort") for j in range(n)]
     return WaveStream(comps, order, asked and len(done) < n)
+
+
+def stop_when(stop: threading.Event | None) -> Any:
+    """A ``StoppingCriteriaList`` that stops every row once ``stop`` is set (None without one)."""
+    from transformers import StoppingCriteriaList
+
+    return None if stop is None else StoppingCriteriaList([StopWhenSet(stop)])
+
+
+class StopWhenSet:
+    """A ``generate`` stopping criterion: every row stops at the next decode step once ``stop`` is set."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        import torch
+
+        return torch.full((input_ids.shape[0],), self.stop.is_set(), dtype=torch.bool, device=input_ids.device)

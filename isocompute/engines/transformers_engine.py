@@ -1,43 +1,44 @@
 """In-process sampling with a local Hugging Face checkpoint — the embedded default engine.
 
-``TransformersEngine(model_path)`` loads a causal LM and its tokenizer once and samples ``n`` completions
-per prompt with ``model.generate``: every prompt is repeated ``n`` times as its own row (``n`` rows share
-no KV cache, unlike vLLM's prefix sharing, but the rows run as one padded batch), rows are padded on the
-left so new tokens line up, and rows go through in micro-batches of at most ``micro_batch`` rows.
+``TransformersEngine(model_path)`` loads a causal LM and its tokenizer once and samples ``n`` completions per prompt
+with ``model.generate``: every prompt is repeated ``n`` times as its own row (``n`` rows share no KV cache, unlike
+vLLM's prefix sharing, but the rows run as one padded batch), rows are padded on the left so new tokens line up, and
+rows go through in micro-batches of at most ``micro_batch`` rows.
 
-Token counts follow vLLM's usage: ``prompt_tokens`` is the prompt's length without padding, reported once
-per prompt (each of its completions carries the same number); ``completion_tokens`` counts generated
-tokens up to and including the first end-of-sequence token. Worked example: with eos id 2 and generated
-row ``[17, 5, 2, 0, 0]`` (0 is padding after the row finished) the completion has 3 tokens, the text is
-the decoding of ``[17, 5]`` and ``finish_reason`` is ``"stop"``; a row with no eos within ``max_tokens``
-counts all ``max_tokens`` tokens with ``finish_reason == "length"``.
+Token counts follow vLLM's usage: ``prompt_tokens`` is the prompt's length without padding, reported once per prompt
+(each of its completions carries the same number); ``completion_tokens`` counts generated tokens up to and including
+the first end-of-sequence token. Worked example: with eos id 2 and generated row ``[17, 5, 2, 0, 0]`` (0 is padding
+after the row finished) the completion has 3 tokens, the text is the decoding of ``[17, 5]`` and ``finish_reason`` is
+``"stop"``; a row with no eos within ``max_tokens`` counts all ``max_tokens`` tokens with ``finish_reason ==
+"length"``.
 
-Sampling is plain temperature sampling (top-k and top-p off, as in vLLM's defaults); ``temperature == 0``
-is greedy decoding. A ``seed`` makes a call reproducible for the same prompts, ``n`` and ``micro_batch``;
-it seeds a forked RNG, so the process's global torch RNG is left as it was.
+Sampling is plain temperature sampling (top-k and top-p off, as in vLLM's defaults); ``temperature == 0`` is greedy
+decoding. A ``seed`` makes a call reproducible for the same prompts, ``n`` and ``micro_batch``; it seeds a forked RNG,
+so the process's global torch RNG is left as it was.
 
-``generate`` runs the model in a worker thread (``asyncio.to_thread``) behind a lock: the event loop
-stays free, and concurrent calls run one after the other, never interleaved on the same model.
+``generate`` runs the model in a worker thread (``asyncio.to_thread``) behind a lock: the event loop stays free, and
+concurrent calls run one after the other, never interleaved on the same model. A cancelled ``generate`` (its client
+went away) stops its batch at the next decode step, as ``stream_wave`` does.
 
-``stream_wave`` (:func:`isocompute.engines.base.stream_wave`) really stops its batch: the ``n`` rows run
-as one ``model.generate`` call (rows, kwargs and seeding as ``generate([prompt], n, …)``: with no stop the
-samples are identical) whose stopping criterion sees each row finish at the step it emits eos or reaches
-``max_tokens`` and hands it to the event loop, where ``on_finish`` is awaited while decoding goes on; once
-it returns True every row stops at the next step. Rows still running are aborted with empty text and the
-tokens they had when ``generate`` stopped; rows that finished meanwhile stay finished (in ``finish_order``,
-not shown to ``on_finish``). Worked example: rows finish at 6 and 9 tokens, stop at the second, the thread
-notices at step 10: a row ending at 10 is finished, the five others are aborted at 10 tokens each. A wave
-wider than ``micro_batch`` is generated whole and replayed (:func:`~isocompute.engines.base.replay_finishes`).
+``stream_wave`` (:func:`isocompute.engines.base.stream_wave`) really stops its batch: the ``n`` rows run as one
+``model.generate`` call (rows, kwargs and seeding as ``generate([prompt], n, …)``: with no stop the samples are
+identical) whose stopping criterion sees each row finish at the step it emits eos or reaches ``max_tokens`` and hands
+it to the event loop, where ``on_finish`` is awaited while decoding goes on; once it returns True every row stops at
+the next step. Rows still running are aborted with empty text and the tokens they had when ``generate`` stopped; rows
+that finished meanwhile stay finished (in ``finish_order``, not shown to ``on_finish``). Worked example: rows finish
+at 6 and 9 tokens, stop at the second, the thread notices at step 10: a row ending at 10 is finished, the five others
+are aborted at 10 tokens each. A wave wider than ``micro_batch`` is generated whole and replayed
+(:func:`~isocompute.engines.base.replay_finishes`).
 
 ``generate(…, logprobs=K)`` also returns every step's raw logits (``output_logits=True``: the model's own
-distribution, before temperature, as vLLM's default ``raw_logprobs``) and sets each completion's
-``logprob_mean`` and ``confidence_min_window`` from their log-softmax (:mod:`isocompute.tasks.confidence`);
-a micro-batch then holds rows × steps × vocab floats (lower ``micro_batch`` for a large vocabulary).
-``stream_wave(…, logprobs=K)`` gives each finished row the same figures, kept step by step as it decodes
-(:class:`~isocompute.engines.streaming.StepConfidence`: rows × steps × (K + 1) floats).
+distribution, before temperature, as vLLM's default ``raw_logprobs``) and sets each completion's ``logprob_mean`` and
+``confidence_min_window`` from their log-softmax (:mod:`isocompute.tasks.confidence`); a micro-batch then holds rows ×
+steps × vocab floats (lower ``micro_batch`` for a large vocabulary). ``stream_wave(…, logprobs=K)`` gives each
+finished row the same figures, kept step by step as it decodes (:class:`~isocompute.engines.streaming.StepConfidence`:
+rows × steps × (K + 1) floats).
 
-Ignores: stop strings, top-k/top-p/repetition penalties, and freeing a finished row's slot before its
-whole batch ends (it decodes padding until then).
+Ignores: stop strings, top-k/top-p/repetition penalties, and freeing a finished row's slot before its whole batch ends
+(it decodes padding until then).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from isocompute.engines import streaming
 from isocompute.engines.base import Completion, OnFinish, WaveStream, check_generate_args, replay_finishes
 from isocompute.engines.probe import ProbeResult, entropy_from_logits, mean_entropy
 from isocompute.engines.streaming import Finish, Put, StepConfidence, batch_finish_watch, consume_finishes
@@ -144,15 +146,8 @@ class TransformersEngine:
 
     name = "transformers"
 
-    def __init__(
-        self,
-        model_path: str | Path,
-        *,
-        device: str = "cpu",
-        dtype: str = "float32",
-        micro_batch: int = 64,
-        threads: int | None = None,
-    ) -> None:
+    def __init__(self, model_path: str | Path, *, device: str = "cpu", dtype: str = "float32", micro_batch: int = 64,
+                 threads: int | None = None) -> None:
         if micro_batch < 1:
             raise InputError(f"micro_batch must be >= 1; you passed {micro_batch}")
         if threads is not None and threads < 1:
@@ -190,6 +185,7 @@ class TransformersEngine:
                 "generation_config.json or tokenizer"
             )
         self._lock = threading.Lock()
+        self._stop: threading.Event | None = None  # the running generate call's cancel flag
         # A fast tokenizer keeps padding/truncation as mutable state that every call resets, and callers
         # use ``engine.tokenizer`` from other threads (chat templates, prompt-token counts) while a
         # generation runs in a worker thread: a call there could switch padding off between our
@@ -197,23 +193,19 @@ class TransformersEngine:
         # engine encodes with its own copy, which nobody else touches.
         self._encoder = copy.deepcopy(self.tokenizer)
 
-    async def generate(
-        self,
-        prompts: list[str],
-        n: int,
-        max_tokens: int,
-        temperature: float,
-        seed: int | None = None,
-        *,
-        logprobs: int | None = None,
-        confidence_window: int = DEFAULT_WINDOW,
-    ) -> list[list[Completion]]:
+    async def generate(self, prompts: list[str], n: int, max_tokens: int, temperature: float, seed: int | None = None,
+                       *, logprobs: int | None = None, confidence_window: int = DEFAULT_WINDOW
+                       ) -> list[list[Completion]]:
         """Sample ``n`` completions for each prompt (module docstring: counts, seeding, logprobs)."""
         check_generate_args(n, max_tokens, temperature, logprobs, confidence_window)
         if not prompts:
             return []
-        return await asyncio.to_thread(self._generate_locked, list(prompts), n, max_tokens, temperature, seed,
-                                       (logprobs, confidence_window))
+        stop = threading.Event()
+        try:
+            return await asyncio.to_thread(self._generate_locked, list(prompts), n, max_tokens, temperature, seed,
+                                           (logprobs, confidence_window), stop)
+        finally:
+            stop.set()  # cancelled (the client went away): the batch ends at its next decode step, freeing the model
 
     async def stream_wave(self, prompt: str, n: int, max_tokens: int, temperature: float, seed: int | None,
                           on_finish: OnFinish, *, logprobs: int | None = None,
@@ -284,8 +276,10 @@ class TransformersEngine:
             yield
 
     def _generate_locked(self, prompts: list[str], n: int, max_tokens: int, temperature: float,
-                         seed: int | None, conf: _Conf = (None, DEFAULT_WINDOW)) -> list[list[Completion]]:
+                         seed: int | None, conf: _Conf = (None, DEFAULT_WINDOW),
+                         stop: threading.Event | None = None) -> list[list[Completion]]:
         with self._running(), self._seeded(seed):
+            self._stop = stop  # this call's, read by its micro-batches (calls run one at a time, under the lock)
             return self._generate_rows(prompts, n, max_tokens, temperature, conf)
 
     def _stream_locked(self, prompt: str, n: int, max_tokens: int, temperature: float, seed: int | None,
@@ -316,6 +310,8 @@ class TransformersEngine:
         rows = [p for p in prompts for _ in range(n)]
         flat: list[Completion] = []
         for start in range(0, len(rows), self.micro_batch):
+            if self._stop is not None and self._stop.is_set():
+                break  # cancelled: nobody reads the rest
             batch = rows[start : start + self.micro_batch]
             flat.extend(self._generate_batch(batch, max_tokens, temperature, conf))
         return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
@@ -324,7 +320,7 @@ class TransformersEngine:
                         conf: _Conf) -> list[Completion]:
         k, window = conf
         enc = self._encoder(rows, return_tensors="pt", padding=True).to(self.device)
-        out = self._run_generate(enc, max_tokens, temperature, logits=k is not None)
+        out = self._run_generate(enc, max_tokens, temperature, streaming.stop_when(self._stop), logits=k is not None)
         width = enc["input_ids"].shape[1]
         seqs = out if k is None else out.sequences
         new_tokens = seqs[:, width:].tolist()

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -35,6 +34,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from isocompute.app.accounting.logs import is_credential, loggable
 from isocompute.app.accounting.quotas import QuotaLimits
 from isocompute.app.errors import AuthError, PermissionDenied, RateLimited
 from isocompute.errors import InputError
@@ -203,35 +203,12 @@ def _bearer(header: str | None) -> str | None:
     return token if scheme.lower() == "bearer" and token else None
 
 
-# Query parameters that carry a key in some clients' habits; never accepted, and never logged.
-KEY_PARAMS = frozenset({"api_key", "api-key", "apikey", "key", "token", "access_token", "authorization"})
-
-
 def refuse_query_key(query: Iterable[str]) -> None:
-    """401 when a request carries an API key in its URL (``?api_key=…``): keys go in the Authorization
-    header only, since URLs end up in access logs, proxies and browser history."""
-    sent = sorted(k for k in query if k.lower() in KEY_PARAMS)
+    """401 when a request carries a credential-like parameter in its URL (``?api_key=…``, ``?api%5Fkey=…``,
+    ``?x-api-key=…``: :func:`~isocompute.app.accounting.logs.is_credential` on the decoded name), whatever
+    else it carries: keys go in the Authorization header only, since URLs end up in access logs, proxies and
+    browser history."""
+    sent = sorted(k for k in query if is_credential(k))
     if sent:
-        raise AuthError(f"an API key in the URL (?{sent[0]}=…) is never accepted; send the header "
+        raise AuthError(f"a credential in the URL (?{loggable(sent[0], 64)}=…) is never accepted; send the header "
                         "`Authorization: Bearer YOUR_KEY` instead, and rotate that key: URLs are logged by proxies")
-
-
-class RedactQueryKeys(logging.Filter):
-    """Blanks the value of every :data:`KEY_PARAMS` query parameter in uvicorn's access-log lines (their
-    third argument is the request's path with its query string)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args
-        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str) and "?" in args[2]:
-            path, _, query = args[2].partition("?")
-            parts = [f"{k}=[redacted]" if k.lower() in KEY_PARAMS else f"{k}{sep}{v}"
-                     for k, sep, v in (p.partition("=") for p in query.split("&"))]
-            record.args = (*args[:2], f"{path}?{'&'.join(parts)}", *args[3:])
-        return True
-
-
-def redact_access_log() -> None:
-    """Install :class:`RedactQueryKeys` on uvicorn's access logger (once)."""
-    logger = logging.getLogger("uvicorn.access")
-    if not any(isinstance(f, RedactQueryKeys) for f in logger.filters):
-        logger.addFilter(RedactQueryKeys())

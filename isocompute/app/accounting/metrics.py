@@ -31,6 +31,11 @@ isocompute_internal_latency_budget     gauge      budget_key: the latency contro
 isocompute_mean_latency                gauge      budget_key: realised mean latency per prompt (sample lengths)
 isocompute_upstream_errors_total       counter    kind (timeout, circuit_open, unavailable, misconfigured,
                                                   bad_response, partial), pool
+isocompute_requests_inflight           gauge      generation requests holding an admission slot (``max_inflight``)
+isocompute_queue_depth                 gauge      generation requests waiting for a slot
+isocompute_requests_shed_total         counter    requests refused 503 after ``queue_timeout_s`` (admission)
+isocompute_connections_closed_total    counter    reason (header_timeout, body_timeout, client_limit,
+                                                  total_limit): connections the guard closed
 =====================================  =========  ====================================================
 
 ``budget_key`` is ``"<key name>:<budget><unit>"`` (e.g. ``anonymous:4samples``), with ``:max<cap>`` when
@@ -96,6 +101,12 @@ class Metrics:
                                   ["budget_key"], registry=r)
         self.upstream_errors = Counter("isocompute_upstream_errors", "Upstream failures", ["kind", "pool"],
                                        registry=r)
+        # admission control and the connection guard (accounting.admission)
+        self.inflight = Gauge("isocompute_requests_inflight", "Generation requests holding a slot", registry=r)
+        self.queue_depth = Gauge("isocompute_queue_depth", "Generation requests waiting for a slot", registry=r)
+        self.shed = Counter("isocompute_requests_shed", "Requests refused 503 by admission control", registry=r)
+        self.connections_closed = Counter("isocompute_connections_closed", "Connections the guard closed",
+                                          ["reason"], registry=r)
         self._wave_collectors(r)
 
     def _wave_collectors(self, r: CollectorRegistry) -> None:

@@ -42,8 +42,11 @@ the price of the probe and extra features, which the policy already adds to ever
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
+
+from pydantic_core import PydanticCustomError
 
 from isocompute.app.settings import Settings
 from isocompute.errors import BudgetError
@@ -138,7 +141,7 @@ def _latency(latency_budget: float | None, latency_range: tuple[float, float] | 
                           "--latency-budgets LO:HI (sample lengths, e.g. 1:8)")
     elif not (latency_range[0] * (1 - 1e-9) <= L <= latency_range[1] * (1 + 1e-9)):
         lo, hi = latency_range
-        err = BudgetError(f"latency budget {L:g} is outside the range [{lo:g}, {hi:g}] mean sample lengths per "
+        err = BudgetError(f"latency budget {exact(L)} is outside the range [{lo:g}, {hi:g}] mean sample lengths per "
                           "request that this policy was trained for (1.0 = waiting for one sample); send a "
                           "latency_budget in that range")
     else:
@@ -147,15 +150,21 @@ def _latency(latency_budget: float | None, latency_range: tuple[float, float] | 
     raise err
 
 
+def exact(x: float) -> str:
+    """``x`` as short as ``:g`` writes it when that is exact, else in full: 16.0000001 is not shown as 16."""
+    short = f"{x:g}"
+    return short if float(short) == x else repr(float(x))
+
+
 def _shown(B: float, unit: str, b_samples: float, written: str | None, max_tokens: int) -> str:
     """The budget as an error message shows it."""
     if written is not None:
-        return f"{written} = {B:g} tokens"
+        return f"{written} = {exact(B)} tokens"
     if unit == "samples":
-        return f"{B:g} samples"
+        return f"{exact(B)} samples"
     if unit == "tokens":
-        return f"{B:g} tokens (≈ {b_samples:.3g} samples)"
-    return f"{B:g} FLOPs (≈ {b_samples:.3g} samples of up to {max_tokens} tokens here)"
+        return f"{exact(B)} tokens (≈ {b_samples:.3g} samples)"
+    return f"{exact(B)} FLOPs (≈ {b_samples:.3g} samples of up to {max_tokens} tokens here)"
 
 
 def price_request(
@@ -216,3 +225,30 @@ def price_request(
 def _grid(x: float) -> float:
     """``x`` to three significant digits: the budget as the controller's key and label hold it."""
     return float(f"{x:.3g}")
+
+
+def _positive(text: str) -> float | None:
+    try:
+        v = float(text)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) and v > 0 else None
+
+
+def budget_as_sent(v: Any) -> Any:
+    """A request's ``budget`` as sent: a positive finite number; a numeric string (its number, as pydantic's
+    lax mode reads it); or ``"4x"``, a positive number followed by x, kept as written (stripped)."""
+    if isinstance(v, str):
+        text = v.strip()
+        multiple = text[-1:] in ("x", "X")
+        b = _positive(text[:-1] if multiple else text)
+        if b is None:
+            raise PydanticCustomError("budget", "Input should be a positive number, or a positive number followed "
+                                                "by x (a multiple of one sample's mean tokens, e.g. \"4x\")")
+        return text if multiple else b
+    if isinstance(v, int | float) and not isinstance(v, bool):  # a boolean: _Open refuses it
+        if not math.isfinite(v):
+            raise PydanticCustomError("finite_number", "Input should be a finite number")
+        if v <= 0:
+            raise PydanticCustomError("greater_than", "Input should be greater than 0")
+    return v

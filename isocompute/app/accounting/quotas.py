@@ -6,10 +6,11 @@ day). Before a request starts — after pricing, before any upstream call — :m
 worst case: ``P · (cap · max_tokens + probe_tokens)`` completion tokens for ``P`` prompts of at most ``cap``
 samples each (``probe_tokens``: the policy's probe's ``max_tokens``, 0 without one), and ``P · cap · F`` FLOPs
 (``F``: one sample of ``max_tokens`` on the largest model). When that exceeds what is left, ``cap`` is lowered
-to the most samples per prompt that fit; when not even one fits, the request is refused (429, ``Retry-After``
+to the most samples per prompt that fit; when not even one fits, it is refused (429 — 403 past the whole quota; ``Retry-After``
 the seconds until enough frees up: the rolling window's oldest spend leaving it, or the next UTC midnight).
 After the request the reservation is settled to what it generated (:meth:`Hold.settle`); a request cancelled
-by its client's disconnect keeps its reservation (its aborted samples' tokens are not reported back).
+by its client's disconnect settles to what came back plus the worst case of its calls in flight
+(:mod:`isocompute.app.accounting.spend`). ``cap`` is the largest plan the policy serves, within the request's caps.
 
 Worked example: ``tokens_per_window = 1000``, 32 prompts, ``max_tokens = 16``, cap 16 → worst case 8192 > 1000,
 so the cap becomes ``⌊1000 / (32 · 16)⌋ = 1``; if they generate 5 tokens each, 160 are charged and 840 left;
@@ -34,7 +35,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from isocompute.app.errors import RateLimited
+from isocompute.app.errors import PermissionDenied, RateLimited
 from isocompute.errors import EngineUnavailable, InputError
 
 __all__ = ["BUCKETS", "Hold", "MemoryStore", "QuotaLimits", "Quotas", "RedisStore", "Remaining", "Snapshot",
@@ -355,8 +356,10 @@ class Quotas:
         return k
 
     def refusal(self, name: str, limits: QuotaLimits, snap: Snapshot, now: float, need: float,
-                need_flops: float) -> RateLimited:
-        """429 naming the quota that refuses, when it frees enough up, and how to fit sooner."""
+                need_flops: float) -> RateLimited | PermissionDenied:
+        """429 naming the quota that refuses, when it frees enough up (``Retry-After``), how to fit sooner, and
+        the ``X-Quota-*`` headers; a request that needs more than the whole quota can never be served as sent:
+        403, no ``Retry-After``."""
         waits: list[tuple[str, float, float]] = []  # (what, seconds, limit)
         lim = limits.tokens_per_window
         if lim is not None and snap.window_tokens + need > lim:
@@ -373,9 +376,17 @@ class Quotas:
         if limits.flops_per_day is not None and snap.day_flops + need_flops > limits.flops_per_day:
             waits.append((f"{limits.flops_per_day:g} FLOPs per UTC day", midnight, float("inf")))
         what, wait, _ = max(waits or [("a quota", 1.0, float("inf"))], key=lambda w: w[1])
-        never = any(need > lim for _, _, lim in waits)
-        hint = ("it exceeds the whole quota: lower max_tokens or send fewer prompts" if never else
-                f"lower max_tokens, send fewer prompts, or retry after {math.ceil(max(wait, 0.0))} s")
+        headers = Remaining.of(snap, limits, now).headers()
+        too_big = [(w, lim) for w, _, lim in waits if need > lim]
+        if too_big:
+            err = PermissionDenied(
+                f"this request needs at least {need:.0f} completion tokens (prompts × max_tokens) for one sample per "
+                f"prompt, more than the whole spend quota of key {name!r} ({too_big[0][0]}): it can never be "
+                "served as sent; lower max_tokens or send fewer prompts")
+            err.headers = headers  # type: ignore[attr-defined]
+            return err
+        headers["X-Quota-Reset-Seconds"] = str(math.ceil(max(wait, 1.0)))
         return RateLimited(f"spend quota of key {name!r} ({what}) exhausted: this request needs at least {need:.0f} "
-                           f"completion tokens (prompts × max_tokens) for one sample per prompt; {hint}",
-                           retry_after=max(wait, 1.0))
+                           f"completion tokens (prompts × max_tokens) for one sample per prompt; lower max_tokens, "
+                           f"send fewer prompts, or retry after {math.ceil(max(wait, 0.0))} s",
+                           retry_after=max(wait, 1.0), headers=headers)

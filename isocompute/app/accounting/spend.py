@@ -6,8 +6,9 @@
 * :meth:`Spend.settled`: after sampling, the reservation is settled to what was generated
   (:meth:`isocompute.app.accounting.ledger.Ledger.generated`: the samples that came back and the probe) —
   a request that fails after its samples came back too, one that fails before them pays nothing for them
-  (what failed calls generated is not reported), one cancelled by its client (a disconnect) keeps its
-  reservation, the most it could have generated.
+  (what failed calls generated is not reported), one cancelled (its client's disconnect, a drain past its
+  timeout) pays what came back plus the most its calls in flight could have generated — not its whole
+  reservation.
 
 A store failing at settlement leaves the reservation charged (logged), and the response goes out.
 
@@ -16,6 +17,7 @@ Ignores: keys without quotas (every method passes them through untouched) and dr
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
@@ -25,6 +27,7 @@ from isocompute.app.accounting.auth import Principal
 from isocompute.app.accounting.ledger import Ledger
 from isocompute.app.accounting.quotas import Hold, Quotas
 from isocompute.app.routing import Ask, Routing
+from isocompute.app.runner.execute import GENERATED, Meter
 from isocompute.errors import IsoComputeError
 
 __all__ = ["Spend"]
@@ -39,6 +42,7 @@ class Spend:
 
     def __init__(self, quotas: Quotas, ledger: Ledger, model_flops: list[Any]) -> None:
         self.quotas, self.ledger, self.model_flops = quotas, ledger, model_flops
+        self._pending: set[asyncio.Future[None]] = set()  # settlements of cancelled requests
 
     async def admit(self, policy: Any, principal: Principal, ask: Ask, cap: int, n: int) -> Hold | None:
         """Reserve ``n`` prompts' worst case at ``cap`` samples each (None for a key without quotas)."""
@@ -71,21 +75,38 @@ class Spend:
     async def settled(self, routing: Routing, work: Callable[[Callable[[list[Any]], None] | None], Awaitable[T]]
                       ) -> T:
         """``work(on_runs)`` (the sampling; ``on_runs`` collects the runs once back), then the routing's hold
-        settled to what was generated — also when ``work`` raises, though not when it is cancelled."""
+        settled to what was generated — also when ``work`` raises, and when it is cancelled (a disconnect, a
+        drain past its timeout): then to the tokens that came back plus the most the calls in flight could
+        have generated (:class:`~isocompute.app.runner.execute.Meter`), an upper bound of what they did."""
         hold = routing.quota
         if hold is None:
             return await work(None)
         runs: list[Any] = []
+        meter = Meter()
+        token = GENERATED.set(meter)
         try:
             out = await work(runs.extend)
-        except Exception:  # a cancellation is a BaseException: the reservation stays charged
+        except asyncio.CancelledError:
+            probe = 0 if routing.probe is None else sum(routing.probe.tokens)
+            tokens = min(hold.tokens, meter.done + meter.inflight + probe)
+            flops = hold.flops * tokens / hold.tokens if hold.tokens else 0.0
+            later = asyncio.ensure_future(self._settle_at(hold, tokens, flops))  # this task is being cancelled
+            self._pending.add(later)
+            later.add_done_callback(self._pending.discard)
+            raise
+        except Exception:
             await self._settle(hold, routing, runs)
             raise
+        finally:
+            GENERATED.reset(token)
         await self._settle(hold, routing, runs)
         return out
 
     async def _settle(self, hold: Hold, routing: Routing, runs: list[Any]) -> None:
+        await self._settle_at(hold, *self.ledger.generated(routing, runs))
+
+    async def _settle_at(self, hold: Hold, tokens: int, flops: float | None) -> None:
         try:
-            await hold.settle(*self.ledger.generated(routing, runs))
+            await hold.settle(tokens, flops)
         except IsoComputeError as e:
             log.warning("quota of key %r not settled (its reservation stays charged): %s", hold.name, e)

@@ -93,12 +93,7 @@ class Answers:
         long for a model its action may reach, and what the first stage raises (502/503/504). ``on_runs``
         sees the runs as soon as they are back, before any vote (what they generated, even when a vote then
         fails)."""
-        if strategy == "best_of" and self.verifier is None:
-            raise InputError("strategy 'best_of' needs a verifier and this server has none configured; "
-                             "use strategy 'majority'")
-        if strategy == "weighted" and self.vote is None:
-            raise InputError("strategy 'weighted' needs a fitted vote and this server has none configured (serve "
-                             "--vote vote.json, or ISOCOMPUTE_VOTE_FILE); use strategy 'majority'")
+        self.check_strategy(strategy)
         actions = actions_of(routing)
         prompts_of = self.prompts_for(prompts, messages)
         if routing.model_actions:
@@ -110,6 +105,15 @@ class Answers:
         if on_runs is not None:
             on_runs(runs)
         return [self._answer(prompts[i], runs[i], routing, i, strategy, seed) for i in range(len(prompts))]
+
+    def check_strategy(self, strategy: str) -> None:
+        """400 for a ``strategy`` this server cannot serve (checked before anything runs or streams)."""
+        if strategy == "best_of" and self.verifier is None:
+            raise InputError("strategy 'best_of' needs a verifier and this server has none configured; "
+                             "use strategy 'majority'")
+        if strategy == "weighted" and self.vote is None:
+            raise InputError("strategy 'weighted' needs a fitted vote and this server has none configured (serve "
+                             "--vote vote.json, or ISOCOMPUTE_VOTE_FILE); use strategy 'majority'")
 
     def logprobs_for(self, strategy: str) -> int | None:
         """The logprobs every wave asks for: a weighted vote whose weights read confidence needs them."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from dataclasses import dataclass, field
+from typing import Any
 
 from isocompute.engines.base import Completion, Engine
 
@@ -84,8 +85,21 @@ class BatchingEngine:
             if not batch:
                 continue
             self.calls += 1
+            call = asyncio.ensure_future(self.engine.generate([q for p in batch for q in p.prompts], n, key[1], key[2],
+                                                              None))
+
+            def gone(_: object, batch: list[_Pending] = batch, call: asyncio.Future[Any] = call) -> None:
+                if all(p.future.cancelled() for p in batch):
+                    call.cancel()  # every merged request went away: the engine stops at its next decode step
+
+            for p in batch:
+                p.future.add_done_callback(gone)
             try:
-                out = await self.engine.generate([q for p in batch for q in p.prompts], n, key[1], key[2], None)
+                out = await call
+            except asyncio.CancelledError:
+                if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                    raise  # this worker is being closed
+                continue
             except Exception as e:  # every merged request fails the same way
                 for p in batch:
                     if not p.future.done():

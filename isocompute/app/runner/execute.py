@@ -23,7 +23,7 @@ rejected the caller's input      400     ``InputError`` (e.g. vLLM's context-len
 A client that disconnects cancels the request's task (see ``routes``), and with it the awaits here and
 the engine's HTTP requests (``gather_or_cancel``): no upstream keeps generating for nobody.
 
-Ignores: cancelling an in-process engine's thread (the call finishes in the background).
+The in-process transformers engine stops a cancelled call at its next decode step (its thread cannot be killed).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -49,7 +50,7 @@ from isocompute.engines.base import (
 )
 from isocompute.errors import EngineUnavailable, InputError
 
-__all__ = ["Backend", "Deadline", "run_wave"]
+__all__ = ["GENERATED", "Backend", "Deadline", "Meter", "run_wave"]
 
 log = logging.getLogger("isocompute.app")
 T = TypeVar("T")
@@ -68,6 +69,20 @@ class Deadline:
 
     def remaining(self) -> float:
         return max(0.0, self.at - time.monotonic())
+
+
+@dataclass(slots=True)
+class Meter:
+    """A request's spend so far, for its quota when it is cancelled (a disconnect): the completion tokens of
+    the calls that came back, and the most the calls still in flight may generate (their samples ×
+    ``max_tokens``)."""
+
+    done: int = 0
+    inflight: int = 0
+
+
+# the running request's meter (set by accounting.spend for a key with quotas; None otherwise)
+GENERATED: ContextVar[Meter | None] = ContextVar("isocompute_generated", default=None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,7 +59,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from isocompute.app.errors import UpstreamTimeout
-from isocompute.app.runner.execute import Backend, Deadline, run_wave
+from isocompute.app.runner.execute import GENERATED, Backend, Deadline, run_wave
 from isocompute.app.runner.parallel_wave import FAILED_REASONS, StreamOutcome, WaveRecord, stream_prompt
 from isocompute.app.runner.voting import Voter
 from isocompute.engines.base import Completion, gather_or_cancel
@@ -213,6 +213,9 @@ async def run_plans(
         par = [i for i in active if runs[i].next_parallel]
         wait = [i for i in active if i not in par]
         t0 = time.perf_counter()
+        meter, worst = GENERATED.get(), max_tokens * sum(runs[i].next_wave or 0 for i in active)
+        if meter is not None:
+            meter.inflight += worst  # until the round is back (kept when cancelled): the most it may generate
         try:
             (waited, wait_s), streamed = await backend.call(
                 _round(backend, prompts, runs, wait, par, voter=voter, extract=extract, max_tokens=max_tokens,
@@ -220,6 +223,8 @@ async def run_plans(
                        logprobs=logprobs),
                 deadline=deadline, what="the sampling call" if wave == 0 else f"wave {wave + 1} of the sampling")
         except EngineUnavailable as e:
+            if meter is not None:
+                meter.inflight -= worst
             if wave == 0:
                 raise
             reason = "deadline" if isinstance(e, UpstreamTimeout) else "upstream_error"
@@ -228,6 +233,10 @@ async def run_plans(
             _observe_ends(backend, [runs[i] for i in active], started)
             break
         backend.metrics.upstream_latency.labels(backend.pool).observe(time.perf_counter() - t0)
+        if meter is not None:
+            meter.inflight -= worst
+            meter.done += sum(c.completion_tokens for comps in waited for c in comps if c is not None) + sum(
+                c.completion_tokens for out in streamed for c in out.completions if c is not None)
         for i, comps in zip(wait, waited, strict=True):
             runs[i].add(runs[i].next_wave or 0, comps, extract, seconds=wait_s, logprobs=logprobs)
         for i, out in zip(par, streamed, strict=True):
