@@ -175,6 +175,7 @@ def _served_spend(U: np.ndarray, C: np.ndarray, bx: np.ndarray, seed: int, searc
 
 
 @pytest.mark.data
+@pytest.mark.slow
 @pytest.mark.parametrize("model", MODELS)
 def test_on_hard_math500_subsets_the_overspend_shrinks(math500, model):
     """30 of the 60 longest of the first 100 problems, 40 subsets, 5-fold: the fixed plan chosen at the
@@ -195,6 +196,7 @@ def test_on_hard_math500_subsets_the_overspend_shrinks(math500, model):
 
 
 @pytest.mark.data
+@pytest.mark.slow
 @pytest.mark.parametrize("model", MODELS)
 def test_uniform_at_its_own_latency_is_never_beaten_by_the_served_rule(math500, model):
     """A policy fitted with latency budgets on the 50 hardest of the first 100 problems, asked for uniform@k's
