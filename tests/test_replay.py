@@ -210,6 +210,26 @@ def test_a_recorded_sample_of_zero_tokens_finishes_at_once_with_no_tokens(tmp_pa
     assert run(load_tables([path]), body) == [(0, None), (6, "5")]
 
 
+def test_chat_completions_stream_and_answer_whole_in_vllms_shapes(table):
+    async def body(srv, eng):
+        url = f"http://127.0.0.1:{srv.port}/v1/chat/completions"
+        msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": PROMPT}]
+        async with httpx.AsyncClient(timeout=10) as c:
+            whole = (await c.post(url, json={"messages": msgs, "n": 4, "seed": 1, "max_tokens": 100})).json()
+            streamed = (await c.post(url, json={"messages": msgs, "n": 1, "seed": 1, "stream": True,
+                                                "stream_options": {"include_usage": True}})).text
+        return whole, streamed
+    whole, streamed = run(table, body)
+    assert whole["object"] == "chat.completion" and whole["usage"]["completion_tokens"] == 110
+    assert sorted(extract_answer(ch["message"]["content"]) or "-" for ch in whole["choices"]) == ["-", "5", "5", "6"]
+    events = [json.loads(x[6:]) for x in streamed.split("\n\n") if x.startswith("data: {")]
+    assert all(e["object"] == "chat.completion.chunk" for e in events) and streamed.endswith("data: [DONE]\n\n")
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant" and events[-1]["choices"] == []
+    text = "".join(e["choices"][0]["delta"]["content"] for e in events[:-1])
+    # no max_tokens on chat: the whole recorded sample, its answer at its end
+    tokens = events[-1]["usage"]["completion_tokens"]
+    assert {10: "6", 20: "5", 30: "5", 50: None}[tokens] == extract_answer(text)
+    assert events[-2]["choices"][0]["finish_reason"] == "stop"
 def test_the_timing_model_shares_the_aggregate_rate_and_queues_beyond_max_seqs():
     sched = Scheduler(TimingModel(decode_tps=50.0, max_tps=200.0, max_seqs=8))
 

@@ -7,7 +7,8 @@ concurrency 16) or on an :class:`httpx.AsyncClient` (with a test transport), the
 no answer in time; ``down``: no connection within the connect timeout; ``refused``: nobody listens;
 ``dead``: reset or closed mid-answer; statuses per :func:`~isocompute.engines.openai_replies.check_status`) and
 :class:`~isocompute.engines.base.UpstreamBadResponse` for a reply that cannot be read.
-:func:`open_stream` starts a streamed one (``stream: true``) the same way and returns the open response.
+:func:`open_stream` starts a streamed one (``stream: true``) the same way and returns the open response
+(:func:`open_stream_aiohttp` on aiohttp, the engine's stream path).
 :func:`accepts_connections` asks whether anything still listens at an upstream's address (the pool's
 watch over the requests waiting there). :func:`check_upstream` is the readiness check (one real 1-token completion); :func:`fetch_model_entry`
 reads ``/v1/models``; :func:`upstream_headers` are the extra headers every completions call carries: the W3C ``traceparent``
