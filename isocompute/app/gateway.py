@@ -73,6 +73,7 @@ from isocompute.app.accounting.metrics import Metrics
 from isocompute.app.accounting.pricing import BudgetPlan, budget_unit, price_request
 from isocompute.app.accounting.quotas import Hold, Quotas, open_store
 from isocompute.app.accounting.spend import Spend
+from isocompute.app.accounting.tracing import span, traced
 from isocompute.app.chat import policy_text, render_chat
 from isocompute.app.readiness import UpstreamHealth
 from isocompute.app.routing import Ask, Intake, Routing, route_response
@@ -322,7 +323,8 @@ class Gateway:
         if reads and policy.probe is not None:
             probe = await probe_call(self.backend, texts, policy.probe, plan, deadline, tokenizer=self.tokenizer,
                                      model_flops=self.model_flops)
-        decision, features = await self._decide(policy, texts, internal, probe, plan, reads, ask.model, lat)
+        with span("isocompute.decide", budget_key=plan.label, internal_budget=float(internal)):
+            decision, features = await self._decide(policy, texts, internal, probe, plan, reads, ask.model, lat)
         routing = Routing.of(decision, plan, len(prompts), multi_model=bool(policy.models),
                              internal_budget=float(internal), controller=ctl, probe=probe, features=features,
                              latency_control=lr, quota=hold)
@@ -332,6 +334,7 @@ class Gateway:
         self.ledger.export(routing)
         return routing
 
+    @traced("isocompute.price")
     def _price(self, policy: ServingPolicy, principal: Principal, ask: Ask) -> BudgetPlan:
         s = self.settings
         resolved = budget_unit(ask.budget, ask.unit, s.default_budget_unit)

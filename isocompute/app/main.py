@@ -38,7 +38,8 @@ from isocompute import __version__
 from isocompute.app import serving_policy
 from isocompute.app.accounting.auth import KeyStore, load_key_file
 from isocompute.app.accounting.logs import install_log_hygiene
-from isocompute.app.accounting.metrics import Metrics, MetricsMiddleware
+from isocompute.app.accounting.metrics import GatewayState, Metrics, MetricsMiddleware
+from isocompute.app.accounting.tracing import CallerHeaderMiddleware, TracingMiddleware, make_tracer
 from isocompute.app.errors import BodyLimit, install_error_handlers
 from isocompute.app.fixed_action import FixedActionPolicy
 from isocompute.app.gateway import Gateway, Verifier
@@ -60,7 +61,8 @@ def build_engine(s: Settings) -> Engine:
 
     options: dict[str, Any] = {}
     if s.engine == "vllm-http":
-        options |= {"timeout": s.upstream_timeout_s, "stall_s": s.upstream_stall_s or None}
+        options |= {"timeout": s.upstream_timeout_s, "stall_s": s.upstream_stall_s or None,
+                    "max_concurrency": s.upstream_max_concurrency}
         # model_dir is where *this* host finds the checkpoint's tokenizer and config; the upstream knows
         # the model by its own served name, which is asked for (or given) separately.
         return make_engine(s.engine, model=s.upstream_model, upstreams=s.upstreams, **options)
@@ -74,7 +76,7 @@ def build_pool_engine(s: Settings, name: str) -> Engine:
 
     if name in s.model_upstreams:
         return make_engine("vllm-http", upstreams=s.model_upstreams[name], timeout=s.upstream_timeout_s,
-                           stall_s=s.upstream_stall_s or None)
+                           stall_s=s.upstream_stall_s or None, max_concurrency=s.upstream_max_concurrency)
     kind = s.engine if s.engine in ("transformers", "vllm") else "transformers"
     return make_engine(kind, model=s.model_dirs[name])
 
@@ -226,6 +228,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                  tokenizer=facts.tokenizer, model_flops=facts.model_flops, context_limit=facts.context_limit,
                  verifier=injected["verifier"], grader=grader, pools=pools)
     app.state.gateway = gw
+    app.state.metrics.initialise(sorted({gw.backend.pool, *(p.backend.pool for p in gw.pools.values())}))
     # Move what startup loaded (policy, features, tokenizer) out of the GC's young generations: rare
     # 50-70 ms full collections traversing them were seen inside decide.
     gc.freeze()
@@ -252,6 +255,25 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                         await close_all(owned)
                     finally:
                         await gw.quotas.store.aclose()
+                        if app.state.tracer_provider is not None:  # flush the last spans
+                            await asyncio.to_thread(app.state.tracer_provider.shutdown)
+
+
+def gateway_state(app: FastAPI) -> GatewayState:
+    """What ``/metrics`` reads at each scrape: every backend's readiness and breakers, the drain, the quota
+    store's failures (before the lifespan started: the drain only)."""
+    drain: Drain = app.state.drain
+    st = GatewayState(drain_seconds=None if drain.since is None else time.monotonic() - drain.since)
+    gw: Gateway | None = app.state.gateway
+    if gw is None:
+        return st
+    for b in {id(b): b for b in [gw.backend, *(p.backend for p in gw.pools.values())]}.values():
+        st.upstream_up[b.pool] = b.health.ok
+        status = getattr(b.engine, "upstream_status", None)
+        if status is not None:
+            st.circuits[b.pool] = [(u["url"], u["state"]) for u in status()]
+    st.quota_store_errors = gw.quotas.errors
+    return st
 
 
 # The OpenAI fields the routes refuse with 400 (routes._refuse_unsupported), as the schema should state them:
@@ -284,9 +306,11 @@ def create_app(
     engine: Engine | None = None,
     verifier: Verifier | None = None,
     engines: dict[str, Engine] | None = None,
+    span_exporter: Any = None,
 ) -> FastAPI:
     """The gateway app. ``settings`` default to :func:`get_settings`; ``policy``/``engine``/``verifier``
-    replace what the lifespan would load, ``engines`` the named pools' engines (for tests and embedding)."""
+    replace what the lifespan would load, ``engines`` the named pools' engines (for tests and embedding);
+    ``span_exporter`` receives the traces instead of ``otel_traces_endpoint`` (tests: the SDK's in-memory one)."""
     s = settings or get_settings()
     app = FastAPI(
         title="isocompute gateway",
@@ -297,6 +321,7 @@ def create_app(
     app.state.settings = s
     app.state.injected = {"policy": policy, "engine": engine, "verifier": verifier, "engines": engines}
     app.state.metrics = Metrics()
+    app.state.metrics.watch_state(lambda: gateway_state(app))
     app.state.started_at = time.time()
     app.state.gateway = None
     app.state.drain = Drain(s.drain_timeout_s)  # started by isocompute serve's server on SIGTERM (app.readiness)
@@ -306,5 +331,10 @@ def create_app(
     paths = frozenset(getattr(r, "path", "") for r in (*app.routes, *router.routes))
     app.add_middleware(BodyLimit, max_bytes=s.max_body_bytes)
     app.add_middleware(DrainMiddleware, drain=app.state.drain, retry_after_s=s.retry_after_s)  # before the body
+    tracer, app.state.tracer_provider = make_tracer(s.otel_traces_endpoint, s.otel_service_name, span_exporter)
+    if tracer is not None:
+        app.add_middleware(TracingMiddleware, tracer=tracer)
+    if s.upstream_caller_header is not None:  # a router's fairness header on every upstream call
+        app.add_middleware(CallerHeaderMiddleware, header=s.upstream_caller_header)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics, routes=paths)  # outermost: counts the drain's 503s
     return app

@@ -177,12 +177,12 @@ class ProbeInfo(BaseModel):
 
 class WaveInfo(BaseModel):
     """One wave as it ran (completion tokens include aborted samples' partial tokens)."""
-
     mode: Literal["wait", "parallel-stop"]
     started: int = Field(description="samples asked for")
     finished: int = Field(description="samples that came back complete")
     aborted: int = Field(description="samples aborted when the rule fired mid-wave (paid, not voting)")
     tokens: int = Field(description="completion tokens generated in the wave")
+    decode_tokens: int | None = Field(None, description="its longest sample's completion tokens (latency sums these)")
     ended: Literal["rule", "finished"] = Field(description="rule: stopped mid-wave; finished: every sample ended")
     seconds: float | None = Field(None, description="wall-clock seconds from sending the wave to its end")
 

@@ -63,6 +63,7 @@ class Settings(BaseSettings):
     stream_keepalive_s: float = Field(5.0, gt=0)
     upstream_timeout_s: float = Field(120.0, gt=0)
     upstream_stall_s: float = Field(3.0, ge=0)  # 0: no stall check (engines.circuit)
+    upstream_max_concurrency: int = Field(64, ge=1)  # requests (waves) in flight to one pool's upstreams
     retry_after_s: int = Field(5, ge=0)
     ready_probe_timeout_s: float = Field(30.0, gt=0)
     ready_interval_s: float = Field(5.0, gt=0)
@@ -91,6 +92,9 @@ class Settings(BaseSettings):
     api_keys: list[ApiKeyRecord] = Field(default_factory=list)
     admin_key_sha256: str | None = None
     quota_store: str = "memory"
+    otel_traces_endpoint: str | None = None  # None: no traces (app.accounting.tracing)
+    otel_service_name: str = "isocompute-gateway"
+    upstream_caller_header: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9-]*$")
 
     @field_validator("quota_store")
     @classmethod

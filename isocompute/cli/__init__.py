@@ -16,10 +16,10 @@ from isocompute import __version__
 from isocompute.cli.running import run_parsed
 
 # Order is the order shown by --help. A module listed here must exist.
-SUBCOMMANDS: tuple[str, ...] = ("sample", "import", "solve", "fit", "report", "vote", "evidence", "serve", "train",
-                                 "sweep", "demo")
+SUBCOMMANDS: tuple[str, ...] = ("sample", "import", "solve", "fit", "report", "vote", "evidence", "serve", "replay",
+                                 "train", "sweep", "demo")
 # `import` is a Python keyword, so its module is import_; vote and evidence both fit on a table's answers
-_MODULES = {"import": "import_", "vote": "answers", "evidence": "answers"}
+_MODULES = {"import": "import_", "vote": "answers", "evidence": "answers", "replay": "serve"}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,7 +23,9 @@ the flag to add.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,43 @@ def register(subparsers: Any) -> None:
                    "--save-dir); see docs/policy.md, Weighted votes")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=run)
+    register_replay(subparsers)
+
+
+def register_replay(subparsers: Any) -> None:
+    """``isocompute replay TABLE… --port P``: a vLLM-compatible SIMULATOR answering from outcome tables."""
+    from isocompute.replay.timing import TimingModel
+
+    d = TimingModel()
+    p = subparsers.add_parser("replay", help="a vLLM-compatible upstream answering from outcome tables (a simulator)",
+                              description="Serve vLLM's OpenAI API from recorded samples: real answers and lengths, "
+                                          "seconds from a stated timing model (not measurements). docs/replay.md.")
+    p.add_argument("tables", nargs="+", type=Path, metavar="TABLE", help="outcome tables (JSONL) with completion_tokens")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8001, help="TCP port (default 8001)")
+    p.add_argument("--model", help="model id /v1/models lists (default: the table's meta.model, else its file name)")
+    p.add_argument("--prefill-s-per-token", type=float, default=d.prefill_s_per_token,
+                   help=f"seconds of prefill per prompt token (default {d.prefill_s_per_token})")
+    p.add_argument("--decode-tps", type=float, default=d.decode_tps,
+                   help=f"decode tokens/s of one sequence (default {d.decode_tps:g})")
+    p.add_argument("--max-tps", type=float, default=d.max_tps,
+                   help=f"the server's aggregate decode tokens/s ceiling (default {d.max_tps:g})")
+    p.add_argument("--max-seqs", type=int, default=d.max_seqs,
+                   help=f"sequences in flight before requests queue (vLLM's max_num_seqs; default {d.max_seqs})")
+    p.add_argument("--stream-interval", type=int, default=d.stream_interval,
+                   help=f"tokens per streamed chunk per sequence (vLLM's --stream-interval; default {d.stream_interval})")
+    p.set_defaults(func=run_replay)
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    from isocompute.replay.process import serve_forever
+    from isocompute.replay.table import load_tables
+    from isocompute.replay.timing import TimingModel
+
+    timing = TimingModel(prefill_s_per_token=args.prefill_s_per_token, decode_tps=args.decode_tps,
+                         max_tps=args.max_tps, max_seqs=args.max_seqs, stream_interval=args.stream_interval)
+    serve_forever(load_tables(args.tables, args.model), timing, host=args.host, port=args.port)
+    return 0
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
@@ -71,8 +110,6 @@ def settings_from_args(args: argparse.Namespace) -> Any:
                          "or unset it")
     unknown = unknown_env(os.environ)
     if unknown:
-        import logging
-
         logging.getLogger("isocompute.serve").warning(
             "ignoring unknown environment variable(s) %s: no such setting (see the Configuration table in docs/gateway.md)",
             ", ".join(unknown))
@@ -155,14 +192,25 @@ def preflight(s: Any) -> Any:
     return policy
 
 
+class _Stderr(logging.StreamHandler):
+    """A stream handler writing to ``sys.stderr`` as it is when a line is emitted (as logging's last-resort
+    handler does), not to the stream that was ``sys.stderr`` when it was made: a caller that redirects stderr
+    after :func:`log_at` (a test's capture, an embedding process) still gets the lines."""
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self) -> Any:  # type: ignore[override]
+        return sys.stderr
+
+
 def log_at(level: str) -> None:
     """The gateway's own log lines (``isocompute.*``: unknown request fields, 499s, upstream transitions) on
     stderr at ``--log-level``, as uvicorn's are; without it only warnings reached Python's last-resort handler."""
-    import logging
-
     logger = logging.getLogger("isocompute")
     if not logger.handlers:
-        handler = logging.StreamHandler()
+        handler = _Stderr()
         handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
         logger.addHandler(handler)
     logger.setLevel(level.upper())

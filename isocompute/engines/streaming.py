@@ -21,8 +21,9 @@ or token ids) of the attempt that streamed; ``saved_tokens`` is None for a stopp
 choices never finished, so what the stop saved is not known) and 0 for one that ran to its end.
 
 Failures: the request's *start* (connect, status) goes through the engine's balancer, circuit breakers and
-retries like any request (:meth:`~isocompute.engines.vllm_http.VLLMHTTPEngine.request`); once chunks flow, a
-broken or stalled stream is not retried (its samples were already handed out) and raises
+retries like any request (:meth:`~isocompute.engines.vllm_http.VLLMHTTPEngine.request`); a stream broken before
+any of its samples finished is retried elsewhere like a failed start (nothing was handed out yet); once a
+sample has been handed out, a broken or stalled stream is not retried and raises
 :class:`~isocompute.errors.EngineUnavailable` (or :class:`~isocompute.engines.base.UpstreamBadResponse` for a
 chunk that cannot be read). The whole attempt, stream included, has the engine's per-attempt budget,
 shortened to the caller's deadline. A stream abandoned by the pool (its upstream failed or stopped
@@ -56,11 +57,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 import httpx
 
 from isocompute.engines.base import Completion, OnFinish, UpstreamBadResponse, WaveStream
-from isocompute.engines.openai_replies import describe
-from isocompute.engines.upstream_calls import open_stream, with_retries
+from isocompute.engines.openai_replies import Retryable, describe
+from isocompute.engines.upstream_calls import open_stream, open_stream_aiohttp, with_retries
 from isocompute.errors import EngineUnavailable
 from isocompute.tasks.confidence import DEFAULT_WINDOW, sample_confidence
 
@@ -68,6 +70,11 @@ __all__ = ["ChoiceState", "Finish", "Put", "StepConfidence", "StopWhenSet", "bat
            "read_chunk", "stop_when", "stream_completions"]
 
 STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
+
+try:  # a chunk in ~1/4 of json's time; json where orjson is not installed
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover
+    _loads = json.loads
 
 
 class ChoiceState:
@@ -108,17 +115,18 @@ class ChoiceState:
         return c if stats is None else dataclasses.replace(c, logprob_mean=stats[0], confidence_min_window=stats[1])
 
 
-def read_chunk(line: str, states: list[ChoiceState]) -> tuple[list[int], int | None, bool]:
-    """Fold one SSE line into ``states``: the indices that finished with it, the prompt tokens it reports
-    (None if none) and whether it ends the stream (``[DONE]``). Raises UpstreamBadResponse for a chunk
-    that cannot be read."""
-    if not line.startswith("data:"):
+def read_chunk(line: str | bytes, states: list[ChoiceState]) -> tuple[list[int], int | None, bool]:
+    """Fold one SSE line (text, or the raw bytes :func:`_read` splits) into ``states``: the indices that finished
+    with it, the prompt tokens it reports (None if none) and whether it ends the stream (``[DONE]``). Raises
+    UpstreamBadResponse for a chunk that cannot be read."""
+    raw = line if isinstance(line, bytes) else line.encode()
+    if not raw.startswith(b"data:"):
         return [], None, False  # blank separators, comments, event names
-    payload = line[5:].strip()
-    if payload == "[DONE]":
+    payload = raw[5:].strip()
+    if payload == b"[DONE]":
         return [], None, True
     try:
-        chunk = json.loads(payload)
+        chunk = _loads(payload)
         usage = chunk.get("usage") or {}
         choices = chunk.get("choices") or []
         finished = []
@@ -126,7 +134,8 @@ def read_chunk(line: str, states: list[ChoiceState]) -> tuple[list[int], int | N
             st = states[int(c["index"])]
             text, ids = c.get("text") or "", c.get("token_ids")
             st.parts.append(text)
-            st.add_logprobs(c.get("logprobs"))
+            if st.conf is not None:
+                st.add_logprobs(c.get("logprobs"))
             st.ids += len(ids) if ids else 0
             st.deltas += bool(text or ids)
             if len(choices) == 1 and usage.get("completion_tokens") is not None:
@@ -136,21 +145,37 @@ def read_chunk(line: str, states: list[ChoiceState]) -> tuple[list[int], int | N
                 finished.append(int(c["index"]))
         prompt = usage.get("prompt_tokens")
         return finished, None if prompt is None else int(prompt), False
-    except (AttributeError, LookupError, TypeError, ValueError) as e:
+    except (AttributeError, LookupError, TypeError, ValueError) as e:  # orjson's JSONDecodeError is a ValueError
         raise UpstreamBadResponse(f"the upstream streamed a chunk this engine cannot read ({describe(e)}): "
-                                  f"{payload[:200]!r}") from None
+                                  f"{payload[:200].decode(errors='replace')!r}") from None
 
 
-async def _read(r: httpx.Response, n: int, on_finish: OnFinish, started: float, order: list[int],
+async def _lines(r: httpx.Response | aiohttp.ClientResponse, up: Any) -> Any:
+    """The response's lines as bytes, split here from whatever blocks arrive (httpx's own line iterator costs
+    a few µs per line in Python); each block is news from the upstream ``up`` (``last_answer``)."""
+    rest = b""
+    blocks = r.content.iter_any() if isinstance(r, aiohttp.ClientResponse) else r.aiter_bytes()
+    async for block in blocks:
+        if up is not None:
+            up.last_answer = time.monotonic()
+        lines = (rest + block).split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            yield line
+    if rest:
+        yield rest
+
+
+async def _read(r: httpx.Response | aiohttp.ClientResponse, n: int, on_finish: OnFinish, started: float, order: list[int],
                 conf: tuple[int, int] | None = None, up: Any = None) -> WaveStream:
     """The stream's chunks folded into ``n`` choices; ``order`` (the caller's, empty) gets each finished index;
     each chunk is news from the upstream ``up`` (``last_answer``: it is not stalled)."""
     states = [ChoiceState(conf) for _ in range(n)]
     prompt_tokens = 0
     first: float | None = None
-    async for line in r.aiter_lines():
-        if up is not None:
-            up.last_answer = time.monotonic()
+    async for line in _lines(r, up):
+        if not line.startswith(b"data:"):
+            continue  # blank separators, comments, event names
         finished, prompt, done = read_chunk(line, states)
         if first is None and any(s.deltas for s in states):
             first = time.perf_counter() - started
@@ -180,23 +205,32 @@ async def stream_completions(engine: Any, body: dict[str, Any], on_finish: OnFin
     body = {**body, "stream": True, "stream_options": STREAM_OPTIONS}
     engine.pool.fail_fast()
     client = engine._ensure_client()
+    # aiohttp (C parser) unless a test transport stands in for the network: httpx/httpcore/h11 cost the
+    # gateway most of its CPU per streamed chunk (bench_gateway_scale's profile)
+    session = engine._session
     order: list[int] = []  # the choices handed to on_finish by the attempt under way
 
     async def attempt(up: Any, epoch: int, budget: float) -> WaveStream:
         order.clear()
         end = asyncio.get_running_loop().time() + budget
-        r = await open_stream(client, up.url, body, budget)
+        r = await (open_stream(client, up.url, body, budget) if session is None
+                   else open_stream_aiohttp(session, up.url, body, budget))
         try:
             async with asyncio.timeout_at(end):
                 return await _read(r, n, on_finish, started, order, conf, up)
         except TimeoutError:
             engine.pool.failed(up, "the stream stalled", epoch, hard=False)  # slow: a strike
             raise EngineUnavailable(f"{up.url} streamed no end within {budget:.3g} s") from None
-        except httpx.HTTPError as e:
+        except (httpx.HTTPError, aiohttp.ClientError) as e:
+            if not order:  # no sample handed out yet: the wave may start again elsewhere
+                raise Retryable(f"it broke the stream before a sample finished ({describe(e)})", "dead") from e
             engine.pool.failed(up, describe(e), epoch, hard=True)
             raise EngineUnavailable(f"{up.url} broke the stream ({describe(e)})") from e
-        finally:
-            await r.aclose()  # a stop closes it here: vLLM aborts the request
+        finally:  # a stop closes it here: vLLM aborts the request
+            if isinstance(r, aiohttp.ClientResponse):
+                r.close()
+            else:
+                await r.aclose()
 
     # samples already handed out: the wave cannot start again elsewhere
     return await with_retries(engine, attempt, what="stream", restartable=lambda: not order)

@@ -7,10 +7,13 @@ concurrency 16) or on an :class:`httpx.AsyncClient` (with a test transport), the
 no answer in time; ``down``: no connection within the connect timeout; ``refused``: nobody listens;
 ``dead``: reset or closed mid-answer; statuses per :func:`~isocompute.engines.openai_replies.check_status`) and
 :class:`~isocompute.engines.base.UpstreamBadResponse` for a reply that cannot be read.
-:func:`open_stream` starts a streamed one (``stream: true``) the same way and returns the open response.
+:func:`open_stream` starts a streamed one (``stream: true``) the same way and returns the open response
+(:func:`open_stream_aiohttp` on aiohttp, the engine's stream path).
 :func:`accepts_connections` asks whether anything still listens at an upstream's address (the pool's
 watch over the requests waiting there). :func:`check_upstream` is the readiness check (one real 1-token completion); :func:`fetch_model_entry`
-reads ``/v1/models``; :func:`attempt_budget` is how long the next attempt may take before the caller's
+reads ``/v1/models``; :func:`upstream_headers` are the extra headers every completions call carries: the W3C ``traceparent``
+inside a traced request (:mod:`isocompute.app.accounting.tracing`) and :data:`CALLER_HEADERS` (a router's
+fairness header with a hashed caller id); :func:`attempt_budget` is how long the next attempt may take before the caller's
 deadline. :class:`~isocompute.engines.vllm_http.VLLMHTTPEngine` balances and retries over these.
 
 Ignores: which upstream to pick, retries and backoff, circuit breaking (the engine and
@@ -25,10 +28,12 @@ import json
 import random
 import time
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 import aiohttp
 import httpx
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from isocompute.engines.base import REQUEST_DEADLINE, UpstreamBadResponse, UpstreamMisconfigured
 from isocompute.engines.openai_replies import Retryable, check_status, describe
@@ -37,11 +42,25 @@ from isocompute.errors import EngineUnavailable, InputError
 T = TypeVar("T")
 
 __all__ = [
-    "DEADLINE_MARGIN_S", "accepts_connections", "attempt_budget", "base_url", "check_upstream", "fetch_model_entry", "fetch_model_name",
-    "open_stream", "post_completions", "with_retries",
+    "CALLER_HEADERS", "DEADLINE_MARGIN_S", "accepts_connections", "attempt_budget", "base_url", "check_upstream",
+    "fetch_model_entry", "fetch_model_name", "open_stream", "open_stream_aiohttp", "post_completions",
+    "upstream_headers", "with_retries",
 ]
 
 DEADLINE_MARGIN_S = 0.05  # end an attempt this long before the caller's deadline, to count its timeout
+
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+# headers the request being served adds to its upstream calls (set by the gateway for its caller)
+CALLER_HEADERS: ContextVar[tuple[tuple[str, str], ...]] = ContextVar("isocompute_caller_headers", default=())
+
+
+def upstream_headers() -> dict[str, str]:
+    """:data:`CALLER_HEADERS` and the current span's W3C ``traceparent`` (and ``tracestate``) for an upstream
+    call; empty outside a request that set them, so such a call sends nothing extra."""
+    carrier = dict(CALLER_HEADERS.get())
+    _PROPAGATOR.inject(carrier)
+    return carrier
 
 
 def base_url(url: str) -> str:
@@ -120,7 +139,7 @@ async def post_completions(client: httpx.AsyncClient | aiohttp.ClientSession, ur
         return _json_object(url, text)
     try:
         async with asyncio.timeout(budget):  # httpx's read timeout is per chunk; this bounds the whole
-            r = await client.post(f"{url}/v1/completions", json=body)
+            r = await client.post(f"{url}/v1/completions", json=body, headers=upstream_headers())
     except TimeoutError:
         raise Retryable(f"no answer within {budget:.3g} s", "slow") from None
     except httpx.ConnectTimeout as e:  # nobody accepts the connection
@@ -143,7 +162,7 @@ async def _post_aiohttp(session: aiohttp.ClientSession, url: str, body: dict[str
     ``TimeoutError`` subclasses: they are sorted before the budget's own)."""
     try:
         async with asyncio.timeout(budget):
-            async with session.post(f"{url}/v1/completions", json=body) as r:
+            async with session.post(f"{url}/v1/completions", json=body, headers=upstream_headers()) as r:
                 return r.status, await r.text()
     except aiohttp.ConnectionTimeoutError as e:  # nobody accepts the connection
         raise Retryable(describe(e), "down") from e
@@ -183,7 +202,8 @@ async def open_stream(client: httpx.AsyncClient, url: str, body: dict[str, Any],
     r: httpx.Response | None = None
     try:
         async with asyncio.timeout(budget):
-            r = await client.send(client.build_request("POST", f"{url}/v1/completions", json=body), stream=True)
+            r = await client.send(client.build_request("POST", f"{url}/v1/completions", json=body,
+                                                       headers=upstream_headers()), stream=True)
             if r.status_code >= 400:
                 await r.aread()
     except TimeoutError:
@@ -202,6 +222,32 @@ async def open_stream(client: httpx.AsyncClient, url: str, body: dict[str, Any],
         await r.aclose()
         check_status(url, r, body.get("model"))
     return r
+
+
+async def open_stream_aiohttp(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
+                              budget: float) -> aiohttp.ClientResponse:
+    """:func:`open_stream` on aiohttp (the engine's hot path); failures sorted as in :func:`_post_aiohttp`."""
+    r: aiohttp.ClientResponse | None = None
+    try:
+        async with asyncio.timeout(budget):
+            r = await session.post(f"{url}/v1/completions", json=body, headers=upstream_headers())
+            if r.status >= 400:
+                text = await r.text()
+                r.close()
+                check_status(url, httpx.Response(r.status, text=text), body.get("model"))
+            return r
+    except aiohttp.ConnectionTimeoutError as e:
+        raise Retryable(describe(e), "down") from e
+    except aiohttp.ServerTimeoutError as e:
+        raise Retryable(describe(e), "slow") from e
+    except TimeoutError:
+        if r is not None:
+            r.close()
+        raise Retryable(f"no answer within {budget:.3g} s", "slow") from None
+    except aiohttp.ClientConnectorError as e:
+        raise Retryable(describe(e), "refused") from e
+    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
+        raise Retryable(describe(e), "dead") from e
 
 
 async def with_retries(engine: Any, attempt: Callable[[Any, int, float], Awaitable[T]], *, what: str,

@@ -110,7 +110,7 @@ class VLLMHTTPEngine:
     first and the longest wait before an open upstream is probed; ``errors_to_trip``: HTTP 5xx answers in
     a row that open an upstream. ``transport`` replaces httpx's network transport (tests use a small
     in-memory server to provoke failures a real vLLM will not produce on demand); without one the
-    completions POSTs go over aiohttp (the hot path), the rest — model list, probes, streams — over httpx.
+    completions POSTs and streams go over aiohttp (the hot path), the rest — model list, probes — over httpx.
     """
 
     name = "vllm-http"

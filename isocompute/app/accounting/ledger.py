@@ -141,6 +141,7 @@ class Ledger:
         flops = self.paid_flops(routing, i, sum(known)) if len(known) == len(costs) else None
         self.count(run.drawn, len(run.wave_sizes), run.stopped)
         completion_tokens = sum(c.completion_tokens for c in costs)
+        self.metrics.completion_tokens.inc(completion_tokens)
         self.charge(routing, i, run.drawn, flops, sum(priced_tokens_of(st.run) for st in run.stages))
         latency = self.time(routing, [w for st in run.stages for w in wave_tokens(st.run)])
         return Bill(sum(c.prompt_tokens for c in costs), completion_tokens, flops, stage_flops, latency)
@@ -215,6 +216,7 @@ class Ledger:
         if routing.lam is not None:
             self.metrics.lam.labels(plan.label).set(routing.lam)
         self.metrics.internal_budget.labels(plan.label).set(routing.controller.internal)  # after charging
+        self.metrics.budget_target.labels(plan.label).set(plan.budget)
         st = routing.controller.state()
         if st.mean_cost is not None:
             self.metrics.mean_cost.labels(plan.label).set(st.mean_cost)

@@ -36,6 +36,17 @@ isocompute_queue_depth                 gauge      generation requests waiting fo
 isocompute_requests_shed_total         counter    requests refused 503 after ``queue_timeout_s`` (admission)
 isocompute_connections_closed_total    counter    reason (header_timeout, body_timeout, client_limit,
                                                   total_limit): connections the guard closed
+isocompute_completion_tokens_total     counter    completion tokens generated for answered prompts (aborted
+                                                  samples' partial tokens included)
+isocompute_budget_target               gauge      budget_key: the mean cost per prompt the key asked for, in
+                                                  its unit (beside ``isocompute_mean_cost``)
+isocompute_upstream_up                 gauge      pool: 1 while the pool's upstream answers real requests
+                                                  (what ``/ready`` reads), else 0 — read at scrape time
+isocompute_upstream_circuit            gauge      pool, upstream, state (closed, open, half_open): 1 for the
+                                                  state each HTTP upstream's breaker is in — scrape time
+isocompute_draining                    gauge      1 from SIGTERM until the process exits
+isocompute_drain_seconds               gauge      seconds since the drain began (0 when not draining)
+isocompute_quota_store_errors_total    counter    calls to the shared quota store (Redis) that failed
 =====================================  =========  ====================================================
 
 ``budget_key`` is ``"<key name>:<budget><unit>"`` (e.g. ``anonymous:4samples``), with ``:max<cap>`` when
@@ -56,13 +67,61 @@ decode tokens.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 DECISION_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05)
 K_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+CIRCUIT_STATES = ("closed", "open", "half_open")
+STOP_REASONS = ("rule", "plan_end", "cap", "deadline", "upstream_error")
+UPSTREAM_ERROR_KINDS = ("timeout", "circuit_open", "unavailable", "misconfigured", "bad_response", "partial")
+
+
+@dataclass
+class GatewayState:
+    """What the scrape-time collector reads (:meth:`Metrics.watch_state`): per pool whether it answers and
+    its HTTP upstreams' breaker states (``{pool: [(url, state), …]}``), the drain, the quota store's errors."""
+
+    upstream_up: dict[str, bool] = field(default_factory=dict)
+    circuits: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    drain_seconds: float | None = None  # None: not draining
+    quota_store_errors: int = 0
+
+
+class _StateCollector:
+    """Reads a :class:`GatewayState` at each scrape: state that lives elsewhere is never copied or stale."""
+
+    def __init__(self, read: Callable[[], GatewayState]) -> None:
+        self.read = read
+
+    def describe(self) -> list[Any]:
+        return []  # no samples at registration: the state is read at each scrape only
+
+    def collect(self) -> Any:
+        st = self.read()
+        up = GaugeMetricFamily("isocompute_upstream_up", "1 while the pool's upstream answers real requests",
+                               labels=["pool"])
+        for pool, ok in st.upstream_up.items():
+            up.add_metric([pool], 1.0 if ok else 0.0)
+        circuit = GaugeMetricFamily("isocompute_upstream_circuit", "1 for the state each upstream's breaker is in",
+                                    labels=["pool", "upstream", "state"])
+        for pool, ups in st.circuits.items():
+            for url, state in ups:
+                for s in CIRCUIT_STATES:
+                    circuit.add_metric([pool, url, s], 1.0 if s == state else 0.0)
+        yield up
+        yield circuit
+        yield GaugeMetricFamily("isocompute_draining", "1 from SIGTERM until exit",
+                                value=0.0 if st.drain_seconds is None else 1.0)
+        yield GaugeMetricFamily("isocompute_drain_seconds", "Seconds since the drain began",
+                                value=st.drain_seconds or 0.0)
+        yield CounterMetricFamily("isocompute_quota_store_errors", "Failed calls to the shared quota store",
+                                  value=st.quota_store_errors)
 
 
 class Metrics:
@@ -107,7 +166,26 @@ class Metrics:
         self.shed = Counter("isocompute_requests_shed", "Requests refused 503 by admission control", registry=r)
         self.connections_closed = Counter("isocompute_connections_closed", "Connections the guard closed",
                                           ["reason"], registry=r)
+        self.completion_tokens = Counter("isocompute_completion_tokens", "Completion tokens generated for "
+                                         "answered prompts", registry=r)
+        self.budget_target = Gauge("isocompute_budget_target", "Mean cost per prompt the key asked for, in its "
+                                   "unit", ["budget_key"], registry=r)
         self._wave_collectors(r)
+
+    def initialise(self, pools: list[str]) -> None:
+        """Create every fixed label set at 0 (the stop reasons, and per pool its error kinds and abort
+        counters), so a dashboard's rate of something that has not happened yet reads 0, not "no data"."""
+        for reason in STOP_REASONS:
+            self.stops.labels(reason)
+        for pool in pools:
+            for kind in UPSTREAM_ERROR_KINDS:
+                self.upstream_errors.labels(kind, pool)
+            for c in (self.aborted_samples, self.waves_stopped, self.tokens_saved):
+                c.labels(pool)
+
+    def watch_state(self, read: Callable[[], GatewayState]) -> None:
+        """Export what ``read()`` returns at every scrape (upstreams, circuits, drain, quota store)."""
+        self.registry.register(_StateCollector(read))
 
     def _wave_collectors(self, r: CollectorRegistry) -> None:
         self.wave_latency = Histogram("isocompute_wave_latency_seconds", "One wave's wall time, its request's send "
@@ -145,7 +223,8 @@ class Metrics:
 
     def forget(self, budget_key: str) -> None:
         """Drop a budget key's gauge labels (after the controller bank evicted it)."""
-        for g in (self.lam, self.internal_budget, self.mean_cost, self.internal_latency_budget, self.mean_latency):
+        for g in (self.lam, self.internal_budget, self.mean_cost, self.internal_latency_budget, self.mean_latency,
+                  self.budget_target):
             try:
                 g.remove(budget_key)
             except KeyError:

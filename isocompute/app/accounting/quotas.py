@@ -308,6 +308,7 @@ class Quotas:
 
     def __init__(self, store: QuotaStore, clock: Callable[[], float] = time.time) -> None:
         self.store, self.clock = store, clock
+        self.errors = 0  # calls to the store that failed (isocompute_quota_store_errors_total)
 
     async def guard(self, work: Awaitable[T]) -> T:
         """``work``, or 503 when the store cannot be reached (fail closed)."""
@@ -318,6 +319,7 @@ class Quotas:
         try:
             return await work
         except (RedisError, OSError) as e:
+            self.errors += 1
             raise EngineUnavailable(
                 f"the quota store {self.store.url} cannot be reached ({type(e).__name__}: {e}); requests of keys "
                 "with spend quotas are refused until it is back — check the Redis server") from None

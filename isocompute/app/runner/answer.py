@@ -149,7 +149,17 @@ def plan_info(run: PlanRun, routing: Routing, i: int, picked: Picked, *, strateg
 def wave_infos(runs: Sequence[PlanRun]) -> list[WaveInfo]:
     """Every wave of ``runs`` (a plan's, or an action's stages' in order) as the response shows it."""
     return [WaveInfo(mode=w.mode, started=w.started, finished=w.finished, aborted=w.aborted,  # type: ignore[arg-type]
-                     tokens=w.tokens, ended=w.ended, seconds=w.seconds) for r in runs for w in r.wave_runs]
+                     tokens=w.tokens, decode_tokens=longest, ended=w.ended, seconds=w.seconds)
+            for r in runs for w, longest in zip(r.wave_runs, _decode_lengths(r), strict=False)]
+
+
+def _decode_lengths(run: PlanRun) -> list[int]:
+    """Per wave of ``run``, its longest returned sample's completion tokens (0 when none came back)."""
+    out, start = [], 0
+    for n in run.wave_sizes:
+        out.append(max((c.completion_tokens for c in run.samples[start:start + n] if c is not None), default=0))
+        start += n
+    return out
 
 
 def wave_seconds(runs: Sequence[PlanRun]) -> float | None:

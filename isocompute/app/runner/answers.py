@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from isocompute.app.accounting.ledger import Ledger
 from isocompute.app.accounting.metrics import Metrics
+from isocompute.app.accounting.tracing import span
 from isocompute.app.chat import render_chat
 from isocompute.app.routing import Routing
 from isocompute.app.runner.action_run import ActionRun, run_actions
@@ -166,7 +167,8 @@ class Answers:
                              verifier=self.verifier, weights=run.weights, vote_weights=self.vote)
         chosen = final.samples[picked.index]
         assert chosen is not None
-        bill = self.ledger.book(run, routing, i)
+        with span("isocompute.charge", drawn=run.drawn):
+            bill = self.ledger.book(run, routing, i)
         info = describe(run, routing, i, picked, strategy=strategy, flops=bill.flops, stage_flops=bill.stage_flops,
                         latency=bill.latency)
         return Answer(chosen.text, chosen.finish_reason, bill.prompt_tokens, bill.completion_tokens, bill.flops,

@@ -58,6 +58,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from isocompute.app.accounting.tracing import span
 from isocompute.app.errors import UpstreamTimeout
 from isocompute.app.runner.execute import GENERATED, Backend, Deadline, run_wave
 from isocompute.app.runner.parallel_wave import FAILED_REASONS, StreamOutcome, WaveRecord, stream_prompt
@@ -217,11 +218,12 @@ async def run_plans(
         if meter is not None:
             meter.inflight += worst  # until the round is back (kept when cancelled): the most it may generate
         try:
-            (waited, wait_s), streamed = await backend.call(
-                _round(backend, prompts, runs, wait, par, voter=voter, extract=extract, max_tokens=max_tokens,
-                       temperature=temperature, seed=wave_seed(seed, wave), deadline_at=deadline.at,
-                       logprobs=logprobs),
-                deadline=deadline, what="the sampling call" if wave == 0 else f"wave {wave + 1} of the sampling")
+            with span("isocompute.wave", wave=wave + 1, pool=backend.pool, prompts=len(active), parallel=len(par)):
+                (waited, wait_s), streamed = await backend.call(
+                    _round(backend, prompts, runs, wait, par, voter=voter, extract=extract, max_tokens=max_tokens,
+                           temperature=temperature, seed=wave_seed(seed, wave), deadline_at=deadline.at,
+                           logprobs=logprobs),
+                    deadline=deadline, what="the sampling call" if wave == 0 else f"wave {wave + 1} of the sampling")
         except EngineUnavailable as e:
             if meter is not None:
                 meter.inflight -= worst
@@ -242,7 +244,8 @@ async def run_plans(
         for i, out in zip(par, streamed, strict=True):
             runs[i].add(runs[i].next_wave or 0, out.completions, extract, seconds=out.seconds,
                         first_token_s=out.first_token_s, saved_tokens=out.saved_tokens, logprobs=out.logprobs)
-        votes = await voter.classes([runs[i].answers for i in active], deadline.at)
+        with span("isocompute.vote", wave=wave + 1):
+            votes = await voter.classes([runs[i].answers for i in active], deadline.at)
         mid = {i: out for i, out in zip(par, streamed, strict=True) if out.step is not None}
         for i, v in zip(active, votes, strict=True):
             if i in mid:
