@@ -36,6 +36,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.serial)
 
 
+@pytest.fixture(autouse=True)
+def _isocompute_logger_restored() -> Iterator[None]:
+    """The ``isocompute`` logger as it was before each test: a test that runs ``isocompute serve`` in-process
+    (:func:`isocompute.cli.serve.log_at`) must not leave its handler or level to the tests after it (issue 29)."""
+    import logging
+
+    logger = logging.getLogger("isocompute")
+    saved = (list(logger.handlers), logger.level, logger.propagate, logger.disabled)
+    yield
+    logger.handlers[:], logger.propagate, logger.disabled = saved[0], saved[2], saved[3]
+    logger.setLevel(saved[1])
+
+
 def _shared(tmp_path_factory, worker_id: str, name: str, build: Callable[[Path], object]) -> object:
     """``build(dir)``'s JSON-able result, computed once per run: under xdist the first worker builds it in
     the run's shared base temp dir under a file lock, the others wait and read it back."""

@@ -138,3 +138,38 @@ def test_the_gateways_own_info_lines_print_at_the_default_log_level(capfd):
         logger.setLevel(logging.NOTSET)
         logger.handlers[:] = had
     assert "ignoring unknown request fields: frobnicate" in capfd.readouterr().err
+
+
+def test_log_at_writes_to_the_stderr_of_the_moment_not_the_one_it_was_first_called_under(monkeypatch):
+    """Issue 29: the handler ``log_at`` installs follows ``sys.stderr``; one bound to the stream of its first call
+    kept writing there (a test's closed capture) after stderr was replaced, and a second ``log_at`` added none."""
+    import io
+    import logging
+    import sys
+
+    from isocompute.cli.serve import log_at
+
+    first, now = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    log_at("info")
+    monkeypatch.setattr(sys, "stderr", now)
+    log_at("info")
+    logging.getLogger("isocompute.app").info("after the swap")
+    assert "after the swap" in now.getvalue() and first.getvalue() == ""
+
+
+def test_an_in_process_serve_leaves_no_logging_state_to_the_tests_after_it(tmp_path):
+    """Issue 29's ordering, replayed in a child pytest: test_app_pools' in-process ``serve.run`` (which calls
+    ``log_at``) and then the default-log-level test above; the logger state must not leak between them."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    ids = [f"{here / 'test_app_pools.py'}::test_serve_refuses_a_policy_on_a_model_without_a_pool_before_uvicorn_starts",
+           f"{__file__}::test_the_gateways_own_info_lines_print_at_the_default_log_level"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+                        "-p", "no:xdist", *ids], cwd=here.parent, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "2 passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]

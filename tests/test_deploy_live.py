@@ -1,7 +1,8 @@
 """The CPU topology of deploy/ run without containers, checked live (docs/deploy.md, "What CI checks"):
 ``isocompute serve`` on the GPU overlay's own settings (rendered by kustomize: drain_timeout_s,
-upstream_timeout_s, retry_after_s…), its upstream a pool ``m`` — a vLLM stand-in (tests/vllm_standin.py, its
-own process) with the tiny model's tokenizer and config, fixed action ``m/none@1`` — ``redis-server`` as the
+upstream_timeout_s, retry_after_s…), its upstream a pool ``m`` — ``isocompute replay`` (docs/replay.md, its own
+process) on a three-row outcome table (:data:`ROWS`: a 2-token answer, a 1.5 s and a 6 s one at the replay's
+stated decode rate), with the tiny model's tokenizer and config, fixed action ``m/none@1`` — ``redis-server`` as the
 quota store, and Prometheus (Debian's) scraping the gateway every second with the real alert rules (their
 ``for`` set to 0 s: promtool's tests in test_deploy_manifests.py check the durations). Traffic is sent, then
 every dashboard query is evaluated through Prometheus's HTTP API and must return data, and no alert fires;
@@ -29,9 +30,15 @@ from deploy_tools import DASHBOARD, RULES, find, render, tool
 
 from isocompute.app.accounting.auth import hash_key
 from isocompute.engines.vllm_server import free_port
+from isocompute.replay.process import start_replay
 
 REPO = Path(__file__).resolve().parents[1]
 RATE = "10s"  # Grafana's $__rate_interval at a 1 s scrape
+# The replay's rows (prompt, recorded answer, completion tokens): a 2-token answer, and two answers whose
+# length at DECODE_TPS tokens/s per sequence makes a 1.5 s and a 6 s request for the drain under load.
+DECODE_TPS = 20  # the tiny model's 512-token context bounds max_tokens (200 here)
+QUICK, SLOW, SLOWEST = "What is 5 + 7?", "Take a while: what is 6 + 9?", "Take longer still: what is 8 + 9?"
+ROWS = [(QUICK, "12", 2), (SLOW, "15", int(1.5 * DECODE_TPS)), (SLOWEST, "17", 6 * DECODE_TPS)]
 
 
 def wait_for(check, timeout: float, what: str):
@@ -70,8 +77,15 @@ class Topology:
         return (self.tmp / f"{name}.log").read_text(errors="replace")[-3000:]
 
     def upstream(self) -> None:
-        self.spawn("upstream", [sys.executable, "tests/vllm_standin.py", str(self.up_port)])
-        wait_for(lambda: http_ok(f"http://127.0.0.1:{self.up_port}/v1/models"), 20, "the stand-in upstream")
+        """``isocompute replay`` on :data:`ROWS` as model ``m``, its own process (killed by :meth:`stop`)."""
+        table = self.tmp / "replay.jsonl"
+        if not table.exists():
+            table.write_text("".join(json.dumps(
+                {"id": f"r{i}", "prompt": p, "prompt_tokens": 8, "meta": {"task": "gsm8k", "model": "m"},
+                 "samples": [{"answer": a, "completion_tokens": k}] * 4}) + "\n" for i, (p, a, k) in enumerate(ROWS)))
+        rp = start_replay([table], self.up_port, log=self.tmp / "upstream.log", decode_tps=DECODE_TPS,
+                          max_tps=1e6, stream_interval=10)
+        self.procs["upstream"] = rp.process
 
     def start(self) -> None:
         self.spawn("redis", [tool("redis-server"), "--port", str(self.redis_port), "--bind", "127.0.0.1",
@@ -123,9 +137,9 @@ class Topology:
         alerts = httpx.get(f"{self.prom}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
         return {a["labels"]["alertname"] for a in alerts if a["state"] == "firing"}
 
-    def ask(self, key: str = "key-a", budget: float = 1, prompt: str = "What is 5 + 7?", timeout: float = 30):
+    def ask(self, key: str = "key-a", budget: float = 1, prompt: str = QUICK, timeout: float = 30, max_tokens: int = 8):
         return httpx.post(f"{self.gw}/v1/completions", headers={"Authorization": f"Bearer {key}"}, timeout=timeout,
-                          json={"model": "isocompute", "prompt": prompt, "budget": budget, "max_tokens": 8})
+                          json={"model": "isocompute", "prompt": prompt, "budget": budget, "max_tokens": max_tokens})
 
     def stop(self, name: str, sig: int = signal.SIGKILL) -> None:
         p = self.procs.get(name)
@@ -206,7 +220,7 @@ def test_sigterm_under_load_cuts_no_request_and_the_gateway_goes_down(topo):
         while not stop.is_set():
             t0 = time.monotonic()
             try:
-                r = topo.ask(prompt=prompt, timeout=topo.conf["upstream_timeout_s"] + 5)
+                r = topo.ask(prompt=prompt, timeout=topo.conf["upstream_timeout_s"] + 5, max_tokens=200)
                 code = str(r.status_code) if r.status_code != 503 else f"503 {r.json()['error']['code']}"
             except httpx.ConnectError:
                 code = "refused"
@@ -218,11 +232,13 @@ def test_sigterm_under_load_cuts_no_request_and_the_gateway_goes_down(topo):
             if code != "200":
                 time.sleep(0.2)  # a client told to retry elsewhere does not spin on this replica
 
-    clients = [threading.Thread(target=client, args=(i, "sleep=1.5 what is 5 + 7?")) for i in range(6)]
-    clients.append(threading.Thread(target=client, args=(6, "sleep=6 what is 5 + 7?", True)))
+    clients = [threading.Thread(target=client, args=(i, SLOW)) for i in range(6)]
+    clients.append(threading.Thread(target=client, args=(6, SLOWEST, True)))
     for c in clients:
         c.start()
-    wait_for(lambda: topo.query("isocompute_requests_inflight >= 7"), 15, "7 requests in flight")
+    wait_for(lambda: topo.query("isocompute_requests_inflight >= 7") or not all(r[3] == "200" for r in results),
+             15, "7 requests in flight")
+    assert all(r[3] == "200" for r in results), (results, topo.log("gateway"), topo.log("upstream"))
     gw = topo.procs["gateway"]
     t_signal = time.monotonic()
     gw.send_signal(signal.SIGTERM)

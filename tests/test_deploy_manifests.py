@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import tomllib
+from pathlib import Path
 
 import pytest
 import yaml
@@ -65,7 +66,10 @@ def test_yamllint_is_clean():
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-@pytest.mark.parametrize("profile", ["gpu", "cpu"])
+PROFILES = ("gpu", "cpu", "replay")
+
+
+@pytest.mark.parametrize("profile", PROFILES)
 def test_compose_file_parses_with_each_profile(profile):
     out = subprocess.run([tool("docker-compose"), "-f", str(COMPOSE), "--profile", profile, "config"],
                          capture_output=True, text=True, timeout=60)
@@ -74,7 +78,25 @@ def test_compose_file_parses_with_each_profile(profile):
     assert {f"gateway-{profile}", "redis", "prometheus", "grafana"} <= set(services)
     # compose v1 lists every service; a profile starts those without one and those it names
     started = {n for n, d in services.items() if profile in d.get("profiles", [profile])}
-    assert ("vllm" in started) == (profile == "gpu") and f"gateway-{'cpu' if profile == 'gpu' else 'gpu'}" not in started
+    assert {f"gateway-{p}" for p in PROFILES} & started == {f"gateway-{profile}"}
+    assert ("vllm" in started) == (profile == "gpu") and ("replay" in started) == (profile == "replay")
+
+
+def test_the_compose_replay_profile_runs_isocompute_replay_on_the_baked_demo_behind_the_gateway():
+    """The replay service's command is one `isocompute replay` accepts (its own parser), on the table the image
+    bakes (the outcomes the embedded policy was fitted on), listening where the gateway's upstream points."""
+    from isocompute.cli import build_parser
+
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    cmd = services["replay"]["command"]
+    assert cmd[:2] == ["isocompute", "replay"], cmd
+    args = build_parser().parse_args(cmd[1:])
+    assert args.tables == [Path("/opt/isocompute/demo/outcomes.jsonl")] and args.host == "0.0.0.0"
+    assert args.model == "/opt/isocompute/demo/tiny-sft"  # named as vLLM would serve the embedded default's model
+    env = services["gateway-replay"]["environment"]
+    assert env["ISOCOMPUTE_ENGINE"] == "vllm-http" and json.loads(env["ISOCOMPUTE_UPSTREAMS"]) == [
+        f"http://replay:{args.port}"]
+    assert "replay" in services["gateway-replay"]["depends_on"]
 
 
 def test_compose_parser_refuses_a_broken_file(tmp_path):

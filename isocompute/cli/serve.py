@@ -25,7 +25,9 @@ the flag to add.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -120,8 +122,6 @@ def settings_from_args(args: argparse.Namespace) -> Any:
                          "or unset it")
     unknown = unknown_env(os.environ)
     if unknown:
-        import logging
-
         logging.getLogger("isocompute.serve").warning(
             "ignoring unknown environment variable(s) %s: no such setting (see the Configuration table in docs/gateway.md)",
             ", ".join(unknown))
@@ -206,14 +206,25 @@ def preflight(s: Any) -> Any:
     return policy
 
 
+class _Stderr(logging.StreamHandler):
+    """A stream handler writing to ``sys.stderr`` as it is when a line is emitted (as logging's last-resort
+    handler does), not to the stream that was ``sys.stderr`` when it was made: a caller that redirects stderr
+    after :func:`log_at` (a test's capture, an embedding process) still gets the lines."""
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self) -> Any:  # type: ignore[override]
+        return sys.stderr
+
+
 def log_at(level: str) -> None:
     """The gateway's own log lines (``isocompute.*``: unknown request fields, 499s, upstream transitions) on
     stderr at ``--log-level``, as uvicorn's are; without it only warnings reached Python's last-resort handler."""
-    import logging
-
     logger = logging.getLogger("isocompute")
     if not logger.handlers:
-        handler = logging.StreamHandler()
+        handler = _Stderr()
         handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
         logger.addHandler(handler)
     logger.setLevel(level.upper())

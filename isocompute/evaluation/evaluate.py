@@ -66,7 +66,7 @@ from isocompute.errors import InputError
 from isocompute.evaluation.baselines import FixedBaselines, length_rule, score_baselines  # noqa: F401 (re-exported)
 from isocompute.evaluation.channels import plan_channels, rows_of
 from isocompute.evaluation.folds import run_jobs
-from isocompute.evaluation.reach import pooled_reach, reach_scores, reach_setup
+from isocompute.evaluation.reach import fold_latencies, pooled_reach, reach_scores, reach_setup
 from isocompute.evaluation.summary import (  # noqa: F401  (re-exported: evaluation's public names)
     BASE_METHODS,
     METHODS,
@@ -259,7 +259,7 @@ under the other target, reported beside the accuracy (:mod:`isocompute.evaluatio
     ctx = {"prompts": prompts, "U": U, "C": C, "config": config, "refit": refit, "pv": pv, "sf": sf,
            "label_var": label_var, "groups": groups, "samples": samples, "waves": waves, "C_alt": C_alt,
            "paid_alt": paid_alt, "baselines": baselines, "budgets": budgets_arr, "extra": extra,
-           "reach": reach_setup(config, Policy(config).plans, U, C, extra)}
+           "reach": reach_setup(config, Policy(config).plans, U, C, extra), "unit": int(Policy(config).ladder[0]) if config.cost_unit == "tokens" else None}
     results = run_jobs(_fold, ctx, jobs, workers=workers, done=lambda: bar.update(1))
     defaults: list[list[str]] = [[] for _ in seeds]
     selections: list[list[dict[str, Any]]] = [[] for _ in seeds]
@@ -294,23 +294,25 @@ def _fold(c: dict[str, Any], job: tuple[int, int, int, np.ndarray, np.ndarray]) 
                                                      c["waves"], c["samples"])
     labels = _fold_labels(config, U, c["label_var"], c["groups"], train)
     lat = None if config.latency_range is None else c["extra"]["latency"][train]
-    refit = dataclasses.replace(c["refit"], seed=config.seed + 1000 * seed + f,
-                                budget_range=_reachable(c["refit"], C[train]),
+    # a tokens budget is served as the same multiple of the refit's own 1x, as the gateway serves "4x" (issue 32)
+    x = 1.0 if c["unit"] is None else float(C[train, c["unit"]].mean() / C[:, c["unit"]].mean())
+    refit = dataclasses.replace(c["refit"], budget_range=tuple(x * b for b in c["refit"].budget_range))
+    refit = dataclasses.replace(refit, seed=config.seed + 1000 * seed + f, budget_range=_reachable(refit, C[train]),
                                 latency_range=reachable_latency(config.latency_range, lat))
     pol = Policy(refit).fit_arrays(
         [prompts[i] for i in train], U[train], C[train], probe=None if pv is None else pv[train],
         sample_flops=None if sf is None else sf[train], labels=labels, latency=lat,
         samples=None if samples is None else samples[train], waves=None if waves is None else waves[train])
     default = config.learner if config.learner in LEARNERS else pol.default_learner_
-    sc = _score(pol, [prompts[i] for i in test], U[test], C[test], c["budgets"], pol.train_lengths_, default,
+    sc = _score(pol, [prompts[i] for i in test], U[test], C[test], x * c["budgets"], pol.train_lengths_, default,
                 None if pv is None else pv[test], None if c["C_alt"] is None else c["C_alt"][test], c["paid_alt"],
                 None if waves is None else waves[test], rows_of(c["extra"], test))
     if c["baselines"] is not None:
         score_baselines(c["baselines"], train, test, c["budgets"], sc, METHODS)
     if c["reach"] is not None:
         refs, sweep, arrays = c["reach"]["references"], c["reach"]["budgets"], c["reach"]["arrays"]
-        sc["reach"] = reach_scores(pol, [prompts[i] for i in test], rows_of(arrays, test), refs, sweep,
-                                   None if pv is None else pv[test])
+        sc["reach"] = reach_scores(pol, [prompts[i] for i in test], rows_of(arrays, test), refs, x * sweep,
+                                   None if pv is None else pv[test], fold_latencies(refs, arrays["latency"][train]))
     return sc, default, pol.selection_
 
 def _reachable(config: PolicyConfig, C: np.ndarray) -> tuple[float, float]:

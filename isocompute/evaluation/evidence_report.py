@@ -60,13 +60,17 @@ def _ci(d: np.ndarray, seed: int) -> list[float]:
     return [100 * float(d.mean()), 100 * float(np.quantile(m, 0.025)), 100 * float(np.quantile(m, 0.975))]
 
 
-def served(values: Any, fixed: tuple[np.ndarray, ...], b: float, lb: float | None) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Per prompt (U, T, L) of the chain and of the CV fixed mixture, each chosen on the other folds."""
+def served(values: Any, fixed: tuple[np.ndarray, ...], b: float, lb: float | None,
+           unit: int | None = None) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Per prompt (U, T, L) of the chain and of the CV fixed mixture, each chosen on the other folds; ``unit``:
+    the column of ``none@1`` — the tokens budget is then served on each fold as the same multiple of its
+    training part's 1x, as the gateway serves "4x" (issue 32)."""
     FU, FT, FL = fixed
     chain, cv, rules = np.zeros((3, FU.shape[0])), np.zeros((3, FU.shape[0])), []
     for f in np.unique(values.fold_of):
         tr, te = np.flatnonzero(values.fold_of != f), np.flatnonzero(values.fold_of == f)
-        e = chain_entry(values.subset(tr), (FU[tr], FT[tr], FL[tr]), b, lb)
+        x = 1.0 if unit is None else float(FT[tr, unit].mean() / FT[:, unit].mean())
+        e = chain_entry(values.subset(tr), (FU[tr], FT[tr], FL[tr]), x * b, lb)
         fp, fw = np.array(e.fixed_plans), np.array(e.fixed_weights)  # the fallback: the best mix within (B, Lb)
         for k, X in enumerate(fixed):
             cv[k, te] = X[te][:, fp] @ fw
@@ -93,10 +97,11 @@ def evidence_block(table: Any, waves: tuple[int, ...], menu: list[str], *, unit:
     x = per_sample / unit
     FU, FT, FL = fixed
     uni = [j for j, p in enumerate(plans) if p.rule.kind == "none" and p.n_waves == 1]
+    one = next((j for j in uni if plans[j].max_samples == 1), None)
     rows = []
     for lb in latencies:
         for bx in budgets_x:
-            chain, cv, rules = served(values, fixed, bx * x, None if lb is None else lb * x)
+            chain, cv, rules = served(values, fixed, bx * x, None if lb is None else lb * x, one)
             T, L = float(chain[1].mean()), float(chain[2].mean())
             hind = best_fixed_mix(FU, FT, FL, T, L)
             umix = best_fixed_mix(FU[:, uni], FT[:, uni], FL[:, uni], T, L) if uni else None

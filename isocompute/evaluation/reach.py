@@ -4,7 +4,8 @@ without waiting longer than uniform@k.
 For each reference ``uniform@k`` (k = 4, 8, 16: the one-wave plan ``none@k`` everywhere, where the menu
 has it) the table gives its accuracy A_k, mean tokens T_k and mean latency L_k (sample lengths, wave
 overhead included, as the report's latency). Every cross-validation refit is evaluated on its held-out
-part at the latency budget L_k — clipped into the policy's trained ``latency_range``; a policy fitted
+part at the latency budget L_k as that refit measures it — uniform@k's mean latency on its own training
+part (:func:`fold_latencies`), clipped into the policy's trained ``latency_range``; a policy fitted
 without latency budgets is evaluated without one — with its cost budgets swept over :data:`N_SWEEP`
 geometric steps of the trained range. Pooled over folds and averaged over seeds, that gives per budget
 the accuracy, tokens and latency of the policy as served (its never-worse chain included).
@@ -80,17 +81,28 @@ def served_actions(policy: Any, X: np.ndarray, u: np.ndarray, route: np.ndarray,
     return policy.decide_features(X, u, route, b)[0]
 
 
+def fold_latencies(references: list[dict], train_latency: np.ndarray) -> list[float]:
+    """The latency budget each reference is served at by a refit: uniform@k's mean latency on the refit's
+    own training prompts (what its user would ask for as "uniform@k's latency"; the whole table's mean is
+    out of reach on a fold whose training part waits longer, issue 36), and the fixed caps (1.0) as they are."""
+    return [float(train_latency[:, r["column"]].mean()) if r["max_latency"] == r["latency"] else float(r["max_latency"])
+            for r in references]
+
+
 def reach_scores(policy: Any, prompts: Sequence[str], arrays: dict[str, np.ndarray], references: list[dict],
-                 budgets: np.ndarray, probe: np.ndarray | None = None) -> dict[str, np.ndarray]:
+                 budgets: np.ndarray, probe: np.ndarray | None = None,
+                 latencies: Sequence[float] | None = None) -> dict[str, np.ndarray]:
     """Per channel (:data:`CHANNELS`), (R, B, n): each held-out prompt's expected value under the served
-    plan at reference r's latency budget and budget b; ``arrays`` holds the held-out (n, P) arrays."""
+    plan at reference r's latency budget (``latencies[r]``, default its ``max_latency``) and budget b;
+    ``arrays`` holds the held-out (n, P) arrays."""
+    latencies = [r["max_latency"] for r in references] if latencies is None else list(latencies)
     X = policy.features(prompts, probe)
     u, route = policy.prompt_keys(prompts)
     rows = np.arange(len(prompts))
     out = {c: np.empty((len(references), budgets.size, rows.size)) for c in CHANNELS}
-    for r, ref in enumerate(references):
+    for r, lat in enumerate(latencies):
         for bi, b in enumerate(budgets):
-            a = served_actions(policy, X, u, route, float(b), ref["max_latency"])
+            a = served_actions(policy, X, u, route, float(b), lat)
             for c in CHANNELS:
                 out[c][r, bi] = arrays[c][rows, a]
     return out

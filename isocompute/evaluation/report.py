@@ -149,10 +149,13 @@ def _spend_section(report: dict[str, Any]) -> list[str]:
     lines = ["## Spend on budget", "",
              "| budget | learned cost [95% CI] | error | learned (batch) acc | learned (batch) cost | error |",
              "|---:|---|---:|---:|---:|---:|"]
+    excluded = []
     for e in report["budgets"]:
         m, mb = e["methods"]["learned"], e["methods"].get("learned_batch")
         ci = m.get("cost_ci95", [float("nan")] * 2)
-        lines.append(f"| {e['budget']:.4g} | {m['cost']:.4g} [{ci[0]:.4g}, {ci[1]:.4g}] | {_pct(e['cost_error'], 2)} | "
+        flag = " **CI excludes the budget**" if not ci[0] <= e["budget"] <= ci[1] else ""
+        excluded += [e["budget"]] if flag else []
+        lines.append(f"| {e['budget']:.4g} | {m['cost']:.4g} [{ci[0]:.4g}, {ci[1]:.4g}]{flag} | {_pct(e['cost_error'], 2)} | "
                      + (f"{_acc(mb['accuracy'])} | {mb['cost']:.4g} | {_pct(e['cost_error_batch'], 2)} |" if mb
                         else "— | — | — |"))
     lines += ["", "`learned` decides each prompt alone through the calibration table, so its realised cost on a "
@@ -160,6 +163,9 @@ def _spend_section(report: dict[str, Any]) -> list[str]:
               "that noise). `learned (batch)` solves the same learner's knob on the held-out prompts themselves "
               "(`Policy.decide(..., match=\"batch\")`, what an offline batch job uses); the gateway holds a "
               "stream of single requests on budget with its online controller instead.", ""]
+    if excluded:
+        lines += [f"At {', '.join(f'{b:.4g}' for b in excluded)} the realised cost's 95% CI excludes the budget: the "
+                  "policy as served does not spend what it was given there.", ""]
     return lines
 
 

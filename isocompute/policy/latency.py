@@ -19,7 +19,7 @@ A request at (B, L) takes the smallest ν whose latency at B is ≤ L (the large
 ν's λ(B): its cost is calibrated to B at every ν, its latency to at most L.
 
 **The never-worse chain** is chosen again at :data:`N_LEVELS` latency levels spread geometrically over
-the range: the learned rule at (B, level) against the best fixed plan and uniform, both restricted to
+the range, plus every uniform ``none@k``'s own mean latency (:func:`latency_levels`): the learned rule at (B, level) against the best fixed plan and uniform, both restricted to
 the plans whose mean training latency is ≤ the level (a mix of two such plans is too), by the same
 paired-bootstrap tests as without latency (:func:`~isocompute.policy.fallback.choose_rules`). A request
 at latency L is served by the chain of the largest level ≤ L (so a fallback never waits longer than
@@ -56,6 +56,7 @@ from isocompute.policy.learn.calibration import Calibration, calibrate_by_bisect
 from isocompute.policy.learn.crossfit import CrossFit, max_useful_price
 from isocompute.policy.learn.learners import budget_grid, price
 from isocompute.policy.plans.fixed_rule import fixed_actions, fixed_plan_at, fixed_plan_scores
+from isocompute.policy.plans.heldout import budget_table, internal_budget
 
 NUS = np.concatenate([[0.0], np.geomspace(1e-4, 1.0, 13)])  # prices on latency: utility per sample length
 N_LEVELS = 13  # latency levels the never-worse chain is chosen at
@@ -75,6 +76,11 @@ class LatencyTables:
     latency: np.ndarray
     levels: np.ndarray
     chains: tuple[RuleChain, ...]
+    fixed_budgets: tuple[dict[str, list[float]] | None, ...] = ()
+
+    def fixed_budget(self, m: int, budget: float) -> float:
+        """The fixed plan's internal budget at level ``m`` (:mod:`isocompute.policy.plans.heldout`)."""
+        return internal_budget(self.fixed_budgets[m] if self.fixed_budgets else None, budget)
 
     @property
     def range(self) -> tuple[float, float]:
@@ -108,14 +114,15 @@ class LatencyTables:
     def to_dict(self) -> dict[str, Any]:
         return {"plan_latency": self.plan_latency.tolist(), "nus": self.nus.tolist(),
                 "calibrations": [c.to_dict() for c in self.calibrations], "latency": self.latency.tolist(),
-                "levels": self.levels.tolist(), "chains": [c.to_dict() for c in self.chains]}
+                "levels": self.levels.tolist(), "chains": [c.to_dict() for c in self.chains],
+                "fixed_budgets": list(self.fixed_budgets)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LatencyTables:
         return cls(np.asarray(d["plan_latency"], dtype=np.float64), np.asarray(d["nus"], dtype=np.float64),
                    tuple(Calibration.from_dict(c) for c in d["calibrations"]),
                    np.asarray(d["latency"], dtype=np.float64), np.asarray(d["levels"], dtype=np.float64),
-                   tuple(RuleChain.from_dict(c) for c in d["chains"]))
+                   tuple(RuleChain.from_dict(c) for c in d["chains"]), tuple(d.get("fixed_budgets") or ()))
 
 
 def quick_plans(plan_latency: np.ndarray, level: float) -> np.ndarray:
@@ -158,10 +165,24 @@ def fit_latency(policy: Any, job: CrossFit, latency: np.ndarray) -> LatencyTable
             acts[v, r] = price(Ut, float(lam), Ch, job.u)
             lat_table[v, r] = lat[rows, acts[v, r]].mean()
         cals.append(cal)
-    levels = budget_grid(lo, hi, N_LEVELS)
+    levels = latency_levels(lo, hi, plan_latency[policy.ladder])
     tables = LatencyTables(plan_latency, NUS.copy(), tuple(cals), lat_table, levels, ())
     chains = tuple(_chain_at(policy, job, tables, acts, float(level)) for level in levels)
-    return LatencyTables(plan_latency, NUS.copy(), tuple(cals), lat_table, levels, chains)
+    search = cfg.heldout_fixed and FIXED_PLAN in (cfg.fallback or ())
+    paid = policy.paid_per_request
+    unit = job.C[:, policy.ladder[0]] - paid
+    fixed = tuple(budget_table(job.U[:, keep], job.C[:, keep] - paid, job.requested, seed=cfg.seed, unit=unit)
+                  if search else None for keep in (quick_plans(plan_latency, float(level)) for level in levels))
+    return LatencyTables(plan_latency, NUS.copy(), tuple(cals), lat_table, levels, chains, fixed)
+
+
+def latency_levels(lo: float, hi: float, ladder_latency: np.ndarray) -> np.ndarray:
+    """The chain's latency levels: :data:`N_LEVELS` geometric over [lo, hi] and every uniform ``none@k``'s
+    mean training latency inside the range, so a request at uniform@k's own latency is served by a chain
+    whose uniform and fixed rules may play ``none@k`` (issue 36: with the geometric levels alone the
+    level below it left ``none@k`` out)."""
+    extra = ladder_latency[(ladder_latency >= lo) & (ladder_latency <= hi)]
+    return np.unique(np.concatenate([budget_grid(lo, hi, N_LEVELS), extra]))
 
 
 def check_latency(cfg: Any, latency: Any, shape: tuple[int, int]) -> np.ndarray | None:
@@ -206,7 +227,9 @@ def _chain_at(policy: Any, job: CrossFit, tables: LatencyTables, acts: np.ndarra
     if FIXED_PLAN in cfg.fallback:
         keep = quick_plans(tables.plan_latency, level)
         paid = policy.paid_per_request
-        scores[FIXED_PLAN] = fixed_plan_scores(job.U[:, keep], job.C[:, keep] - paid, job.folds, job.requested)
+        scores[FIXED_PLAN] = fixed_plan_scores(job.U[:, keep], job.C[:, keep] - paid, job.folds, job.requested,
+                                               heldout=cfg.heldout_fixed, seed=cfg.seed,
+                                               unit=job.C[:, policy.ladder[0]] - paid)
     if UNIFORM in cfg.fallback:
         lad = quick_ladder(policy.ladder, tables.plan_latency, level)
         scores[UNIFORM] = uniform_utilities(job.U[:, lad], policy.sample_action_costs[lad], job.requested)
@@ -224,7 +247,7 @@ def latency_actions(policy: Any, X: np.ndarray | None, u: np.ndarray, route: np.
     choice = t.chains[m].at(budget)
     if choice.rule == FIXED_PLAN:
         keep = quick_plans(t.plan_latency, float(t.levels[m]))
-        fixed = fixed_plan_at(policy.plan_utility_[keep], policy.sample_action_costs[keep], budget)
+        fixed = fixed_plan_at(policy.plan_utility_[keep], policy.sample_action_costs[keep], t.fixed_budget(m, budget))
         return keep[fixed_actions(u, fixed)], FIXED_PLAN, None, choice
     if choice.rule == UNIFORM:
         lad = quick_ladder(policy.ladder, t.plan_latency, float(t.levels[m]))

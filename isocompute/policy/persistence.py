@@ -78,6 +78,7 @@ def save_policy(policy: Any, out_dir: str | Path, *, inputs: dict[str, str] | No
             "training_data": getattr(policy, "training_data_", None),
             "tokens_per_sample": getattr(policy, "tokens_per_sample_", None),
             "latency": None if getattr(policy, "latency_", None) is None else policy.latency_.to_dict(),
+            "fixed_budgets": getattr(policy, "fixed_budgets_", None),
         }
         (d / "policy.json").write_text(json.dumps(meta, indent=2) + "\n")
         for name, f in policy.learners_.items():
@@ -123,6 +124,7 @@ def load_policy(cls: Any, artifact_dir: str | Path) -> Any:
         obj.training_data_ = meta.get("training_data")
         obj.tokens_per_sample_ = meta.get("tokens_per_sample")  # absent before latency budgets
         obj.latency_ = LatencyTables.from_dict(meta["latency"]) if meta.get("latency") else None
+        obj.fixed_budgets_ = meta.get("fixed_budgets")  # absent before the held-out search: the budget itself
         obj.train_lengths_ = np.asarray(meta["heuristic"]["train_prompt_lengths"], dtype=np.int64)
         grid = budget_grid(*obj.config.budget_range, N_CALIBRATION)
         chains = meta.get("fallback") or {}  # absent before the fallback: the learned rule everywhere

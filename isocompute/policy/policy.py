@@ -4,7 +4,6 @@ How it is fitted (cross-fitted members, budget calibration, the never-worse chai
 FLOPs, the probe and extra feature blocks) and how it decides: ``docs/policy.md``. ``Policy.decide(prompts,
 budget)`` is pure and fast; a budget outside the trained range raises :class:`~isocompute.errors.BudgetError`.
 Artifact (``save``/``load``; manifest kind ``policy``, schema 1): :mod:`isocompute.policy.persistence`.
-
 Ignores: per-request caps (``max_samples`` is the gateway's), and how probe values are computed (the
 engines' job; the spec only records name, tokens, prompt format, model and cost).
 """
@@ -60,6 +59,7 @@ from isocompute.policy.learn.members import batch_knob, member_actions
 from isocompute.policy.persistence import KIND, SCHEMA_VERSION, load_policy, save_policy  # noqa: F401
 from isocompute.policy.plans.arrays import allocate_plans, plan_stats
 from isocompute.policy.plans.fixed_rule import fixed_actions, fixed_plan_at, fixed_plan_scores
+from isocompute.policy.plans.heldout import budget_table, internal_budget
 from isocompute.policy.plans.menu import ladder_columns, menu_of
 from isocompute.policy.table_prep import check_arrays, prepare_table, task_groups  # noqa: F401  (task_groups: re-exported)
 from isocompute.solver.allocate import feasible_range
@@ -83,10 +83,8 @@ class Policy:
         ``model_flops`` (the served model's FLOP shape, ``isocompute.flops.load_model_flops``): prices the
         flops cost unit and, with extra features in the samples unit, one sample's FLOPs per training prompt
         (the k = 1 column of the flops cost table), unless ``sample_flops`` gives those directly.
-
         With a plan menu every plan is estimated on every prompt (:func:`~isocompute.policy.plans.arrays.table_arrays`;
-        ``arrays``: its result for this table and config, when the caller already has it).
-        A ragged table (prompts with fewer samples than the largest action or plan) is kept as the config
+        ``arrays``: its result for this table and config, when the caller already has it). A ragged table (prompts with fewer samples than the largest action or plan) is kept as the config
         says (``min_samples``, ``ragged``: :mod:`isocompute.solver.ragged`); what was dropped or marked
         is in :attr:`training_data_`. ``costs``, ``probe`` and ``sample_flops`` are per prompt of ``table``.
         """
@@ -140,10 +138,8 @@ class Policy:
         self.n_train_ = n
         self.train_lengths_ = np.sort(np.array([len(p) for p in prompts], dtype=np.int64))
         requested = budget_grid(*cfg.budget_range, N_CALIBRATION)
-        if cfg.calibrate_to == "oracle":  # B where the budget binds, less where extra samples buy nothing
-            targets = np.array([allocate_plans(U, C, float(b), rounding="mix").mean_cost for b in requested])
-        else:
-            targets = requested.copy()
+        targets = (np.array([allocate_plans(U, C, float(b), rounding="mix").mean_cost for b in requested]) if
+                   cfg.calibrate_to == "oracle" else requested.copy())  # oracle: less where samples buy nothing
         job = CrossFit(X, U, C, prompt_uniforms(prompts), crossfit_folds(n, cfg.calibration_folds, cfg.seed),
                        requested, targets, labels, plans=self.plans if self.has_menu else None,
                        samples=S if self.has_menu else None, paid=self.paid_per_request)
@@ -156,6 +152,9 @@ class Policy:
             for name in names:
                 self.learners_[name], held_out[name] = fit_learner(name, job, cfg, self.action_costs_, bar.update)
         self.default_learner_, self.selection_ = select_learner(held_out, U, C, cfg)
+        Cs = C - self.paid_per_request  # the fixed plan pays neither probe nor features
+        self.fixed_budgets_ = (budget_table(U, Cs, requested, seed=cfg.seed, unit=Cs[:, self.ladder[0]])
+                               if cfg.heldout_fixed else None)
         self.fallback_ = {name: self._choose_rules(job, oof) for name, oof in held_out.items()}
         self.latency_ = None if latency is None else latency_budgets.fit_latency(self, job, latency)
         return self
@@ -168,7 +167,9 @@ class Policy:
             return RuleChain.single(LEARNED, job.requested)
         scores = {LEARNED: np.stack([job.U[job.rows, oof(float(b))] for b in job.requested])}
         if FIXED_PLAN in cfg.fallback:
-            scores[FIXED_PLAN] = fixed_plan_scores(job.U, job.C - self.paid_per_request, job.folds, job.requested)
+            C = job.C - self.paid_per_request
+            scores[FIXED_PLAN] = fixed_plan_scores(job.U, C, job.folds, job.requested, seed=cfg.seed,
+                                                   heldout=cfg.heldout_fixed, unit=C[:, self.ladder[0]])
         if UNIFORM in cfg.fallback:
             lad = self.ladder
             scores[UNIFORM] = uniform_utilities(job.U[:, lad], self.sample_action_costs[lad], job.requested)
@@ -239,7 +240,8 @@ class Policy:
 
     def fixed_plan_at(self, budget: float) -> Any:
         """The fixed-plan rule's choice at ``budget`` (:func:`isocompute.policy.plans.fixed_rule.fixed_plan_at`)."""
-        return fixed_plan_at(self.plan_utility_, self.sample_action_costs, budget)
+        g = internal_budget(getattr(self, "fixed_budgets_", None), budget)  # held-out search (issue 32)
+        return fixed_plan_at(self.plan_utility_, self.sample_action_costs, g)
 
     def fallback_actions(self, rule: str, u: np.ndarray, budget: float, *, match: str = "calibrated") -> np.ndarray:
         """Plan index per prompt under a fallback rule (``fixed_plan`` or ``uniform``) from the prompts'

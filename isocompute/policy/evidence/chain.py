@@ -8,7 +8,10 @@ mixture of fixed plans within the same budgets (any rule, any schedule of the me
 an LP solved by HiGHS: max Σ p_j Ū_j s.t. Σ p_j T̄_j ≤ B, Σ p_j L̄_j ≤ Lb, Σ p_j = 1), chosen on the same
 prompts — tuned in hindsight, which favours it — and what the chain serves otherwise. The learned rule
 is kept at the budget iff the bootstrap's lower bound of its mean per-prompt gain over the rival (at
-``level``, one-sided) is above 0. (The bench compares the served chain at its *realised* tokens and
+``level``, one-sided) is above 0 *held out* — both rules chosen on four inner folds of these prompts and
+scored on the fifth — and its held-out tokens are within :data:`SPEND_TOLERANCE` of the budget; its price
+is chosen at the internal budget whose held-out tokens are the budget (:func:`heldout_price_budget`,
+issue 32: the same prompts must not both pick a price and certify its cost). (The bench compares the served chain at its *realised* tokens and
 latency too: ``bench/bench_evidence.py``.)
 
 Worked example: at B = 3.0 (median lengths) and Lb = 0.75 the learned price realises 2.83 tokens and
@@ -28,6 +31,8 @@ from scipy.optimize import linprog
 __all__ = ["ChainEntry", "best_fixed_mix", "choose_price", "chain_entry"]
 
 BOOTSTRAP = 2000
+INNER_FOLDS = 5
+SPEND_TOLERANCE = 0.05  # the kept price's held-out mean tokens may exceed the budget by this much at most
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,53 @@ def choose_price(U: np.ndarray, T: np.ndarray, L: np.ndarray, budget: float, lat
     return int(np.argmax(u))
 
 
+def _inner_folds(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed + 4242).permutation(n) % INNER_FOLDS
+
+
+def heldout_price_budget(values, budget: float, latency_budget: float | None, *, seed: int = 0) -> float:
+    """The internal token budget g at which the price chosen on inner folds (best utility within g) spends
+    ``budget`` on the inner fold left out, on average (a grid of g from 0.6 to 1.4 × the budget; the
+    issue-32 winner's curse: among 84 prices, those whose tokens came out low are preferred, so the chosen
+    price overspends held out). Fewer than 2·folds prompts: the budget itself."""
+    n = values.utility.shape[0]
+    if n < 2 * INNER_FOLDS:
+        return float(budget)
+    fold = _inner_folds(n, seed)
+    grid = budget * np.geomspace(0.6, 1.4, 33)
+    spent = np.zeros(grid.size)
+    for f in range(INNER_FOLDS):
+        tr, te = fold != f, fold == f
+        for k, g in enumerate(grid):
+            j = choose_price(values.utility[tr], values.tokens[tr], values.latency[tr], float(g), latency_budget)
+            spent[k] += values.tokens[te, j].sum() if j is not None else values.tokens[te].min(axis=1).sum()
+    h = np.maximum.accumulate(spent / n)
+    return float(np.interp(budget, h, grid)) if h[0] <= budget else float(grid[0])
+
+
+def _nested_gain(values, fixed: tuple[np.ndarray, np.ndarray, np.ndarray], g: float, budget: float,
+                 latency_budget: float | None, seed: int) -> tuple[np.ndarray, float]:
+    """Per prompt, the learned price's utility minus the fixed mixture's, each chosen on the other inner
+    folds (the price at ``g``, the mixture at ``budget``) and scored on the prompt's; and the price's
+    held-out mean tokens."""
+    FU, FT, FL = fixed
+    n = FU.shape[0]
+    fold = _inner_folds(n, seed)
+    d, tok = np.zeros(n), np.zeros(n)
+    for f in range(INNER_FOLDS):
+        tr, te = fold != f, fold == f
+        j = choose_price(values.utility[tr], values.tokens[tr], values.latency[tr], g, latency_budget)
+        mix = best_fixed_mix(FU[tr], FT[tr], FL[tr], budget, latency_budget)
+        if mix is None:
+            mix = (np.array([int(np.argmin(FT[tr].mean(axis=0)))]), np.array([1.0]))
+        rival = FU[te][:, mix[0]] @ mix[1]
+        if j is None:  # no price fits on these folds: the fixed mixture serves them
+            d[te], tok[te] = 0.0, FT[te][:, mix[0]] @ mix[1]
+        else:
+            d[te], tok[te] = values.utility[te, j] - rival, values.tokens[te, j]
+    return d, float(tok.mean())
+
+
 def _lower_bound(d: np.ndarray, level: float, seed: int) -> float:
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, d.size, (BOOTSTRAP, d.size))
@@ -117,11 +169,17 @@ def chain_entry(values, fixed: tuple[np.ndarray, np.ndarray, np.ndarray], budget
 
     if j is None:
         return fixed_entry(None, None)
+    g = heldout_price_budget(values, budget, latency_budget, seed=seed)
+    j = choose_price(values.utility, values.tokens, values.latency, g, latency_budget)
+    if j is None:
+        return fixed_entry(None, None)
     u, t, lat = values.utility[:, j], values.tokens[:, j], values.latency[:, j]
     rival = fallback
-    d = u - FU[:, rival[0]] @ rival[1]
+    # the test reads held-out choices: a price and a mixture chosen on inner folds, scored on the inner fold
+    # left out, so a price that wins by a cost estimate that does not hold out of fold loses here
+    d, spent = _nested_gain(values, fixed, g, budget, latency_budget, seed)
     gain, low = float(d.mean()), _lower_bound(d, level, seed)
-    if low <= 0:
+    if low <= 0 or spent > budget * (1 + SPEND_TOLERANCE):
         return fixed_entry(gain, low)
     lam, mu = values.prices[j]
     return ChainEntry(budget, latency_budget, "evidence", j, float(lam), float(mu), float(t.mean()),

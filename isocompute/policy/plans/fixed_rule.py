@@ -8,7 +8,9 @@ the plans' (mean cost, mean utility) points at B) — plan ``lo`` with probabili
 with q, so a prompt from the training distribution spends exactly B in expectation.
 
 * :func:`fixed_plan_scores` — what the chain tests: each training prompt scored by the choice made on
-  the other cross-fitting folds (the same folds the learned rule's out-of-fold decisions come from).
+  the other cross-fitting folds (the same folds the learned rule's out-of-fold decisions come from);
+  with ``heldout`` each fold's choice is made at its held-out-searched internal budget
+  (:mod:`isocompute.policy.plans.heldout`), as serving makes it, so the rule is tested as it spends.
 * :func:`fixed_plan_at` / :func:`fixed_actions` — what serves: the choice on every training prompt's
   means, each prompt taking ``hi`` iff its hash uniform u < q (or the round(q·N) smallest u of a batch),
   exactly as uniform mixes its two k.
@@ -29,7 +31,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from isocompute.policy.fallback import mix_actions
-from isocompute.policy.plans.fixed import FixedPlanChoice, choose_fixed_plan, choose_fixed_plans
+from isocompute.policy.plans.fixed import FixedPlanChoice, choose_fixed_plan
+from isocompute.policy.plans.heldout import heldout_budgets, hull_mix
 
 
 def _clip(budget: float, c_bar: np.ndarray) -> float:
@@ -37,15 +40,19 @@ def _clip(budget: float, c_bar: np.ndarray) -> float:
 
 
 def fixed_plan_scores(U: np.ndarray, C: np.ndarray, folds: Sequence[tuple[np.ndarray, np.ndarray]],
-                      budgets: Sequence[float]) -> np.ndarray:
+                      budgets: Sequence[float], *, heldout: bool = False, seed: int = 0,
+                      cost: bool = False, unit: np.ndarray | None = None) -> np.ndarray:
     """(B, N) out-of-fold expected utility of every prompt under the fixed plan chosen at each budget on
-    the folds that do not hold it; ``C`` without per-request payments."""
-    out = np.empty((len(budgets), U.shape[0]))
+    the folds that do not hold it; ``C`` without per-request payments. ``heldout``: each fold chooses at
+    its held-out-searched internal budget (``unit``: each prompt's cost of one sample, for the search);
+    ``cost``: the (B, N) out-of-fold cost instead of the utility."""
+    budgets = np.asarray(budgets, dtype=np.float64)
+    out = np.empty((budgets.size, U.shape[0]))
     for tr, ho in folds:
-        u_bar, c_bar = U[tr].mean(axis=0), C[tr].mean(axis=0)
-        choices = choose_fixed_plans(u_bar[None], c_bar[None], [_clip(b, c_bar) for b in budgets])
-        for bi, choice in enumerate(choices):
-            out[bi, ho] = choice.utility(U[ho])
+        g = heldout_budgets(U[tr], C[tr], budgets, seed=seed, unit=None if unit is None else unit[tr]) if heldout else budgets
+        lo, hi, p = hull_mix(U[tr].mean(axis=0), C[tr].mean(axis=0), g)
+        X = C[ho] if cost else U[ho]
+        out[:, ho] = ((1 - p) * X[:, lo] + p * X[:, hi]).T
     return out
 
 

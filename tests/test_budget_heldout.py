@@ -1,0 +1,228 @@
+"""The fixed plan's held-out budget search (isocompute.policy.plans.heldout, issue 32) and the latency
+chain's levels at the uniform ladder's own latencies (issue 36): the vectorised hull agrees with the solver,
+the search undoes a known overspend, a policy stores and serves it, and — on hard subsets of the real
+MATH-500 tables when ../shared/data is present — the budget is kept out of fold and uniform@k at its own
+latency is never beaten by what the chain serves there."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from isocompute.policy.fallback import UNIFORM
+from isocompute.policy.latency import latency_levels, quick_ladder
+from isocompute.policy.plans.fixed import choose_fixed_plans, fold_assignment
+from isocompute.policy.plans.fixed_rule import fixed_plan_scores
+from isocompute.policy.plans.heldout import budget_table, heldout_budgets, hull_mix, internal_budget
+from isocompute.policy.policy import Policy, PolicyConfig
+
+REAL = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+
+
+def _heavy(n: int, P: int = 12, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """U, C of n prompts × P plans whose costs share a heavy-tailed per-prompt length (log-normal, σ = 1)
+    and a per-plan noise: the regime where training means understate held-out cost."""
+    rng = np.random.default_rng(seed)
+    length = rng.lognormal(0.0, 1.0, n)
+    k = np.geomspace(1, 16, P)
+    C = length[:, None] * k[None, :] * rng.lognormal(0.0, 0.5, (n, P))
+    U = np.clip(0.5 + 0.1 * np.log2(k)[None, :] + rng.normal(0, 0.2, (n, P)), 0, 1)
+    return U, C
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_hull_mix_is_the_solvers_choice(seed):
+    U, C = _heavy(30, seed=seed)
+    budgets = np.geomspace(C.mean(axis=0).min(), C.mean(axis=0).max() * 1.2, 41)
+    lo, hi, p = hull_mix(U.mean(axis=0), C.mean(axis=0), budgets)
+    for bi, ch in enumerate(choose_fixed_plans(U, C, budgets)):
+        assert ((1 - p[bi]) * C[:, lo[bi]] + p[bi] * C[:, hi[bi]]).mean() == pytest.approx(ch.cost(C).mean())
+        assert ((1 - p[bi]) * U[:, lo[bi]] + p[bi] * U[:, hi[bi]]).mean() == pytest.approx(ch.utility(U).mean())
+
+
+def test_without_noise_the_search_changes_nothing():
+    """Identical prompts: every fold's means are the table's, so held-out cost is training cost."""
+    U, C = _heavy(1, seed=3)
+    U, C = np.repeat(U, 40, axis=0), np.repeat(C, 40, axis=0)
+    budgets = np.geomspace(C.mean(axis=0).min() * 1.01, C.mean(axis=0).max() * 0.99, 9)
+    assert heldout_budgets(U, C, budgets) == pytest.approx(budgets, rel=2e-2)
+
+
+def test_the_search_is_monotone_and_its_table_round_trips():
+    U, C = _heavy(60, seed=1)
+    budgets = np.geomspace(C.mean(axis=0).min() * 1.1, C.mean(axis=0).max() * 0.5, 17)
+    g = heldout_budgets(U, C, budgets)
+    assert (np.diff(g) >= 0).all()
+    table = budget_table(U, C, budgets)
+    for b, gi in zip(budgets, g, strict=True):
+        assert internal_budget(table, float(b)) == pytest.approx(gi)
+    assert internal_budget(None, 3.5) == 3.5
+
+
+def _cv_spend(U, C, budgets, heldout: bool, seed: int) -> np.ndarray:
+    fold = fold_assignment(U.shape[0], 5, seed)
+    folds = [(np.flatnonzero(fold != f), np.flatnonzero(fold == f)) for f in range(5)]
+    return fixed_plan_scores(U, C, folds, budgets, heldout=heldout, seed=seed, cost=True).mean(axis=1) / budgets
+
+
+def test_the_search_removes_the_overspend_on_small_heavy_tailed_tables():
+    """30 prompts, 60 tables: the plain fixed plan overspends out of fold at every budget; the searched one
+    lands within ±5% on the mean over tables."""
+    plain, searched = [], []
+    for s in range(60):
+        U, C = _heavy(30, seed=100 + s)
+        budgets = np.array([2.0, 3.0, 4.0]) * C[:, 0].mean()
+        plain.append(_cv_spend(U, C, budgets, False, s))
+        searched.append(_cv_spend(U, C, budgets, True, s))
+    plain_err, searched_err = np.mean(plain, axis=0) - 1, np.mean(searched, axis=0) - 1
+    assert (plain_err > 0.05).all(), plain_err
+    assert (np.abs(searched_err) < 0.05).all(), searched_err
+
+
+def test_levels_hold_every_ladder_latency_in_range():
+    levels = latency_levels(1.0, 4.0, np.array([1.0, 1.37, 1.81, 2.6, 5.0]))
+    for x in (1.0, 1.37, 1.81, 2.6):
+        assert x in levels
+    assert levels.max() == pytest.approx(4.0) and 5.0 not in levels
+    assert (np.diff(levels) > 0).all()
+
+
+def test_config_and_artifacts_say_which_search_served(tmp_path):
+    from isocompute.policy.synthetic import synthetic_records
+    from isocompute.solver.outcomes import from_records
+
+    recs = synthetic_records(80, 8, seed=2, noise=0.3)
+    rng = np.random.default_rng(2)
+    for r in recs:
+        base = int(rng.integers(50, 2000))
+        for s in r["samples"]:
+            s["completion_tokens"] = int(base * rng.lognormal(0, 0.6))
+    table = from_records(recs)
+    plans = ("none@1", "none@2", "none@4", "none@8", "lead:m=2@1x8", "lead:m=2@4s,4s")
+    kw = dict(actions=(1, 2, 4, 8), plans=plans, cost_unit="tokens", n_rounds=4, calibration_folds=2,
+              n_components=4, seed=0)
+    from isocompute.policy.plans.arrays import table_arrays
+
+    cfg = PolicyConfig(**kw, budget_range=(1.0, 2.0))
+    C = table_arrays(table, cfg).cost
+    lo, hi = C.mean(axis=0).min() * 1.05, C.mean(axis=0).max() * 0.9
+    pol = Policy(PolicyConfig(**kw, budget_range=(lo, hi))).fit(table)
+    assert pol.config.fixed_budget == "heldout" and pol.fixed_budgets_ is not None
+    old = Policy(PolicyConfig(**kw, budget_range=(lo, hi), fixed_budget="train")).fit(table)
+    assert old.fixed_budgets_ is None
+    b = float(np.sqrt(lo * hi))
+    assert old.fixed_plan_at(b).train_cost == pytest.approx(b, rel=1e-6)  # the budget itself, on training means
+    pol.save(tmp_path / "p")
+    back = Policy.load(tmp_path / "p")
+    assert back.fixed_budgets_ == pol.fixed_budgets_
+    assert back.fixed_plan_at(b) == pol.fixed_plan_at(b)
+    with pytest.raises(Exception, match="fixed_budget"):
+        PolicyConfig(**kw, budget_range=(lo, hi), fixed_budget="nope")
+    d = pol.config.to_dict()
+    d.pop("fixed_budget")
+    assert PolicyConfig.from_dict(d).fixed_budget == "train"  # an artifact saved before the search
+
+
+# ------------------------------------------------------------------------------------ real tables (skip if absent)
+MODELS = ("gpt-oss-20b", "Qwen3-14B", "Phi-4-reasoning")
+HEAD = 100
+
+
+@pytest.fixture(scope="module")
+def math500(tmp_path_factory):
+    dumps = {m: REAL / "real" / "boinf" / f"analysis_math500_{m}.jsonl" for m in MODELS}
+    if not (REAL / "math500_test.jsonl").exists() or not all(p.exists() for p in dumps.values()):
+        pytest.skip("the MATH-500 dumps are absent (real data lives in <repo>/../shared/data)")
+    from isocompute.policy.plans.arrays import plan_arrays
+    from isocompute.policy.plans.menu import resolve_plans
+    from isocompute.solver.outcomes import read_outcomes
+    from isocompute.stages.import_ import ImportConfig, import_samples
+
+    def head(src: Path, dst: Path) -> Path:  # the first HEAD problems: grading all 500 takes a minute per model
+        dst.write_text("".join(src.read_text(encoding="utf-8").splitlines(keepends=True)[:HEAD]), encoding="utf-8")
+        return dst
+
+    out = {}
+    plans = resolve_plans("default", (1, 2, 4, 8, 16), parallel=True)
+    tmp = tmp_path_factory.mktemp("math500")
+    problems = head(REAL / "math500_test.jsonl", tmp / "problems.jsonl")
+    for m, path in dumps.items():
+        res = import_samples(ImportConfig(format="boinf", sources=[head(path, tmp / path.name)], progress=False,
+                                          out=tmp / f"{m}.jsonl", problems=problems))
+        table = read_outcomes(res.out)
+        out[m] = (table, plan_arrays(table, plans, cost_unit="tokens"))
+    return out
+
+
+def _hard(arrays, n: int, pool: int, seed: int) -> np.ndarray:
+    lengths = arrays.tokens[:, 0]  # none@1: each prompt's mean sample length
+    return np.sort(np.random.default_rng(seed).choice(np.argsort(-lengths)[:pool], n, replace=False))
+
+
+def _served_spend(U: np.ndarray, C: np.ndarray, bx: np.ndarray, seed: int, search: bool) -> np.ndarray:
+    """Realised tokens / budget per x-budget, 5-fold, as the report serves it: each refit at the budget in its
+    own 1x (none@1's mean tokens), at its held-out-searched internal budget when ``search``."""
+    unit = C[:, 0]
+    fold = fold_assignment(U.shape[0], 5, seed)
+    spent = np.zeros(bx.size)
+    for f in range(5):
+        tr, te = fold != f, fold == f
+        b = bx * unit[tr].mean()
+        g = heldout_budgets(U[tr], C[tr], b, seed=seed, unit=unit[tr]) if search else b
+        lo, hi, p = hull_mix(U[tr].mean(axis=0), C[tr].mean(axis=0), g)
+        spent += ((1 - p) * C[te][:, lo] + p * C[te][:, hi]).sum(axis=0)
+    return spent / U.shape[0] / (bx * unit.mean())
+
+
+@pytest.mark.data
+@pytest.mark.slow
+@pytest.mark.parametrize("model", MODELS)
+def test_on_hard_math500_subsets_the_overspend_shrinks(math500, model):
+    """30 of the 60 longest of the first 100 problems, 40 subsets, 5-fold: the fixed plan chosen at the
+    budget overspends at 2x and 3x (the bias of issue 32, +20% to +27% here); served as the report now serves
+    it, the overspend at 2x falls by at least 5 points (to +2% to +14%: not all of it on these subsets,
+    docs/policy.md)."""
+    _, arr = math500[model]
+    bx = np.array([2.0, 3.0, 4.0])
+    plain, searched = [], []
+    for s in range(40):
+        rows = _hard(arr, 30, 60, s)
+        U, C = arr.utility[rows], arr.cost[rows]
+        plain.append(_cv_spend(U, C, bx * C[:, 0].mean(), False, s))  # before: the budget on training means
+        searched.append(_served_spend(U, C, bx, s, search=True))
+    plain_err, searched_err = np.mean(plain, axis=0) - 1, np.mean(searched, axis=0) - 1
+    assert (plain_err[:2] > 0.05).all(), plain_err
+    assert searched_err[0] < plain_err[0] - 0.05, (plain_err, searched_err)
+
+
+@pytest.mark.data
+@pytest.mark.slow
+@pytest.mark.parametrize("model", MODELS)
+def test_uniform_at_its_own_latency_is_never_beaten_by_the_served_rule(math500, model):
+    """A policy fitted with latency budgets on the 50 hardest of the first 100 problems, asked for uniform@k's
+    own latency and tokens (k = 4, 8): the chain there holds none@k in its uniform ladder, and serves uniform
+    (none@k everywhere) or a rule whose out-of-fold test beat it."""
+    table, arr = math500[model]
+    rows = _hard(arr, 50, 50, 0)
+    sub = table.subset(rows)
+    per = float(np.mean(sub.completion_tokens[sub.mask]))
+    names = [p.name for p in arr.plans]
+    lat = arr.total_latency(0.0)[rows] / per
+    C = arr.cost[rows]
+    cfg = PolicyConfig(plans=tuple(names), cost_unit="tokens", n_rounds=4, n_components=4, seed=0,
+                       budget_range=(float(C.mean(axis=0).min()) * 1.001, 16 * per * 0.999),
+                       latency_range=(float(lat.mean(axis=0).min()) * 1.001, 4.0))
+    pol = Policy(cfg).fit_arrays([sub.prompts[i] for i in range(len(sub))], arr.utility[rows], C,
+                                 samples=arr.samples[rows], waves=arr.waves[rows], latency=lat)
+    t = pol.latency_
+    for k in (4, 8):
+        j = names.index(f"none@{k}")
+        L, B = float(t.plan_latency[j]), float(pol.sample_action_costs[j])
+        m = t.level(L)
+        assert j in quick_ladder(pol.ladder, t.plan_latency, float(t.levels[m]))
+        choice = t.chains[m].at(B)
+        if choice.rule == UNIFORM:
+            d = pol.decide([sub.prompts[i] for i in range(len(sub))], B, latency_budget=L)
+            assert (d.action_index == j).mean() > 0.95
+        else:  # the rule that serves was admitted by its out-of-fold test against the one after it
+            assert any(x.rule == choice.rule and x.accepted for x in choice.tests), choice.why
