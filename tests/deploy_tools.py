@@ -16,7 +16,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 K8S = DEPLOY / "k8s"
-OVERLAYS = ("cpu", "gpu", "keda")
+OVERLAYS = ("cpu", "gpu", "keda", "capture")
 DASHBOARD = K8S / "base" / "isocompute-dashboard.json"
 RULES = K8S / "base" / "prometheusrule.yaml"
 

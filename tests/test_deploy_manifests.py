@@ -260,3 +260,34 @@ def test_the_images_entrypoint_serves_the_baked_demo_at_once_with_the_configmap(
                          text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [f"isocompute serve --policy {baked}/policy --model {baked}/tiny-sft"]
+
+
+def test_the_capture_overlay_shares_one_volume_and_refits_every_replica(tmp_path):
+    """The capture overlay (docs/deploy.md, "Capture and refit"): one ReadWriteMany claim mounted at the same
+    path by the gateways and the refit CronJob, capture on it, the job's exit 3 a success, every replica
+    reached through the headless Service, and the job's shell and Python valid."""
+    objs = render("capture")
+    s = Settings(**settings_of(objs))
+    assert s.explore == 0.02 and str(s.capture_dir).startswith("/var/lib/isocompute/")
+    pvc = find(objs, "PersistentVolumeClaim", "isocompute-shared")
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    gw = find(objs, "Deployment", "isocompute-gateway")["spec"]["template"]
+    job = find(objs, "CronJob", "isocompute-refit")
+    jpod = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    for pod in (gw["spec"], jpod):
+        claim = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v}
+        mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"] if m["name"] in claim}
+        assert list(claim.values()) == [pvc["metadata"]["name"]] and mounts == {"/var/lib/isocompute"}
+        assert pod["securityContext"]["fsGroup"] == 10001
+    assert job["spec"]["concurrencyPolicy"] == "Forbid" and jpod["restartPolicy"] == "Never"
+    head = find(objs, "Service", "isocompute-gateway-pods")
+    assert head["spec"]["clusterIP"] == "None" and head["spec"]["selector"].items() <= gw["metadata"]["labels"].items()
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in jpod["containers"][0]["env"]}
+    assert env["ISOCOMPUTE_ADMIN_KEY"]["name"] == "isocompute-api-keys"
+    script = jpod["containers"][0]["command"][2]
+    assert "3) echo" in script and "exit 0" in script.split("3) echo", 1)[1].split("\n", 1)[0]
+    assert head["metadata"]["name"] in script and "from isocompute.stages.refit import reload_gateway" in script
+    for sh in (script, gw["spec"]["containers"][0]["command"][2]):
+        (tmp_path / "x.sh").write_text(sh)
+        assert subprocess.run(["sh", "-n", str(tmp_path / "x.sh")], capture_output=True).returncode == 0
+    compile(script.split("<<'PY'", 1)[1].split("\n", 1)[1].split("\nPY\n", 1)[0], "reload", "exec")

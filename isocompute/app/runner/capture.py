@@ -37,6 +37,7 @@ import hashlib
 import json
 import logging
 import os
+import socket
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -107,7 +108,8 @@ class ShardWriter:
         self.close()
         stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S")
         self.count += 1
-        self.path = self.dir / f"capture-{stamp}-{os.getpid()}-{self.count:05d}.jsonl"
+        host = socket.gethostname()  # replicas sharing one volume (the k8s capture overlay) never share a shard
+        self.path = self.dir / f"capture-{stamp}-{host}-{os.getpid()}-{self.count:05d}.jsonl"
         self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self.size = os.fstat(self.fd).st_size
         self._bound()
