@@ -15,7 +15,7 @@ once, in the correction over the next requests), so the key's
 mean cost, exploration included, still meets its budget; counted in ``isocompute_explore_*`` and shown
 in the response's ``isocompute.explore``.
 
-Storage (:class:`ShardWriter`): ``capture-<utc>-<pid>-<n>.jsonl`` files of mode 0600 in a 0700 directory,
+Storage (:class:`ShardWriter`): ``capture-<utc>-<host>-<pid>-<n>.jsonl`` files of mode 0600 in a 0700 directory,
 each line written by one ``os.write`` on an ``O_APPEND`` descriptor — a line is *acknowledged* when that
 call returned, and the kernel then holds it whatever happens to the process (SIGKILL included); a crash
 mid-call can leave only that one line torn, which the reader names and skips
@@ -37,8 +37,8 @@ import hashlib
 import json
 import logging
 import os
-import socket
 import secrets
+import socket
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
