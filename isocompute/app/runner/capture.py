@@ -79,14 +79,17 @@ class ShardWriter:
 
     def _salt(self) -> bytes:
         p = self.dir / ".salt"
-        try:
-            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            return bytes.fromhex(p.read_text().strip())
-        salt = secrets.token_bytes(16)
-        with os.fdopen(fd, "w") as f:
-            f.write(salt.hex())
-        return salt
+        if not p.exists():  # written whole, then linked: replicas sharing the directory all read one full salt
+            tmp = self.dir / f".salt.{socket.gethostname()}.{os.getpid()}"
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+                f.write(secrets.token_bytes(16).hex())
+            try:
+                os.link(tmp, p)  # atomic, and refused when another process linked its salt first
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink(missing_ok=True)
+        return bytes.fromhex(p.read_text().strip())
 
     def prompt_key(self, text: str) -> str:
         """The salted hash that stands for a prompt's text (module docstring)."""
