@@ -42,6 +42,11 @@ q = (B − c̄_j)/(c̄_{j+1} − c̄_j), prompt i takes the dearer action iff it
 expected cost of a new prompt is exactly B; ``match="batch"`` instead gives the dearer action to the
 round(q·N) prompts of smallest u, so the batch spends B up to one prompt's step.
 
+**Spend check** (issue 32): with ``costs`` (rule → its out-of-fold cost per budget and prompt) a rule whose
+out-of-fold mean cost exceeds the budget by more than ``spend_tolerance`` (5%) is not admitted, whatever
+its gain: a rule that wins only by spending more than it was given is not kept. Uniform spends the budget
+on the training means by construction and is never checked.
+
 Ignores: multiplicity over the grid's budgets (each budget is its own test; neighbouring budgets use
 nearly the same prompts and decisions, so their tests agree far more often than independent ones) and
 the learner selection's own small optimism (the default learner is the better of two on these folds).
@@ -112,7 +117,9 @@ def _opt_float(x: Any) -> float | None:
 class RuleTest:
     """One comparison: does ``rule`` beat ``baseline`` on ``n`` out-of-fold prompts? ``gain`` is relative
     (None when the baseline scores 0), ``ci95`` its two-sided paired bootstrap 95% interval, ``lower``
-    the one-sided lower bound at the chain's level that had to clear the margin, ``accepted`` the verdict."""
+    the one-sided lower bound at the chain's level that had to clear the margin, ``accepted`` the verdict;
+    ``spend`` the rule's out-of-fold mean cost / budget where it was checked (above 1 + the tolerance it
+    is not accepted)."""
 
     rule: str
     baseline: str
@@ -121,27 +128,31 @@ class RuleTest:
     lower: float | None
     n: int
     accepted: bool
+    spend: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"rule": self.rule, "baseline": self.baseline, "gain": self.gain,
                 "ci95": None if self.ci95 is None else list(self.ci95), "lower": self.lower, "n": self.n,
-                "accepted": self.accepted}
+                "accepted": self.accepted, "spend": self.spend}
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> RuleTest:
         ci = d.get("ci95")
         return RuleTest(str(d["rule"]), str(d["baseline"]), _opt_float(d.get("gain")),
                         None if ci is None else (float(ci[0]), float(ci[1])), _opt_float(d.get("lower")),
-                        int(d["n"]), bool(d["accepted"]))
+                        int(d["n"]), bool(d["accepted"]), _opt_float(d.get("spend")))
 
     def why(self) -> str:
-        if self.gain is None or self.ci95 is None:
-            verdict = "beats" if self.accepted else "does not beat"
-            return f"{self.rule} {verdict} {self.baseline}, which scores 0 on {self.n} out-of-fold prompts"
-        lo, hi = self.ci95
         verdict = "beats" if self.accepted else "does not beat"
-        return (f"{self.rule} {verdict} {self.baseline}: {100 * self.gain:+.1f}% [95% CI {100 * lo:+.1f}, "
-                f"{100 * hi:+.1f}] on {self.n} out-of-fold prompts")
+        if self.gain is None or self.ci95 is None:
+            out = f"{self.rule} {verdict} {self.baseline}, which scores 0 on {self.n} out-of-fold prompts"
+        else:
+            lo, hi = self.ci95
+            out = (f"{self.rule} {verdict} {self.baseline}: {100 * self.gain:+.1f}% [95% CI {100 * lo:+.1f}, "
+                   f"{100 * hi:+.1f}] on {self.n} out-of-fold prompts")
+        if self.spend is not None:
+            out += f", spending {100 * (self.spend - 1):+.1f}% over the budget out of fold"
+        return out
 
 
 @dataclass(frozen=True)
@@ -221,15 +232,20 @@ def _bootstrap_weights(n: int, n_boot: int, seed: int) -> np.ndarray:
     return counts / n
 
 
+SPEND_TOLERANCE = 0.05  # a rule's out-of-fold mean cost may exceed the budget by this much at most
+
+
 def choose_rules(scores: Mapping[str, np.ndarray], budgets: Sequence[float], *, level: float = 0.99,
                  margin: float = 0.0, n_boot: int = 1000, seed: int = 0,
-                 rule_levels: Mapping[str, float] | None = None) -> RuleChain:
+                 rule_levels: Mapping[str, float] | None = None, costs: Mapping[str, np.ndarray] | None = None,
+                 spend_tolerance: float | None = SPEND_TOLERANCE) -> RuleChain:
     """The rule chain's choice at each budget (module docstring).
 
     ``scores``: rule name → (B, N) out-of-fold expected correctness per budget and training prompt, in
     chain order (head first, the simplest rule last; insertion order of the mapping). ``level``: the
     one-sided confidence level whose lower bound must clear ``margin`` (a relative gain, e.g. 0.01 = 1%);
-    ``rule_levels``: another level for the test that admits a given rule (e.g. ``{"fixed_plan": 0.95}``).
+    ``rule_levels``: another level for the test that admits a given rule (e.g. ``{"fixed_plan": 0.95}``);
+    ``costs``: rule name → (B, N) out-of-fold cost, for the spend check (``spend_tolerance`` None: off).
     """
     names = list(scores)
     if len(names) < 1:
@@ -248,7 +264,15 @@ def choose_rules(scores: Mapping[str, np.ndarray], budgets: Sequence[float], *, 
     means = [a.mean(axis=1) for a in arrays]  # (B,)
     boots = [W @ a.T for a in arrays]  # (n_boot, B): each resample's mean, per budget
     alphas = [100 * (1 - levels.get(r, level)) for r in names]  # one-sided lower bound, per admitted rule
+    spend = _spend(costs, names, budgets, n, spend_tolerance)
     choices = []
+
+    def spent(r: int, bi: int) -> float | None:
+        return None if spend[r] is None else float(spend[r][bi])
+
+    def spends(r: int, bi: int) -> bool:
+        return spend[r] is None or bool(spend[r][bi] <= 1 + float(spend_tolerance or 0.0))
+
     for bi, b in enumerate(budgets):
         current = len(names) - 1
         tests = []
@@ -261,14 +285,34 @@ def choose_rules(scores: Mapping[str, np.ndarray], budgets: Sequence[float], *, 
                 rel = rel[np.isfinite(rel)]
                 ci = (float(np.percentile(rel, 2.5)), float(np.percentile(rel, 97.5)))
                 lower = float(np.percentile(rel, alphas[r]))
-                accepted = lower > margin
-                tests.append(RuleTest(names[r], names[current], gain, ci, lower, n, accepted))
+                accepted = lower > margin and spends(r, bi)
+                tests.append(RuleTest(names[r], names[current], gain, ci, lower, n, accepted, spent(r, bi)))
             else:  # the baseline never answers right: no relative gain; the absolute one must clear 0
                 diff = boots[r][:, bi] - base_boot
-                accepted = bool(np.percentile(diff, alphas[r]) > 0)
-                tests.append(RuleTest(names[r], names[current], None, None, None, n, accepted))
+                accepted = bool(np.percentile(diff, alphas[r]) > 0) and spends(r, bi)
+                tests.append(RuleTest(names[r], names[current], None, None, None, n, accepted, spent(r, bi)))
             if accepted:
                 current = r
         choices.append(RuleChoice(float(b), names[current], tuple(tests)))
     return RuleChain(tuple(names), np.asarray(budgets, dtype=np.float64), tuple(choices), float(level),
                      float(margin), int(n_boot), {r: float(v) for r, v in levels.items()})
+
+
+def _spend(costs: Mapping[str, np.ndarray] | None, names: Sequence[str], budgets: Sequence[float], n: int,
+           tolerance: float | None) -> list[np.ndarray | None]:
+    """Per rule, (B,) its out-of-fold mean cost / budget, or None where it is not checked."""
+    if costs is None or tolerance is None:
+        return [None] * len(names)
+    b = np.asarray(budgets, dtype=np.float64)
+    out: list[np.ndarray | None] = []
+    for r in names:
+        c = costs.get(r)
+        if c is None:
+            out.append(None)
+            continue
+        c = np.asarray(c, dtype=np.float64)
+        if c.shape != (b.size, n):
+            raise InputError(f"{r}'s out-of-fold costs must be (budgets × prompts) = ({b.size}, {n}); got {c.shape}.")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out.append(np.where(b > 0, c.mean(axis=1) / np.where(b > 0, b, 1.0), 1.0))
+    return out
