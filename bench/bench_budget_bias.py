@@ -22,10 +22,10 @@ the rule rightly spends less).
 
 **B — the policy as served** (``--policy-subsets`` subsets per size in ``--policy-sizes``): ``report``'s own
 cross-validation (``isocompute.evaluation.evaluate.cross_validate``, latency budgets from the quickest plan to
-4) with ``fixed_budget="train"`` and the code before issue 36 (geometric latency levels only, every refit served
-at the whole subset's uniform@k latency) against this code: realised tokens / budget − 1 of the policy as
-served (no latency budget) and the reach ratio for uniform@4 and uniform@8 (≤ 1.0 is the target; "—" = not
-reached within its latency).
+4), the code before the chain's spend check and ladder-point test (``before``: the chain as on main after
+issue 36's first round) against this code: realised tokens / budget − 1 of the policy as served (no latency
+budget), its accuracy gain over uniform at matched realised tokens (points), and the reach ratio for
+uniform@4 and uniform@8 (≤ 1.0 is the target; "—" = not reached within its latency).
 """
 
 from __future__ import annotations
@@ -152,20 +152,24 @@ def part_a(name: str, U: np.ndarray, C: np.ndarray, lengths: np.ndarray, ladder:
 
 
 @contextlib.contextmanager
-def before_issue_36():
-    """The code before issue 36, for the baseline: geometric latency levels only, and every refit served at
-    the whole table's uniform@k latency."""
-    from isocompute.evaluation import evaluate
-    from isocompute.policy import latency
-    from isocompute.policy.learn.learners import budget_grid
+def before_chain_checks():
+    """The chain before this change, for the baseline: no spend check, and uniform@k's own latency tested
+    like any other level."""
+    from isocompute.policy import fallback, latency
 
-    saved = latency.latency_levels, evaluate.fold_latencies
-    latency.latency_levels = lambda lo, hi, _lad: budget_grid(lo, hi, latency.N_LEVELS)
-    evaluate.fold_latencies = lambda refs, _lat: [r["max_latency"] for r in refs]
+    saved = fallback.SPEND_CHECK, latency.STRICT_ON_LADDER
+    fallback.SPEND_CHECK, latency.STRICT_ON_LADDER = False, False
     try:
         yield
     finally:
-        latency.latency_levels, evaluate.fold_latencies = saved
+        fallback.SPEND_CHECK, latency.STRICT_ON_LADDER = saved
+
+
+def _matched_gain(acc: np.ndarray, tok: np.ndarray, u_acc: np.ndarray, u_tok: np.ndarray) -> np.ndarray:
+    """Points: the policy's accuracy minus uniform's at the policy's realised tokens (uniform's curve over
+    the same budgets, interpolated; clipped at its ends)."""
+    o = np.argsort(u_tok)
+    return 100 * (acc - np.interp(tok, u_tok[o], u_acc[o]))
 
 
 def part_b(name: str, table, arr, lengths: np.ndarray, sizes, subsets: int, seed: int) -> list[dict]:
@@ -185,21 +189,23 @@ def part_b(name: str, table, arr, lengths: np.ndarray, sizes, subsets: int, seed
             lat = arr.total_latency(0.0)[rows] / m
             prompts = [table.prompts[i] for i in arr.kept[rows]]
             row = {"table": name, "n": n, "subset": s}
-            for label, fixed in (("before", "train"), ("after", "heldout")):
-                cfg = PolicyConfig(plans=tuple(names), cost_unit="tokens", seed=0, fixed_budget=fixed,
+            for label in ("before", "after"):
+                cfg = PolicyConfig(plans=tuple(names), cost_unit="tokens", seed=0,
                                    budget_range=(float(C.mean(axis=0).min()) * 1.0001, 16 * m * 0.999),
                                    latency_range=(float(np.ceil(lat.mean(axis=0).min() * 1000) / 1000), 4.0))
                 t0 = time.perf_counter()
-                ctx = before_issue_36() if label == "before" else contextlib.nullcontext()
+                ctx = before_chain_checks() if label == "before" else contextlib.nullcontext()
                 with ctx:
                     ev = cross_validate(prompts, U, C, cfg, BX * m, folds=5, seeds=(seed,), samples=arr.samples[rows],
                                         waves=arr.waves[rows], tokens=arr.tokens[rows], latency=lat)
                 r = ev.reach
                 blk = reach_block(r["scores"], r["references"], r["arrays"], r["budgets"], r["latency_budgets"],
                                   n_boot=200, seed=seed)
-                li = METHODS.index("learned")
-                row[label] = {"tokens_error": (ev.cost[0, li].mean(axis=-1) / (BX * m) - 1).tolist(),
-                              "accuracy": ev.utility[0, li].mean(axis=-1).tolist(),
+                li, ui = METHODS.index("learned"), METHODS.index("uniform")
+                tok, acc = ev.cost[0, li].mean(axis=-1), ev.utility[0, li].mean(axis=-1)
+                row[label] = {"tokens_error": (tok / (BX * m) - 1).tolist(), "accuracy": acc.tolist(),
+                              "matched_gain": _matched_gain(acc, tok, ev.utility[0, ui].mean(axis=-1),
+                                                            ev.cost[0, ui].mean(axis=-1)).tolist(),
                               "reach": {e["reference"] + ("@1.0" if e["max_latency"] != e["latency"] else ""):
                                         {"ratio": e["ratio"], "ci": e["ratio_ci95"], "best": e["best_accuracy"],
                                          "accuracy": e["accuracy"]} for e in blk},
@@ -220,7 +226,9 @@ def _print_b(row: dict) -> None:
     for label in ("before", "after"):
         r = row[label]
         errs = " ".join(f"{100 * e:+.1f}%" for e in r["tokens_error"])
-        print(f"  {label:6s} tokens vs budget {' '.join(f'{b:g}x' for b in BX)}: {errs}; reach uniform@4 "
+        gains = " ".join(f"{g:+.2f}" for g in r["matched_gain"])
+        print(f"  {label:6s} tokens vs budget {' '.join(f'{b:g}x' for b in BX)}: {errs}; gain vs uniform at matched "
+              f"tokens (pt): {gains}; reach uniform@4 "
               f"{ratio(r['reach']['uniform@4'])}, uniform@8 {ratio(r['reach']['uniform@8'])} ({r['seconds']:.0f} s)",
               flush=True)
 
