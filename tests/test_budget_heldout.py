@@ -288,8 +288,8 @@ def test_the_fixed_mixture_is_searched_on_held_out_cost():
     assert lp > 0.05 and abs(searched) < lp - 0.03, (lp, searched)  # measured: lp, searched printed on failure
 
 
-def _ladder_cv(table, arr, rows: np.ndarray, ks=(4, 8)) -> list[tuple[int, float, float, float, float, str]]:
-    """5-fold CV of a latency policy on ``rows``: per fold and k, (k, served accuracy, uniform@k's, served
+def _ladder_cv(table, arr, rows: np.ndarray, ks=(4, 8), folds=range(5)) -> list[tuple[int, float, float, float, float, str]]:
+    """5-fold CV of a latency policy on ``rows`` (the utility learner alone; ``folds``: which to hold out): per fold and k, (k, served accuracy, uniform@k's, served
     tokens, uniform@k's) on the held-out prompts at uniform@k's own latency and tokens on the training part,
     and the rule that served."""
     names = [p.name for p in arr.plans]
@@ -299,11 +299,12 @@ def _ladder_cv(table, arr, rows: np.ndarray, ks=(4, 8)) -> list[tuple[int, float
     prompts = [table.prompts[i] for i in arr.kept[rows]]
     fold = fold_assignment(rows.size, 5, 0)
     out = []
-    for f in range(5):
+    for f in folds:
         tr, te = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
         lat = lat_all[tr]
-        cfg = PolicyConfig(plans=tuple(names), cost_unit="tokens", n_rounds=4, n_components=4, seed=f,
-                           budget_range=(float(C[tr].mean(axis=0).min()) * 1.001, 16 * per * 0.999),
+        cfg = PolicyConfig(plans=tuple(names), cost_unit="tokens", n_rounds=4, n_components=4, seed=f, learner="utility",
+                           budget_range=(float(C[tr].mean(axis=0).min()) * 1.001,
+                                         16 * float(T[tr, names.index("none@1")].mean()) * 0.999),
                            latency_range=(float(lat.mean(axis=0).min()) * 1.001, 4.0))
         pol = Policy(cfg).fit_arrays([prompts[i] for i in tr], U[tr], C[tr], samples=arr.samples[rows][tr],
                                      waves=arr.waves[rows][tr], latency=lat)
@@ -320,16 +321,19 @@ def _ladder_cv(table, arr, rows: np.ndarray, ks=(4, 8)) -> list[tuple[int, float
 
 
 @pytest.mark.data
+@pytest.mark.slow
 @pytest.mark.parametrize("model", MODELS)
 def test_at_uniforms_own_latency_and_tokens_the_chain_is_not_worse_held_out(math500, model):
-    """30 of the 60 longest of the first 100 problems, 5-fold: a policy fitted with latency budgets, asked for
-    uniform@k's own latency and tokens (k = 4, 8; each refit's own), scores at least uniform@k's accuracy
-    (within the report's 0.2 pt) on the held-out prompts pooled, spending no more than 5% over its tokens."""
+    """40 of the 60 longest of the first 100 problems, one fold of five held out (one fit, the utility learner: a
+    few seconds per model): a policy fitted with latency budgets, asked for uniform@k's own latency and tokens
+    (k = 4, 8; the refit's own), scores at least uniform@k's accuracy (within the report's 0.2 pt) on the
+    held-out prompts, spending no more than 5% over uniform@k's tokens there, and every rule it keeps spends
+    within 5% of the budget out of fold."""
     from isocompute.evaluation.reach import TOLERANCE
 
     table, arr = math500[model]
-    rows = _hard(arr, 30, 60, 1)
-    res = _ladder_cv(table, arr, rows)
+    rows = _hard(arr, 40, 60, 3)  # a subset where the chain before this test served gpt-oss-20b +18% tokens
+    res = _ladder_cv(table, arr, rows, folds=(0,))
     for k in (4, 8):
         acc, ref, tok, ref_tok = (np.mean([r[i] for r in res if r[0] == k]) for i in (1, 2, 3, 4))
         assert acc >= ref - TOLERANCE, (k, acc, ref, [r[5] for r in res if r[0] == k])

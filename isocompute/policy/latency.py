@@ -56,7 +56,7 @@ from isocompute.policy.fallback import (
 from isocompute.policy.learn.calibration import Calibration, calibrate_by_bisection
 from isocompute.policy.learn.crossfit import CrossFit, max_useful_price
 from isocompute.policy.learn.learners import budget_grid, price
-from isocompute.policy.plans.fixed_rule import fixed_actions, fixed_plan_at, fixed_plan_scores
+from isocompute.policy.plans.fixed_rule import fixed_actions, fixed_plan_at, fixed_plan_oof
 from isocompute.policy.plans.heldout import budget_table, internal_budget
 
 NUS = np.concatenate([[0.0], np.geomspace(1e-4, 1.0, 13)])  # prices on latency: utility per sample length
@@ -230,9 +230,8 @@ def _chain_at(policy: Any, job: CrossFit, tables: LatencyTables, acts: np.ndarra
         keep = quick_plans(tables.plan_latency, level)
         paid = policy.paid_per_request
         kw = dict(heldout=cfg.heldout_fixed, seed=cfg.seed, unit=job.C[:, policy.ladder[0]] - paid)
-        scores[FIXED_PLAN] = fixed_plan_scores(job.U[:, keep], job.C[:, keep] - paid, job.folds, job.requested, **kw)
-        costs[FIXED_PLAN] = fixed_plan_scores(job.U[:, keep], job.C[:, keep] - paid, job.folds, job.requested,
-                                              cost=True, **kw)
+        scores[FIXED_PLAN], costs[FIXED_PLAN] = fixed_plan_oof(job.U[:, keep], job.C[:, keep] - paid, job.folds,
+                                                              job.requested, **kw)
     if UNIFORM in cfg.fallback:
         lad = quick_ladder(policy.ladder, tables.plan_latency, level)
         scores[UNIFORM] = uniform_utilities(job.U[:, lad], policy.sample_action_costs[lad], job.requested)

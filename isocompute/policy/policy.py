@@ -58,7 +58,7 @@ from isocompute.policy.learn.learners import (
 from isocompute.policy.learn.members import batch_knob, member_actions
 from isocompute.policy.persistence import KIND, SCHEMA_VERSION, load_policy, save_policy  # noqa: F401
 from isocompute.policy.plans.arrays import allocate_plans, plan_stats
-from isocompute.policy.plans.fixed_rule import fixed_actions, fixed_plan_at, fixed_plan_scores
+from isocompute.policy.plans.fixed_rule import fixed_actions, fixed_plan_at, fixed_plan_oof
 from isocompute.policy.plans.heldout import budget_table, internal_budget
 from isocompute.policy.plans.menu import ladder_columns, menu_of
 from isocompute.policy.table_prep import check_arrays, prepare_table, task_groups  # noqa: F401  (task_groups: re-exported)
@@ -171,8 +171,7 @@ class Policy:
         if FIXED_PLAN in cfg.fallback:
             C = job.C - self.paid_per_request
             kw = dict(seed=cfg.seed, heldout=cfg.heldout_fixed, unit=C[:, self.ladder[0]])
-            scores[FIXED_PLAN] = fixed_plan_scores(job.U, C, job.folds, job.requested, **kw)
-            costs[FIXED_PLAN] = fixed_plan_scores(job.U, C, job.folds, job.requested, cost=True, **kw)
+            scores[FIXED_PLAN], costs[FIXED_PLAN] = fixed_plan_oof(job.U, C, job.folds, job.requested, **kw)
         if UNIFORM in cfg.fallback:
             lad = self.ladder
             scores[UNIFORM] = uniform_utilities(job.U[:, lad], self.sample_action_costs[lad], job.requested)
