@@ -43,9 +43,11 @@ expected cost of a new prompt is exactly B; ``match="batch"`` instead gives the 
 round(q·N) prompts of smallest u, so the batch spends B up to one prompt's step.
 
 **Spend check** (issue 32): with ``costs`` (rule → its out-of-fold cost per budget and prompt) a rule whose
-out-of-fold mean cost exceeds the budget by more than ``spend_tolerance`` (5%) is not admitted, whatever
-its gain: a rule that wins only by spending more than it was given is not kept. Uniform spends the budget
-on the training means by construction and is never checked.
+out-of-fold mean cost exceeds the reference by more than ``spend_tolerance`` (5%) is not admitted, whatever
+its gain: a rule that wins only by spending more than it was given is not kept. The reference is the
+chain's last rule's (uniform's) out-of-fold cost on the same prompts when ``costs`` has it — paired, so
+the length noise of which prompts a fold holds cancels and what is left is the rule's own overspend —
+else the budget. The last rule itself is never checked.
 
 Ignores: multiplicity over the grid's budgets (each budget is its own test; neighbouring budgets use
 nearly the same prompts and decisions, so their tests agree far more often than independent ones) and
@@ -85,6 +87,16 @@ def uniform_utilities(U: np.ndarray, mean_costs: np.ndarray, budgets: Sequence[f
     for bi, b in enumerate(budgets):
         lo, hi, q = uniform_mix(mean_costs, float(b))
         out[bi] = (1 - q) * U[:, lo] + q * U[:, hi]
+    return out
+
+
+def uniform_oof_costs(C: np.ndarray, folds: Sequence[tuple[np.ndarray, np.ndarray]],
+                      budgets: Sequence[float]) -> np.ndarray:
+    """(B, N) each prompt's cost under the uniform rule chosen on the folds that do not hold it (``C``: the
+    ladder's columns): the spend check's reference on the same out-of-fold prompts."""
+    out = np.empty((len(budgets), C.shape[0]))
+    for tr, ho in folds:
+        out[:, ho] = uniform_utilities(C[ho], C[tr].mean(axis=0), budgets)
     return out
 
 
@@ -301,19 +313,18 @@ def choose_rules(scores: Mapping[str, np.ndarray], budgets: Sequence[float], *, 
 
 def _spend(costs: Mapping[str, np.ndarray] | None, names: Sequence[str], budgets: Sequence[float], n: int,
            tolerance: float | None) -> list[np.ndarray | None]:
-    """Per rule, (B,) its out-of-fold mean cost / budget, or None where it is not checked."""
+    """Per rule, (B,) its out-of-fold mean cost / the reference's (module docstring), or None where it is
+    not checked."""
     if costs is None or tolerance is None or not SPEND_CHECK:
         return [None] * len(names)
-    b = np.asarray(budgets, dtype=np.float64)
-    out: list[np.ndarray | None] = []
-    for r in names:
-        c = costs.get(r)
-        if c is None:
-            out.append(None)
-            continue
+    arrays = {}
+    for r, c in costs.items():
         c = np.asarray(c, dtype=np.float64)
-        if c.shape != (b.size, n):
-            raise InputError(f"{r}'s out-of-fold costs must be (budgets × prompts) = ({b.size}, {n}); got {c.shape}.")
-        with np.errstate(divide="ignore", invalid="ignore"):
-            out.append(np.where(b > 0, c.mean(axis=1) / np.where(b > 0, b, 1.0), 1.0))
-    return out
+        if c.shape != (len(budgets), n):
+            raise InputError(f"{r}'s out-of-fold costs must be (budgets × prompts) = ({len(budgets)}, {n}); "
+                             f"got {c.shape}.")
+        arrays[r] = c.mean(axis=1)
+    ref = arrays.get(names[-1], np.asarray(budgets, dtype=np.float64))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return [None if r not in arrays or r == names[-1] else np.where(ref > 0, arrays[r] / np.where(ref > 0, ref, 1.0), 1.0)
+                for r in names]

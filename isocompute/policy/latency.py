@@ -51,6 +51,7 @@ from isocompute.policy.fallback import (
     RuleChain,
     choose_rules,
     uniform_actions,
+    uniform_oof_costs,
     uniform_utilities,
 )
 from isocompute.policy.learn.calibration import Calibration, calibrate_by_bisection
@@ -235,6 +236,7 @@ def _chain_at(policy: Any, job: CrossFit, tables: LatencyTables, acts: np.ndarra
     if UNIFORM in cfg.fallback:
         lad = quick_ladder(policy.ladder, tables.plan_latency, level)
         scores[UNIFORM] = uniform_utilities(job.U[:, lad], policy.sample_action_costs[lad], job.requested)
+        costs[UNIFORM] = uniform_oof_costs(job.C[:, lad] - policy.paid_per_request, job.folds, job.requested)
     kw = dict(level=cfg.fallback_level, seed=cfg.seed, costs=costs if cfg.heldout_fixed else None)
     levels = {FIXED_PLAN: cfg.fixed_plan_level} if FIXED_PLAN in scores else None
     chain = choose_rules(scores, job.requested, margin=cfg.fallback_margin, rule_levels=levels, **kw)

@@ -38,6 +38,7 @@ from isocompute.policy.fallback import (
     RuleChoice,
     choose_rules,
     uniform_actions,
+    uniform_oof_costs,
     uniform_utilities,
 )
 from isocompute.policy.features.prompt import PromptFeatures
@@ -175,6 +176,7 @@ class Policy:
         if UNIFORM in cfg.fallback:
             lad = self.ladder
             scores[UNIFORM] = uniform_utilities(job.U[:, lad], self.sample_action_costs[lad], job.requested)
+            costs[UNIFORM] = uniform_oof_costs(job.C[:, lad] - self.paid_per_request, job.folds, job.requested)
         levels = {FIXED_PLAN: cfg.fixed_plan_level} if FIXED_PLAN in scores else None
         # the spend check (issue 32) where the fixed plan is served at its held-out-searched budget
         return choose_rules(scores, job.requested, level=cfg.fallback_level, margin=cfg.fallback_margin,
