@@ -26,6 +26,13 @@ cross-validation (``isocompute.evaluation.evaluate.cross_validate``, latency bud
 issue 36's first round) against this code: realised tokens / budget − 1 of the policy as served (no latency
 budget), its accuracy gain over uniform at matched realised tokens (points), and the reach ratio for
 uniform@4 and uniform@8 (≤ 1.0 is the target; "—" = not reached within its latency).
+
+**C — the evidence chain's fixed mixture** (``--mix-subsets`` subsets per size in ``--policy-sizes``): the
+best mixture of the menu's plans within the tokens budget (the LP of
+:func:`isocompute.policy.evidence.chain.best_fixed_mix`, no latency budget), 5-fold, chosen on the training
+part at the budget (``before``) or at its held-out-searched budget
+(:func:`~isocompute.policy.evidence.chain.heldout_mix_budget`, ``after``): realised tokens / budget − 1 and
+after's accuracy minus before's at after's realised tokens (before's curve over 33 budgets, points).
 """
 
 from __future__ import annotations
@@ -233,6 +240,53 @@ def _print_b(row: dict) -> None:
               flush=True)
 
 
+def part_c(name: str, arr, sizes, subsets: int, seed: int) -> dict:
+    from isocompute.policy.evidence.chain import _mix_or_cheapest, heldout_mix_budget
+
+    names = [p.name for p in arr.plans]
+    U, T = arr.utility, arr.tokens
+    lengths = T[:, names.index("none@1")]
+    res = {}
+    for n in sizes:
+        pool = np.argsort(-lengths)[: min(POOL.get(n, 2 * n), len(lengths))]
+        rng = np.random.default_rng(seed + 11 * n)
+        errs, gains = {"before": [], "after": []}, []
+        for s in range(subsets):
+            rows = rng.choice(pool, n, replace=False)
+            u, t = U[rows], T[rows]
+            m = t[:, names.index("none@1")].mean()
+            fold = fold_assignment(n, 5, seed + s)
+            tok = {"before": np.zeros((CURVE.size, n)), "after": np.zeros((BX.size, n))}
+            acc = {k: np.zeros_like(v) for k, v in tok.items()}
+            for f in range(5):
+                tr, te = fold != f, fold == f
+                x = t[tr, names.index("none@1")].mean()  # the training part's own 1x
+                for label, grid in (("before", CURVE), ("after", BX)):
+                    for bi, bx in enumerate(grid):
+                        g = bx * x if label == "before" else heldout_mix_budget((u[tr], t[tr], t[tr]), bx * x, None,
+                                                                                seed=seed + s)
+                        p, w = _mix_or_cheapest(u[tr], t[tr], t[tr], float(g), None)
+                        tok[label][bi, te], acc[label][bi, te] = t[te][:, p] @ w, u[te][:, p] @ w
+            tb, ab = tok["before"].mean(axis=1) / m, acc["before"].mean(axis=1)
+            ta, aa = tok["after"].mean(axis=1) / m, acc["after"].mean(axis=1)
+            errs["before"].append(np.interp(BX, CURVE, tb) / BX - 1)
+            errs["after"].append(ta / BX - 1)
+            o = np.argsort(tb)
+            gains.append(100 * (aa - np.interp(ta, tb[o], ab[o])))
+        res[n] = {k: np.array(v).tolist() for k, v in errs.items()} | {"matched": np.array(gains).tolist()}
+        print(f"\n{name}, evidence chain's fixed mixture, {n} of the {pool.size} longest, {subsets} subsets "
+              f"(realised tokens / budget − 1, mean [95% CI]; ** outside ±5%):")
+        for label, v in (*errs.items(), ("after − before at matched tokens (pt)", gains)):
+            cells = []
+            for col in np.array(v).T:
+                mu, lo, hi = _ci(col if "pt" in label else 100 * col)
+                star = "**" if "pt" not in label and abs(mu) > 5 else ""
+                cells.append(f"{star}{mu:+.2f}{star} [{lo:+.2f}, {hi:+.2f}]" if "pt" in label
+                             else f"{star}{mu:+.1f}%{star} [{lo:+.1f}, {hi:+.1f}]")
+            print(f"  {label}: " + " | ".join(f"{b:g}x {c}" for b, c in zip(BX, cells, strict=True)), flush=True)
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("tables", type=Path, nargs="+")
@@ -241,6 +295,7 @@ def main() -> None:
     ap.add_argument("--subsets", type=int, default=100)
     ap.add_argument("--policy-sizes", default="30,60")
     ap.add_argument("--policy-subsets", type=int, default=1)
+    ap.add_argument("--mix-subsets", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
@@ -248,7 +303,7 @@ def main() -> None:
              for x in a.sizes.split(",") if x]
     psizes = [int(x) for x in a.policy_sizes.split(",") if x]
     plans = resolve_plans("default", (1, 2, 4, 8, 16), parallel=True)
-    out: dict = {"a": {}, "b": []}
+    out: dict = {"a": {}, "b": [], "c": {}}
     for path in a.tables:
         table = read_outcomes(path)
         arr = plan_arrays(table, plans, cost_unit="tokens")
@@ -257,6 +312,11 @@ def main() -> None:
         res = part_a(path.stem, arr.utility, arr.cost, lengths, ladder, sizes, a.subsets, a.seed)
         out["a"][path.stem] = {n: {k: (v if k == "matched" else v.mean(axis=0)).tolist() for k, v in r.items()}
                                for n, r in res.items()}
+    for path in a.tables:
+        if a.mix_subsets <= 0:
+            break
+        arr = plan_arrays(read_outcomes(path), plans, cost_unit="tokens")
+        out["c"][path.stem] = part_c(path.stem, arr, psizes, a.mix_subsets, a.seed)
     for path in a.tables:
         if a.policy_subsets <= 0:
             break
