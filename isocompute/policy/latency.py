@@ -21,7 +21,10 @@ A request at (B, L) takes the smallest ν whose latency at B is ≤ L (the large
 **The never-worse chain** is chosen again at :data:`N_LEVELS` latency levels spread geometrically over
 the range, plus every uniform ``none@k``'s own mean latency (:func:`latency_levels`): the learned rule at (B, level) against the best fixed plan and uniform, both restricted to
 the plans whose mean training latency is ≤ the level (a mix of two such plans is too), by the same
-paired-bootstrap tests as without latency (:func:`~isocompute.policy.fallback.choose_rules`). A request
+paired-bootstrap tests as without latency (:func:`~isocompute.policy.fallback.choose_rules`); at a level that
+is ``none@k``'s own latency, from one grid step below its cost up, a rule replaces uniform only at the strict
+level (0.99 for the fixed plan too) and by more than :data:`EQUAL_ACCURACY` (issue 36: a request naming
+uniform@k's latency and tokens must not get less than uniform@k). A request
 at latency L is served by the chain of the largest level ≤ L (so a fallback never waits longer than
 asked; it may leave up to one level's step, (HI/LO)^(1/12), unused).
 

@@ -141,10 +141,12 @@ def heldout_mix_budget(fixed: tuple[np.ndarray, np.ndarray, np.ndarray], budget:
     fold = _inner_folds(n, seed)
     grid = budget * np.geomspace(0.6, 1.4, 17)
     spent = np.zeros(grid.size)
+    unit = FT[:, int(np.argmin(FT.mean(axis=0)))]  # the cheapest plan's tokens: each prompt's length scale
     for f in range(INNER_FOLDS):
         tr, te = fold != f, fold == f
+        scale = float(unit[tr].mean() / unit.mean())  # budgets in x are served in the inner part's own 1x
         for k, g in enumerate(grid):
-            p, w = _mix_or_cheapest(FU[tr], FT[tr], FL[tr], float(g), latency_budget)
+            p, w = _mix_or_cheapest(FU[tr], FT[tr], FL[tr], float(g) * scale, latency_budget)
             spent[k] += (FT[te][:, p] @ w).sum()
     h = np.maximum.accumulate(spent / n)
     return float(np.interp(budget, h, grid)) if h[0] <= budget else float(grid[0])
