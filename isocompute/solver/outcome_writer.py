@@ -18,7 +18,7 @@ from typing import Any
 from isocompute.errors import InputError
 from isocompute.solver.outcome_records import OutcomeRecord, record_to_json
 
-__all__ = ["OutcomeWriter", "completed_ids"]
+__all__ = ["OutcomeWriter", "completed_ids", "merge_shards"]
 
 
 def _complete_prefix(path: Path) -> tuple[set[str], int]:
@@ -95,3 +95,21 @@ class OutcomeWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def merge_shards(shards: list[Path], out: Path, order: list[str]) -> int:
+    """Concatenate shard tables into ``out`` with the records in ``order`` (problem ids); written to a
+    temporary file and renamed, so ``out`` is either whole or absent. Returns the records written."""
+    lines: dict[str, bytes] = {}
+    for path in shards:
+        for line in path.read_bytes().splitlines(keepends=True):
+            if line.strip():
+                lines[json.loads(line)["id"]] = line
+    missing = [pid for pid in order if pid not in lines]
+    if missing:
+        raise InputError(f"the shard tables lack {len(missing)} of {len(order)} prompts (e.g. {missing[0]!r}); "
+                         "run the missing shards again (sample resumes) before merging")
+    tmp = out.with_name(out.name + ".merging")
+    tmp.write_bytes(b"".join(lines[pid] for pid in order))
+    tmp.replace(out)
+    return len(order)

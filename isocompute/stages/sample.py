@@ -84,6 +84,10 @@ class SampleConfig:
                                        "sample's logprob_mean and confidence_min_window (off by default)")
     confidence_window: int = option(DEFAULT_WINDOW, type=int, metavar="W",
                                     help="tokens per window of confidence_min_window (shorter: one window)")
+    shard: str | None = option(None, metavar="I/N",
+                               help="sample only the batches I, I+N, I+2N, … of the problem list (0 ≤ I < N): "
+                                    "N processes with I = 0 … N-1 draw the same samples as one, into N tables "
+                                    "to join (isocompute.solver.outcome_writer.merge_shards)")
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
@@ -113,6 +117,7 @@ class SampleConfig:
         for ok, message in checks:
             if not ok:
                 raise InputError(message)
+        self.shard_index, self.shard_count = parse_shard(self.shard)
         if self.batch_prompts is None:
             # vllm-http: one prompt per request, vLLM batches across requests; in-process engines get
             # enough rows per call to fill a micro-batch of 64.
@@ -148,6 +153,22 @@ class SampleResult:
     @property
     def accuracy(self) -> float:
         return self.correct / self.samples if self.samples else 0.0
+
+
+def parse_shard(text: str | None) -> tuple[int, int]:
+    """``"I/N"`` → ``(I, N)``; None → ``(0, 1)`` (everything)."""
+    if text is None:
+        return 0, 1
+    i, sep, n = text.partition("/")
+    if not (sep and i.strip().isdigit() and n.strip().isdigit() and 0 <= int(i) < int(n)):
+        raise InputError(f"--shard must be I/N with 0 <= I < N (e.g. 0/2 and 1/2 for two processes); you passed {text!r}")
+    return int(i), int(n)
+
+
+def shard_problems(problems: list, batch_prompts: int, index: int, count: int) -> list:
+    """The problems in batches ``index, index + count, …`` of ``problems`` cut into ``batch_prompts``-sized
+    batches: whole batches, in order, so a shard forms the same batches (and seeds) as one process would."""
+    return [p for j, p in enumerate(problems) if (j // batch_prompts) % count == index]
 
 
 def derive_seed(seed: int, key: str) -> int:
@@ -229,6 +250,8 @@ async def sample_async(cfg: SampleConfig, engine: Any | None = None) -> SampleRe
     from isocompute.tasks.registry import load_task
 
     problems = load_task(cfg.task, cfg.data, cfg.limit, cfg.data_seed)
+    if cfg.shard_count > 1:
+        problems = shard_problems(problems, cfg.batch_prompts, cfg.shard_index, cfg.shard_count)
     if any(p.task not in NUMERIC_TASKS for p in problems):
         require_math_verify()  # a broken install stops the job here, not after the first batch is generated
     own_engine = engine is None
