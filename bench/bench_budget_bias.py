@@ -22,10 +22,17 @@ the rule rightly spends less).
 
 **B — the policy as served** (``--policy-subsets`` subsets per size in ``--policy-sizes``): ``report``'s own
 cross-validation (``isocompute.evaluation.evaluate.cross_validate``, latency budgets from the quickest plan to
-4) with ``fixed_budget="train"`` and the code before issue 36 (geometric latency levels only, every refit served
-at the whole subset's uniform@k latency) against this code: realised tokens / budget − 1 of the policy as
-served (no latency budget) and the reach ratio for uniform@4 and uniform@8 (≤ 1.0 is the target; "—" = not
-reached within its latency).
+4), the code before the chain's spend check and ladder-point test (``before``: the chain as on main after
+issue 36's first round) against this code: realised tokens / budget − 1 of the policy as served (no latency
+budget), its accuracy gain over uniform at matched realised tokens (points), and the reach ratio for
+uniform@4 and uniform@8 (≤ 1.0 is the target; "—" = not reached within its latency).
+
+**C — the evidence chain's fixed mixture** (``--mix-subsets`` subsets per size in ``--policy-sizes``): the
+best mixture of the menu's plans within the tokens budget (the LP of
+:func:`isocompute.policy.evidence.chain.best_fixed_mix`, no latency budget), 5-fold, chosen on the training
+part at the budget (``before``) or at its held-out-searched budget
+(:func:`~isocompute.policy.evidence.chain.heldout_mix_budget`, ``after``): realised tokens / budget − 1 and
+after's accuracy minus before's at after's realised tokens (before's curve over 33 budgets, points).
 """
 
 from __future__ import annotations
@@ -152,20 +159,24 @@ def part_a(name: str, U: np.ndarray, C: np.ndarray, lengths: np.ndarray, ladder:
 
 
 @contextlib.contextmanager
-def before_issue_36():
-    """The code before issue 36, for the baseline: geometric latency levels only, and every refit served at
-    the whole table's uniform@k latency."""
-    from isocompute.evaluation import evaluate
-    from isocompute.policy import latency
-    from isocompute.policy.learn.learners import budget_grid
+def before_chain_checks():
+    """The chain before this change, for the baseline: no spend check, and uniform@k's own latency tested
+    like any other level."""
+    from isocompute.policy import fallback, latency
 
-    saved = latency.latency_levels, evaluate.fold_latencies
-    latency.latency_levels = lambda lo, hi, _lad: budget_grid(lo, hi, latency.N_LEVELS)
-    evaluate.fold_latencies = lambda refs, _lat: [r["max_latency"] for r in refs]
+    saved = fallback.SPEND_CHECK, latency.STRICT_ON_LADDER
+    fallback.SPEND_CHECK, latency.STRICT_ON_LADDER = False, False
     try:
         yield
     finally:
-        latency.latency_levels, evaluate.fold_latencies = saved
+        fallback.SPEND_CHECK, latency.STRICT_ON_LADDER = saved
+
+
+def _matched_gain(acc: np.ndarray, tok: np.ndarray, u_acc: np.ndarray, u_tok: np.ndarray) -> np.ndarray:
+    """Points: the policy's accuracy minus uniform's at the policy's realised tokens (uniform's curve over
+    the same budgets, interpolated; clipped at its ends)."""
+    o = np.argsort(u_tok)
+    return 100 * (acc - np.interp(tok, u_tok[o], u_acc[o]))
 
 
 def part_b(name: str, table, arr, lengths: np.ndarray, sizes, subsets: int, seed: int) -> list[dict]:
@@ -185,21 +196,23 @@ def part_b(name: str, table, arr, lengths: np.ndarray, sizes, subsets: int, seed
             lat = arr.total_latency(0.0)[rows] / m
             prompts = [table.prompts[i] for i in arr.kept[rows]]
             row = {"table": name, "n": n, "subset": s}
-            for label, fixed in (("before", "train"), ("after", "heldout")):
-                cfg = PolicyConfig(plans=tuple(names), cost_unit="tokens", seed=0, fixed_budget=fixed,
+            for label in ("before", "after"):
+                cfg = PolicyConfig(plans=tuple(names), cost_unit="tokens", seed=0,
                                    budget_range=(float(C.mean(axis=0).min()) * 1.0001, 16 * m * 0.999),
                                    latency_range=(float(np.ceil(lat.mean(axis=0).min() * 1000) / 1000), 4.0))
                 t0 = time.perf_counter()
-                ctx = before_issue_36() if label == "before" else contextlib.nullcontext()
+                ctx = before_chain_checks() if label == "before" else contextlib.nullcontext()
                 with ctx:
                     ev = cross_validate(prompts, U, C, cfg, BX * m, folds=5, seeds=(seed,), samples=arr.samples[rows],
                                         waves=arr.waves[rows], tokens=arr.tokens[rows], latency=lat)
                 r = ev.reach
                 blk = reach_block(r["scores"], r["references"], r["arrays"], r["budgets"], r["latency_budgets"],
                                   n_boot=200, seed=seed)
-                li = METHODS.index("learned")
-                row[label] = {"tokens_error": (ev.cost[0, li].mean(axis=-1) / (BX * m) - 1).tolist(),
-                              "accuracy": ev.utility[0, li].mean(axis=-1).tolist(),
+                li, ui = METHODS.index("learned"), METHODS.index("uniform")
+                tok, acc = ev.cost[0, li].mean(axis=-1), ev.utility[0, li].mean(axis=-1)
+                row[label] = {"tokens_error": (tok / (BX * m) - 1).tolist(), "accuracy": acc.tolist(),
+                              "matched_gain": _matched_gain(acc, tok, ev.utility[0, ui].mean(axis=-1),
+                                                            ev.cost[0, ui].mean(axis=-1)).tolist(),
                               "reach": {e["reference"] + ("@1.0" if e["max_latency"] != e["latency"] else ""):
                                         {"ratio": e["ratio"], "ci": e["ratio_ci95"], "best": e["best_accuracy"],
                                          "accuracy": e["accuracy"]} for e in blk},
@@ -220,9 +233,58 @@ def _print_b(row: dict) -> None:
     for label in ("before", "after"):
         r = row[label]
         errs = " ".join(f"{100 * e:+.1f}%" for e in r["tokens_error"])
-        print(f"  {label:6s} tokens vs budget {' '.join(f'{b:g}x' for b in BX)}: {errs}; reach uniform@4 "
+        gains = " ".join(f"{g:+.2f}" for g in r["matched_gain"])
+        print(f"  {label:6s} tokens vs budget {' '.join(f'{b:g}x' for b in BX)}: {errs}; gain vs uniform at matched "
+              f"tokens (pt): {gains}; reach uniform@4 "
               f"{ratio(r['reach']['uniform@4'])}, uniform@8 {ratio(r['reach']['uniform@8'])} ({r['seconds']:.0f} s)",
               flush=True)
+
+
+def part_c(name: str, arr, sizes, subsets: int, seed: int) -> dict:
+    from isocompute.policy.evidence.chain import _mix_or_cheapest, heldout_mix_budget
+
+    names = [p.name for p in arr.plans]
+    U, T = arr.utility, arr.tokens
+    lengths = T[:, names.index("none@1")]
+    res = {}
+    for n in sizes:
+        pool = np.argsort(-lengths)[: min(POOL.get(n, 2 * n), len(lengths))]
+        rng = np.random.default_rng(seed + 11 * n)
+        errs, gains = {"before": [], "after": []}, []
+        for s in range(subsets):
+            rows = rng.choice(pool, n, replace=False)
+            u, t = U[rows], T[rows]
+            m = t[:, names.index("none@1")].mean()
+            fold = fold_assignment(n, 5, seed + s)
+            tok = {"before": np.zeros((CURVE.size, n)), "after": np.zeros((BX.size, n))}
+            acc = {k: np.zeros_like(v) for k, v in tok.items()}
+            for f in range(5):
+                tr, te = fold != f, fold == f
+                x = t[tr, names.index("none@1")].mean()  # the training part's own 1x
+                for label, grid in (("before", CURVE), ("after", BX)):
+                    for bi, bx in enumerate(grid):
+                        g = bx * x if label == "before" else heldout_mix_budget((u[tr], t[tr], t[tr]), bx * x, None,
+                                                                                seed=seed + s)
+                        p, w = _mix_or_cheapest(u[tr], t[tr], t[tr], float(g), None)
+                        tok[label][bi, te], acc[label][bi, te] = t[te][:, p] @ w, u[te][:, p] @ w
+            tb, ab = tok["before"].mean(axis=1) / m, acc["before"].mean(axis=1)
+            ta, aa = tok["after"].mean(axis=1) / m, acc["after"].mean(axis=1)
+            errs["before"].append(np.interp(BX, CURVE, tb) / BX - 1)
+            errs["after"].append(ta / BX - 1)
+            o = np.argsort(tb)
+            gains.append(100 * (aa - np.interp(ta, tb[o], ab[o])))
+        res[n] = {k: np.array(v).tolist() for k, v in errs.items()} | {"matched": np.array(gains).tolist()}
+        print(f"\n{name}, evidence chain's fixed mixture, {n} of the {pool.size} longest, {subsets} subsets "
+              f"(realised tokens / budget − 1, mean [95% CI]; ** outside ±5%):")
+        for label, v in (*errs.items(), ("after − before at matched tokens (pt)", gains)):
+            cells = []
+            for col in np.array(v).T:
+                mu, lo, hi = _ci(col if "pt" in label else 100 * col)
+                star = "**" if "pt" not in label and abs(mu) > 5 else ""
+                cells.append(f"{star}{mu:+.2f}{star} [{lo:+.2f}, {hi:+.2f}]" if "pt" in label
+                             else f"{star}{mu:+.1f}%{star} [{lo:+.1f}, {hi:+.1f}]")
+            print(f"  {label}: " + " | ".join(f"{b:g}x {c}" for b, c in zip(BX, cells, strict=True)), flush=True)
+    return res
 
 
 def main() -> None:
@@ -233,6 +295,7 @@ def main() -> None:
     ap.add_argument("--subsets", type=int, default=100)
     ap.add_argument("--policy-sizes", default="30,60")
     ap.add_argument("--policy-subsets", type=int, default=1)
+    ap.add_argument("--mix-subsets", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
@@ -240,7 +303,7 @@ def main() -> None:
              for x in a.sizes.split(",") if x]
     psizes = [int(x) for x in a.policy_sizes.split(",") if x]
     plans = resolve_plans("default", (1, 2, 4, 8, 16), parallel=True)
-    out: dict = {"a": {}, "b": []}
+    out: dict = {"a": {}, "b": [], "c": {}}
     for path in a.tables:
         table = read_outcomes(path)
         arr = plan_arrays(table, plans, cost_unit="tokens")
@@ -249,6 +312,11 @@ def main() -> None:
         res = part_a(path.stem, arr.utility, arr.cost, lengths, ladder, sizes, a.subsets, a.seed)
         out["a"][path.stem] = {n: {k: (v if k == "matched" else v.mean(axis=0)).tolist() for k, v in r.items()}
                                for n, r in res.items()}
+    for path in a.tables:
+        if a.mix_subsets <= 0:
+            break
+        arr = plan_arrays(read_outcomes(path), plans, cost_unit="tokens")
+        out["c"][path.stem] = part_c(path.stem, arr, psizes, a.mix_subsets, a.seed)
     for path in a.tables:
         if a.policy_subsets <= 0:
             break

@@ -12,8 +12,8 @@ the accuracy, tokens and latency of the policy as served (its never-worse chain 
 
 A last entry asks the same of uniform@4's accuracy within one sample's wait (``max_latency`` 1.0, the
 policy served at latency budget 1.0). The entry's ``policy_tokens`` is the least mean tokens at which
-accuracy ≥ A_k − :data:`TOLERANCE` with realised latency ≤ its ``max_latency`` (L_k, or 1.0): the first
-budget of the sweep that gets there, linearly interpolated in (tokens, accuracy, latency) from the budget
+accuracy ≥ A_k − :data:`TOLERANCE` with realised latency ≤ its ``max_latency`` (L_k, or 1.0): over the
+budgets of the sweep that get there, the one with the fewest tokens, linearly interpolated in (tokens, accuracy, latency) from the budget
 before it when that one also kept the latency (a hashed mix of the two budgets' decisions spends and
 scores in between); ``best_accuracy`` is the sweep's highest accuracy within that latency. ``ratio`` = policy_tokens / T_k, null when
 not reached; ``ratio_ci95`` is a paired bootstrap over prompts (the reference's numbers resampled with
@@ -110,14 +110,21 @@ def reach_scores(policy: Any, prompts: Sequence[str], arrays: dict[str, np.ndarr
 
 def _reach_point(acc: np.ndarray, tok: np.ndarray, lat: np.ndarray, target: float,
                  max_latency: float) -> tuple[float, float] | None:
-    """(tokens, latency) where the sweep first reaches ``target`` within ``max_latency``, or None."""
+    """(tokens, latency) of the fewest tokens at which the sweep reaches ``target`` within ``max_latency``
+    (each budget that does, or the crossing from the budget before it), or None. Not simply the first budget
+    that does: where a lower budget overspends (a rule served on a fold whose held-out prompts are long),
+    tokens are not monotone in the budget."""
     ok = lat <= max_latency * (1 + 1e-9)
+    best: tuple[float, float] | None = None
     for j in np.flatnonzero(ok & (acc >= target)):
         if j > 0 and ok[j - 1] and acc[j - 1] < target and acc[j] > acc[j - 1]:
             w = (target - acc[j - 1]) / (acc[j] - acc[j - 1])
-            return float(tok[j - 1] + w * (tok[j] - tok[j - 1])), float(lat[j - 1] + w * (lat[j] - lat[j - 1]))
-        return float(tok[j]), float(lat[j])
-    return None
+            hit = float(tok[j - 1] + w * (tok[j] - tok[j - 1])), float(lat[j - 1] + w * (lat[j] - lat[j - 1]))
+        else:
+            hit = float(tok[j]), float(lat[j])
+        if best is None or hit[0] < best[0]:
+            best = hit
+    return best
 
 
 def _best_within(acc: np.ndarray, lat: np.ndarray, max_latency: float) -> float | None:

@@ -42,6 +42,17 @@ q = (B − c̄_j)/(c̄_{j+1} − c̄_j), prompt i takes the dearer action iff it
 expected cost of a new prompt is exactly B; ``match="batch"`` instead gives the dearer action to the
 round(q·N) prompts of smallest u, so the batch spends B up to one prompt's step.
 
+**Spend check** (issue 32): with ``costs`` (rule → its out-of-fold cost per budget and prompt) a rule whose
+out-of-fold mean cost exceeds the reference by more than ``spend_tolerance`` (5% of the budget) — its
+paired bootstrap lower bound, at the rule's level, above the tolerance — is not admitted, whatever its gain:
+a rule that wins only by spending more than it was given is not kept. The reference is the chain's last
+rule's (uniform's) out-of-fold cost on the same prompts when ``costs`` has it — paired, so the length noise
+of which prompts a fold holds cancels and what is left is the rule's own overspend — else the budget. The
+last rule itself is never checked. Why a bound and not the point estimate: on 24–48 training prompts with
+heavy-tailed lengths the out-of-fold mean cost moves by ±10% by noise, and a point test threw away the
+fixed plan's gains (+3 to +4.7 pt over uniform at 2x–3x on a 30-prompt gpt-oss-20b subset, down to +1.1 to
++2.3).
+
 Ignores: multiplicity over the grid's budgets (each budget is its own test; neighbouring budgets use
 nearly the same prompts and decisions, so their tests agree far more often than independent ones) and
 the learner selection's own small optimism (the default learner is the better of two on these folds).
@@ -83,6 +94,16 @@ def uniform_utilities(U: np.ndarray, mean_costs: np.ndarray, budgets: Sequence[f
     return out
 
 
+def uniform_oof_costs(C: np.ndarray, folds: Sequence[tuple[np.ndarray, np.ndarray]],
+                      budgets: Sequence[float]) -> np.ndarray:
+    """(B, N) each prompt's cost under the uniform rule chosen on the folds that do not hold it (``C``: the
+    ladder's columns): the spend check's reference on the same out-of-fold prompts."""
+    out = np.empty((len(budgets), C.shape[0]))
+    for tr, ho in folds:
+        out[:, ho] = uniform_utilities(C[ho], C[tr].mean(axis=0), budgets)
+    return out
+
+
 def uniform_actions(u: np.ndarray, mean_costs: np.ndarray, budget: float, *, match: str = "calibrated") -> np.ndarray:
     """Action index per prompt under the uniform rule (module docstring): hashed mixing of the two
     actions adjacent to the budget, exact in expectation (``calibrated``) or on the batch (``batch``)."""
@@ -112,7 +133,9 @@ def _opt_float(x: Any) -> float | None:
 class RuleTest:
     """One comparison: does ``rule`` beat ``baseline`` on ``n`` out-of-fold prompts? ``gain`` is relative
     (None when the baseline scores 0), ``ci95`` its two-sided paired bootstrap 95% interval, ``lower``
-    the one-sided lower bound at the chain's level that had to clear the margin, ``accepted`` the verdict."""
+    the one-sided lower bound at the chain's level that had to clear the margin, ``accepted`` the verdict;
+    ``spend`` the rule's out-of-fold mean cost / budget where it was checked (above 1 + the tolerance it
+    is not accepted)."""
 
     rule: str
     baseline: str
@@ -121,27 +144,31 @@ class RuleTest:
     lower: float | None
     n: int
     accepted: bool
+    spend: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"rule": self.rule, "baseline": self.baseline, "gain": self.gain,
                 "ci95": None if self.ci95 is None else list(self.ci95), "lower": self.lower, "n": self.n,
-                "accepted": self.accepted}
+                "accepted": self.accepted, "spend": self.spend}
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> RuleTest:
         ci = d.get("ci95")
         return RuleTest(str(d["rule"]), str(d["baseline"]), _opt_float(d.get("gain")),
                         None if ci is None else (float(ci[0]), float(ci[1])), _opt_float(d.get("lower")),
-                        int(d["n"]), bool(d["accepted"]))
+                        int(d["n"]), bool(d["accepted"]), _opt_float(d.get("spend")))
 
     def why(self) -> str:
-        if self.gain is None or self.ci95 is None:
-            verdict = "beats" if self.accepted else "does not beat"
-            return f"{self.rule} {verdict} {self.baseline}, which scores 0 on {self.n} out-of-fold prompts"
-        lo, hi = self.ci95
         verdict = "beats" if self.accepted else "does not beat"
-        return (f"{self.rule} {verdict} {self.baseline}: {100 * self.gain:+.1f}% [95% CI {100 * lo:+.1f}, "
-                f"{100 * hi:+.1f}] on {self.n} out-of-fold prompts")
+        if self.gain is None or self.ci95 is None:
+            out = f"{self.rule} {verdict} {self.baseline}, which scores 0 on {self.n} out-of-fold prompts"
+        else:
+            lo, hi = self.ci95
+            out = (f"{self.rule} {verdict} {self.baseline}: {100 * self.gain:+.1f}% [95% CI {100 * lo:+.1f}, "
+                   f"{100 * hi:+.1f}] on {self.n} out-of-fold prompts")
+        if self.spend is not None:
+            out += f", spending {100 * (self.spend - 1):+.1f}% over the budget out of fold"
+        return out
 
 
 @dataclass(frozen=True)
@@ -221,15 +248,21 @@ def _bootstrap_weights(n: int, n_boot: int, seed: int) -> np.ndarray:
     return counts / n
 
 
+SPEND_TOLERANCE = 0.05  # a rule's out-of-fold mean cost may exceed the budget by this much at most
+SPEND_CHECK = True  # off: the chain before the check (the bench's baseline)
+
+
 def choose_rules(scores: Mapping[str, np.ndarray], budgets: Sequence[float], *, level: float = 0.99,
                  margin: float = 0.0, n_boot: int = 1000, seed: int = 0,
-                 rule_levels: Mapping[str, float] | None = None) -> RuleChain:
+                 rule_levels: Mapping[str, float] | None = None, costs: Mapping[str, np.ndarray] | None = None,
+                 spend_tolerance: float | None = SPEND_TOLERANCE) -> RuleChain:
     """The rule chain's choice at each budget (module docstring).
 
     ``scores``: rule name → (B, N) out-of-fold expected correctness per budget and training prompt, in
     chain order (head first, the simplest rule last; insertion order of the mapping). ``level``: the
     one-sided confidence level whose lower bound must clear ``margin`` (a relative gain, e.g. 0.01 = 1%);
-    ``rule_levels``: another level for the test that admits a given rule (e.g. ``{"fixed_plan": 0.95}``).
+    ``rule_levels``: another level for the test that admits a given rule (e.g. ``{"fixed_plan": 0.95}``);
+    ``costs``: rule name → (B, N) out-of-fold cost, for the spend check (``spend_tolerance`` None: off).
     """
     names = list(scores)
     if len(names) < 1:
@@ -248,7 +281,15 @@ def choose_rules(scores: Mapping[str, np.ndarray], budgets: Sequence[float], *, 
     means = [a.mean(axis=1) for a in arrays]  # (B,)
     boots = [W @ a.T for a in arrays]  # (n_boot, B): each resample's mean, per budget
     alphas = [100 * (1 - levels.get(r, level)) for r in names]  # one-sided lower bound, per admitted rule
+    spend = _spend(costs, names, budgets, n, spend_tolerance, W, alphas)
     choices = []
+
+    def spent(r: int, bi: int) -> float | None:
+        return None if spend[r] is None else float(spend[r][0][bi])
+
+    def spends(r: int, bi: int) -> bool:  # not demoted unless its excess over the tolerance is significant
+        return spend[r] is None or bool(spend[r][1][bi] <= float(spend_tolerance or 0.0))
+
     for bi, b in enumerate(budgets):
         current = len(names) - 1
         tests = []
@@ -261,14 +302,41 @@ def choose_rules(scores: Mapping[str, np.ndarray], budgets: Sequence[float], *, 
                 rel = rel[np.isfinite(rel)]
                 ci = (float(np.percentile(rel, 2.5)), float(np.percentile(rel, 97.5)))
                 lower = float(np.percentile(rel, alphas[r]))
-                accepted = lower > margin
-                tests.append(RuleTest(names[r], names[current], gain, ci, lower, n, accepted))
+                accepted = lower > margin and spends(r, bi)
+                tests.append(RuleTest(names[r], names[current], gain, ci, lower, n, accepted, spent(r, bi)))
             else:  # the baseline never answers right: no relative gain; the absolute one must clear 0
                 diff = boots[r][:, bi] - base_boot
-                accepted = bool(np.percentile(diff, alphas[r]) > 0)
-                tests.append(RuleTest(names[r], names[current], None, None, None, n, accepted))
+                accepted = bool(np.percentile(diff, alphas[r]) > 0) and spends(r, bi)
+                tests.append(RuleTest(names[r], names[current], None, None, None, n, accepted, spent(r, bi)))
             if accepted:
                 current = r
         choices.append(RuleChoice(float(b), names[current], tuple(tests)))
     return RuleChain(tuple(names), np.asarray(budgets, dtype=np.float64), tuple(choices), float(level),
                      float(margin), int(n_boot), {r: float(v) for r, v in levels.items()})
+
+
+def _spend(costs: Mapping[str, np.ndarray] | None, names: Sequence[str], budgets: Sequence[float], n: int,
+           tolerance: float | None, W: np.ndarray, alphas: Sequence[float]) -> list[tuple[np.ndarray, np.ndarray] | None]:
+    """Per rule, ((B,) its out-of-fold mean cost / the reference's, (B,) the one-sided lower bound at its
+    level of its mean paired excess over the reference / the budget) (module docstring), or None where it
+    is not checked."""
+    if costs is None or tolerance is None or not SPEND_CHECK:
+        return [None] * len(names)
+    b = np.asarray(budgets, dtype=np.float64)
+    arrays = {}
+    for r, c in costs.items():
+        c = np.asarray(c, dtype=np.float64)
+        if c.shape != (b.size, n):
+            raise InputError(f"{r}'s out-of-fold costs must be (budgets × prompts) = ({b.size}, {n}); got {c.shape}.")
+        arrays[r] = c
+    ref = arrays.get(names[-1], np.broadcast_to(b[:, None], (b.size, n)))
+    scale = np.where(b > 0, b, 1.0)
+    out: list[tuple[np.ndarray, np.ndarray] | None] = []
+    for r, alpha in zip(names, alphas, strict=True):
+        if r not in arrays or r == names[-1]:
+            out.append(None)
+            continue
+        d = (arrays[r] - ref) / scale[:, None]  # (B, n) paired excess, in budgets
+        ratio = 1.0 + d.mean(axis=1) * scale / np.where(ref.mean(axis=1) > 0, ref.mean(axis=1), 1.0)
+        out.append((ratio, np.percentile(W @ d.T, alpha, axis=0)))
+    return out

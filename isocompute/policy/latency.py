@@ -21,7 +21,10 @@ A request at (B, L) takes the smallest ν whose latency at B is ≤ L (the large
 **The never-worse chain** is chosen again at :data:`N_LEVELS` latency levels spread geometrically over
 the range, plus every uniform ``none@k``'s own mean latency (:func:`latency_levels`): the learned rule at (B, level) against the best fixed plan and uniform, both restricted to
 the plans whose mean training latency is ≤ the level (a mix of two such plans is too), by the same
-paired-bootstrap tests as without latency (:func:`~isocompute.policy.fallback.choose_rules`). A request
+paired-bootstrap tests as without latency (:func:`~isocompute.policy.fallback.choose_rules`); at a level that
+is ``none@k``'s own latency, from one grid step below its cost up, a rule replaces uniform only at the strict
+level (0.99 for the fixed plan too) and by more than :data:`EQUAL_ACCURACY` (issue 36: a request naming
+uniform@k's latency and tokens must not get less than uniform@k). A request
 at latency L is served by the chain of the largest level ≤ L (so a fallback never waits longer than
 asked; it may leave up to one level's step, (HI/LO)^(1/12), unused).
 
@@ -37,6 +40,7 @@ and ``match="batch"`` decisions under a latency budget.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,12 +54,13 @@ from isocompute.policy.fallback import (
     RuleChain,
     choose_rules,
     uniform_actions,
+    uniform_oof_costs,
     uniform_utilities,
 )
 from isocompute.policy.learn.calibration import Calibration, calibrate_by_bisection
 from isocompute.policy.learn.crossfit import CrossFit, max_useful_price
 from isocompute.policy.learn.learners import budget_grid, price
-from isocompute.policy.plans.fixed_rule import fixed_actions, fixed_plan_at, fixed_plan_scores
+from isocompute.policy.plans.fixed_rule import fixed_actions, fixed_plan_at, fixed_plan_oof
 from isocompute.policy.plans.heldout import budget_table, internal_budget
 
 NUS = np.concatenate([[0.0], np.geomspace(1e-4, 1.0, 13)])  # prices on latency: utility per sample length
@@ -224,18 +229,48 @@ def _chain_at(policy: Any, job: CrossFit, tables: LatencyTables, acts: np.ndarra
     rows = job.rows
     pick = [tables.price_index(float(b), level) for b in job.requested]
     scores = {LEARNED: np.stack([job.U[rows, acts[v, r]] for r, v in enumerate(pick)])}
+    costs = {LEARNED: np.stack([job.C[rows, acts[v, r]] for r, v in enumerate(pick)])}
     if FIXED_PLAN in cfg.fallback:
         keep = quick_plans(tables.plan_latency, level)
         paid = policy.paid_per_request
-        scores[FIXED_PLAN] = fixed_plan_scores(job.U[:, keep], job.C[:, keep] - paid, job.folds, job.requested,
-                                               heldout=cfg.heldout_fixed, seed=cfg.seed,
-                                               unit=job.C[:, policy.ladder[0]] - paid)
+        kw = dict(heldout=cfg.heldout_fixed, seed=cfg.seed, unit=job.C[:, policy.ladder[0]] - paid)
+        scores[FIXED_PLAN], costs[FIXED_PLAN] = fixed_plan_oof(job.U[:, keep], job.C[:, keep] - paid, job.folds,
+                                                              job.requested, **kw)
     if UNIFORM in cfg.fallback:
         lad = quick_ladder(policy.ladder, tables.plan_latency, level)
         scores[UNIFORM] = uniform_utilities(job.U[:, lad], policy.sample_action_costs[lad], job.requested)
+        costs[UNIFORM] = uniform_oof_costs(job.C[:, lad] - policy.paid_per_request, job.folds, job.requested)
+    kw = dict(level=cfg.fallback_level, seed=cfg.seed, costs=costs if cfg.heldout_fixed else None)
     levels = {FIXED_PLAN: cfg.fixed_plan_level} if FIXED_PLAN in scores else None
-    return choose_rules(scores, job.requested, level=cfg.fallback_level, margin=cfg.fallback_margin, seed=cfg.seed,
-                        rule_levels=levels)
+    chain = choose_rules(scores, job.requested, margin=cfg.fallback_margin, rule_levels=levels, **kw)
+    k = ladder_at(level, tables.plan_latency[policy.ladder])
+    if k is None:
+        return chain
+    # uniform@k's own latency, at budgets from one grid step below its own cost up: uniform there is none@k
+    # (or all but), and a rule replaces it only by a gain the reach measure can see, at the strict level
+    j = policy.ladder[k]
+    u_k = float(job.U[rows, j].mean())
+    margin = max(cfg.fallback_margin, EQUAL_ACCURACY / u_k) if u_k > 0 else cfg.fallback_margin
+    strict = choose_rules(scores, job.requested, margin=margin, rule_levels={r: cfg.fallback_level for r in scores},
+                          **kw)
+    b = job.requested
+    step = float(b[1] / b[0]) if b.size > 1 and b[0] > 0 else 1.0
+    at_k = b * step > policy.sample_action_costs[j] * (1 + 1e-9)
+    return dataclasses.replace(chain, choices=tuple(s if a else c for s, c, a in
+                                                    zip(strict.choices, chain.choices, at_k, strict=True)))
+
+
+EQUAL_ACCURACY = 0.002  # accuracies within 0.2 pt are equal (the report's reach tolerance)
+STRICT_ON_LADDER = True  # issue 36's admission test at uniform@k's own latency (off: the test before it)
+
+
+def ladder_at(level: float, ladder_latency: np.ndarray) -> int | None:
+    """The rung k whose uniform ``none@k`` has mean latency exactly ``level`` (:func:`latency_levels` adds
+    each), or None: there a request names uniform@k's latency, and the chain must not serve worse."""
+    if not STRICT_ON_LADDER:
+        return None
+    hit = np.flatnonzero(np.isclose(level, ladder_latency, rtol=1e-9, atol=0.0))
+    return int(hit[-1]) if hit.size else None
 
 
 def latency_actions(policy: Any, X: np.ndarray | None, u: np.ndarray, route: np.ndarray, budget: float,

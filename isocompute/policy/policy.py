@@ -38,6 +38,7 @@ from isocompute.policy.fallback import (
     RuleChoice,
     choose_rules,
     uniform_actions,
+    uniform_oof_costs,
     uniform_utilities,
 )
 from isocompute.policy.features.prompt import PromptFeatures
@@ -58,7 +59,7 @@ from isocompute.policy.learn.learners import (
 from isocompute.policy.learn.members import batch_knob, member_actions
 from isocompute.policy.persistence import KIND, SCHEMA_VERSION, load_policy, save_policy  # noqa: F401
 from isocompute.policy.plans.arrays import allocate_plans, plan_stats
-from isocompute.policy.plans.fixed_rule import fixed_actions, fixed_plan_at, fixed_plan_scores
+from isocompute.policy.plans.fixed_rule import fixed_actions, fixed_plan_at, fixed_plan_oof
 from isocompute.policy.plans.heldout import budget_table, internal_budget
 from isocompute.policy.plans.menu import ladder_columns, menu_of
 from isocompute.policy.table_prep import check_arrays, prepare_table, task_groups  # noqa: F401  (task_groups: re-exported)
@@ -165,17 +166,21 @@ class Policy:
         cfg = self.config
         if not cfg.fallback:
             return RuleChain.single(LEARNED, job.requested)
-        scores = {LEARNED: np.stack([job.U[job.rows, oof(float(b))] for b in job.requested])}
+        acts = [oof(float(b)) for b in job.requested]
+        scores = {LEARNED: np.stack([job.U[job.rows, a] for a in acts])}
+        costs = {LEARNED: np.stack([job.C[job.rows, a] for a in acts])}
         if FIXED_PLAN in cfg.fallback:
             C = job.C - self.paid_per_request
-            scores[FIXED_PLAN] = fixed_plan_scores(job.U, C, job.folds, job.requested, seed=cfg.seed,
-                                                   heldout=cfg.heldout_fixed, unit=C[:, self.ladder[0]])
+            kw = dict(seed=cfg.seed, heldout=cfg.heldout_fixed, unit=C[:, self.ladder[0]])
+            scores[FIXED_PLAN], costs[FIXED_PLAN] = fixed_plan_oof(job.U, C, job.folds, job.requested, **kw)
         if UNIFORM in cfg.fallback:
             lad = self.ladder
             scores[UNIFORM] = uniform_utilities(job.U[:, lad], self.sample_action_costs[lad], job.requested)
+            costs[UNIFORM] = uniform_oof_costs(job.C[:, lad] - self.paid_per_request, job.folds, job.requested)
         levels = {FIXED_PLAN: cfg.fixed_plan_level} if FIXED_PLAN in scores else None
+        # the spend check (issue 32) where the fixed plan is served at its held-out-searched budget
         return choose_rules(scores, job.requested, level=cfg.fallback_level, margin=cfg.fallback_margin,
-                            seed=cfg.seed, rule_levels=levels)
+                            seed=cfg.seed, rule_levels=levels, costs=costs if cfg.heldout_fixed else None)
 
     def _fit_features(self, prompts: list[str], sample_flops: np.ndarray | None) -> None:
         """Fit the features first: the extra blocks' cost is what their encoder spends on these prompts."""

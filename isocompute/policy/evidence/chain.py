@@ -11,7 +11,8 @@ is kept at the budget iff the bootstrap's lower bound of its mean per-prompt gai
 ``level``, one-sided) is above 0 *held out* — both rules chosen on four inner folds of these prompts and
 scored on the fifth — and its held-out tokens are within :data:`SPEND_TOLERANCE` of the budget; its price
 is chosen at the internal budget whose held-out tokens are the budget (:func:`heldout_price_budget`,
-issue 32: the same prompts must not both pick a price and certify its cost). (The bench compares the served chain at its *realised* tokens and
+issue 32: the same prompts must not both pick a price and certify its cost), and so is the fixed mixture's
+LP (:func:`heldout_mix_budget`). (The bench compares the served chain at its *realised* tokens and
 latency too: ``bench/bench_evidence.py``.)
 
 Worked example: at B = 3.0 (median lengths) and Lb = 0.75 the learned price realises 2.83 tokens and
@@ -33,6 +34,7 @@ __all__ = ["ChainEntry", "best_fixed_mix", "choose_price", "chain_entry"]
 BOOTSTRAP = 2000
 INNER_FOLDS = 5
 SPEND_TOLERANCE = 0.05  # the kept price's held-out mean tokens may exceed the budget by this much at most
+HELDOUT_MIX = True  # the fixed mixture at its held-out-searched budget (off: its LP at the budget, as before)
 
 
 @dataclass(frozen=True)
@@ -120,10 +122,40 @@ def heldout_price_budget(values, budget: float, latency_budget: float | None, *,
     return float(np.interp(budget, h, grid)) if h[0] <= budget else float(grid[0])
 
 
+def _mix_or_cheapest(FU: np.ndarray, FT: np.ndarray, FL: np.ndarray, t_max: float,
+                     l_max: float | None) -> tuple[np.ndarray, np.ndarray]:
+    mix = best_fixed_mix(FU, FT, FL, t_max, l_max)
+    return mix if mix is not None else (np.array([int(np.argmin(FT.mean(axis=0)))]), np.array([1.0]))
+
+
+def heldout_mix_budget(fixed: tuple[np.ndarray, np.ndarray, np.ndarray], budget: float,
+                       latency_budget: float | None, *, seed: int = 0) -> float:
+    """The internal token budget g at which the fixed mixture chosen on inner folds (its LP at g) spends
+    ``budget`` on the inner fold left out, on average — the fixed mixture's analogue of
+    :func:`heldout_price_budget` (a grid of g from 0.6 to 1.4 × the budget). Fewer than 2·folds prompts:
+    the budget itself."""
+    FU, FT, FL = fixed
+    n = FU.shape[0]
+    if n < 2 * INNER_FOLDS:
+        return float(budget)
+    fold = _inner_folds(n, seed)
+    grid = budget * np.geomspace(0.6, 1.4, 17)
+    spent = np.zeros(grid.size)
+    unit = FT[:, int(np.argmin(FT.mean(axis=0)))]  # the cheapest plan's tokens: each prompt's length scale
+    for f in range(INNER_FOLDS):
+        tr, te = fold != f, fold == f
+        scale = float(unit[tr].mean() / unit.mean())  # budgets in x are served in the inner part's own 1x
+        for k, g in enumerate(grid):
+            p, w = _mix_or_cheapest(FU[tr], FT[tr], FL[tr], float(g) * scale, latency_budget)
+            spent[k] += (FT[te][:, p] @ w).sum()
+    h = np.maximum.accumulate(spent / n)
+    return float(np.interp(budget, h, grid)) if h[0] <= budget else float(grid[0])
+
+
 def _nested_gain(values, fixed: tuple[np.ndarray, np.ndarray, np.ndarray], g: float, budget: float,
                  latency_budget: float | None, seed: int) -> tuple[np.ndarray, float]:
     """Per prompt, the learned price's utility minus the fixed mixture's, each chosen on the other inner
-    folds (the price at ``g``, the mixture at ``budget``) and scored on the prompt's; and the price's
+    folds (the price at ``g``, the mixture at its internal budget ``budget``) and scored on the prompt's; and the price's
     held-out mean tokens."""
     FU, FT, FL = fixed
     n = FU.shape[0]
@@ -132,9 +164,7 @@ def _nested_gain(values, fixed: tuple[np.ndarray, np.ndarray, np.ndarray], g: fl
     for f in range(INNER_FOLDS):
         tr, te = fold != f, fold == f
         j = choose_price(values.utility[tr], values.tokens[tr], values.latency[tr], g, latency_budget)
-        mix = best_fixed_mix(FU[tr], FT[tr], FL[tr], budget, latency_budget)
-        if mix is None:
-            mix = (np.array([int(np.argmin(FT[tr].mean(axis=0)))]), np.array([1.0]))
+        mix = _mix_or_cheapest(FU[tr], FT[tr], FL[tr], budget, latency_budget)
         rival = FU[te][:, mix[0]] @ mix[1]
         if j is None:  # no price fits on these folds: the fixed mixture serves them
             d[te], tok[te] = 0.0, FT[te][:, mix[0]] @ mix[1]
@@ -156,9 +186,8 @@ def chain_entry(values, fixed: tuple[np.ndarray, np.ndarray, np.ndarray], budget
     FU, FT, FL = fixed
     n = FU.shape[0]
     j = choose_price(values.utility, values.tokens, values.latency, budget, latency_budget)
-    fallback = best_fixed_mix(FU, FT, FL, budget, latency_budget)
-    if fallback is None:
-        fallback = (np.array([int(np.argmin(FT.mean(axis=0)))]), np.array([1.0]))
+    g_fix = heldout_mix_budget(fixed, budget, latency_budget, seed=seed) if HELDOUT_MIX else budget
+    fallback = _mix_or_cheapest(FU, FT, FL, g_fix, latency_budget)
     fp, fw = fallback
 
     def fixed_entry(gain: float | None, low: float | None) -> ChainEntry:
@@ -177,7 +206,7 @@ def chain_entry(values, fixed: tuple[np.ndarray, np.ndarray, np.ndarray], budget
     rival = fallback
     # the test reads held-out choices: a price and a mixture chosen on inner folds, scored on the inner fold
     # left out, so a price that wins by a cost estimate that does not hold out of fold loses here
-    d, spent = _nested_gain(values, fixed, g, budget, latency_budget, seed)
+    d, spent = _nested_gain(values, fixed, g, g_fix, latency_budget, seed)
     gain, low = float(d.mean()), _lower_bound(d, level, seed)
     if low <= 0 or spent > budget * (1 + SPEND_TOLERANCE):
         return fixed_entry(gain, low)

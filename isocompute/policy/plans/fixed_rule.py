@@ -46,14 +46,22 @@ def fixed_plan_scores(U: np.ndarray, C: np.ndarray, folds: Sequence[tuple[np.nda
     the folds that do not hold it; ``C`` without per-request payments. ``heldout``: each fold chooses at
     its held-out-searched internal budget (``unit``: each prompt's cost of one sample, for the search);
     ``cost``: the (B, N) out-of-fold cost instead of the utility."""
+    util, spent = fixed_plan_oof(U, C, folds, budgets, heldout=heldout, seed=seed, unit=unit)
+    return spent if cost else util
+
+
+def fixed_plan_oof(U: np.ndarray, C: np.ndarray, folds: Sequence[tuple[np.ndarray, np.ndarray]],
+                   budgets: Sequence[float], *, heldout: bool = False, seed: int = 0,
+                   unit: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(utility, cost), each (B, N): :func:`fixed_plan_scores` both at once (one search per fold)."""
     budgets = np.asarray(budgets, dtype=np.float64)
-    out = np.empty((budgets.size, U.shape[0]))
+    util, spent = np.empty((budgets.size, U.shape[0])), np.empty((budgets.size, U.shape[0]))
     for tr, ho in folds:
         g = heldout_budgets(U[tr], C[tr], budgets, seed=seed, unit=None if unit is None else unit[tr]) if heldout else budgets
         lo, hi, p = hull_mix(U[tr].mean(axis=0), C[tr].mean(axis=0), g)
-        X = C[ho] if cost else U[ho]
-        out[:, ho] = ((1 - p) * X[:, lo] + p * X[:, hi]).T
-    return out
+        util[:, ho] = ((1 - p) * U[ho][:, lo] + p * U[ho][:, hi]).T
+        spent[:, ho] = ((1 - p) * C[ho][:, lo] + p * C[ho][:, hi]).T
+    return util, spent
 
 
 def fixed_plan_at(plan_utility: np.ndarray, plan_costs: np.ndarray, budget: float) -> FixedPlanChoice:
