@@ -50,12 +50,7 @@ from isocompute.policy.learn.crossfit import (
     fit_learner,
     select_learner,
 )
-from isocompute.policy.learn.learners import (
-    MIX_SEED,
-    ROUTE_SEED,
-    budget_grid,
-    prompt_uniforms,
-)
+from isocompute.policy.learn.learners import MIX_SEED, ROUTE_SEED, budget_grid, prompt_uniforms
 from isocompute.policy.learn.members import batch_knob, member_actions
 from isocompute.policy.persistence import KIND, SCHEMA_VERSION, load_policy, save_policy  # noqa: F401
 from isocompute.policy.plans.arrays import allocate_plans, plan_stats

@@ -27,7 +27,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from scipy.optimize import linprog
+
+from isocompute.policy.evidence.mix_lp import MixLP
 
 __all__ = ["ChainEntry", "best_fixed_mix", "choose_price", "chain_entry"]
 
@@ -72,19 +73,7 @@ def best_fixed_mix(U: np.ndarray, T: np.ndarray, L: np.ndarray, t_max: float,
                    l_max: float | None) -> tuple[np.ndarray, np.ndarray] | None:
     """(plan indices, weights) of the best mixture of the fixed plans' columns within mean tokens ``t_max``
     and mean latency ``l_max`` (None: unbounded), or None when no mixture fits."""
-    P = U.shape[1]
-    A = [T.mean(axis=0)]
-    b = [t_max]
-    if l_max is not None and np.isfinite(l_max):
-        A.append(L.mean(axis=0))
-        b.append(l_max)
-    res = linprog(-U.mean(axis=0), A_ub=np.vstack(A), b_ub=b, A_eq=np.ones((1, P)), b_eq=[1.0], bounds=(0, 1),
-                  method="highs")
-    if not res.success:
-        return None
-    keep = np.flatnonzero(res.x > 1e-9)
-    w = res.x[keep] / res.x[keep].sum()
-    return keep, w
+    return MixLP(U, T, L, l_max).solve(t_max)
 
 
 def choose_price(U: np.ndarray, T: np.ndarray, L: np.ndarray, budget: float, latency_budget: float | None) -> int | None:
@@ -145,8 +134,10 @@ def heldout_mix_budget(fixed: tuple[np.ndarray, np.ndarray, np.ndarray], budget:
     for f in range(INNER_FOLDS):
         tr, te = fold != f, fold == f
         scale = float(unit[tr].mean() / unit.mean())  # budgets in x are served in the inner part's own 1x
-        for k, g in enumerate(grid):
-            p, w = _mix_or_cheapest(FU[tr], FT[tr], FL[tr], float(g) * scale, latency_budget)
+        lp, cheapest = MixLP(FU[tr], FT[tr], FL[tr], latency_budget), int(np.argmin(FT[tr].mean(axis=0)))
+        for k, g in enumerate(grid):  # one LP per inner fold, re-solved warm at each bound
+            mix = lp.solve(float(g) * scale)
+            p, w = mix if mix is not None else (np.array([cheapest]), np.array([1.0]))
             spent[k] += (FT[te][:, p] @ w).sum()
     h = np.maximum.accumulate(spent / n)
     return float(np.interp(budget, h, grid)) if h[0] <= budget else float(grid[0])
