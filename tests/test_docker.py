@@ -318,6 +318,7 @@ def test_a_command_runs_instead_of_serve():
     assert r.returncode == 0 and r.stdout.startswith("ran ")
 
 
+@pytest.mark.serial  # it bounds in seconds how soon SIGTERM stops the demo
 def test_docker_stop_during_the_demo_stops_it_at_once(tmp_path):
     """SIGTERM to the entrypoint (PID 1 in the container) reaches the demo it runs; the exit status is the
     shell's 128 + 15 and the message says the next start resumes."""
@@ -370,7 +371,6 @@ def test_healthcheck_port_order():
 
 
 @pytest.mark.slow
-@pytest.mark.beside_others  # its one bound, ready within 300 s, is ten times what it takes
 def test_first_start_runs_the_demo_then_serves(tmp_path):
     """An empty volume: the entrypoint runs a (shortened) demo, then becomes `isocompute serve` on its
     artifacts; /health and /ready answer, the healthcheck passes (port from the env and from a TOML
