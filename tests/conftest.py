@@ -50,6 +50,19 @@ SLOWEST_FIRST = ("test_policy_fallback.py", "test_evidence_serving.py", "test_do
                  "test_multi_policy.py", "test_consensus.py", "test_report.py", "test_probe.py", "test_folds.py")
 
 
+# Modules outside SERIAL_MODULES with tests marked `serial` or `vllm` by hand. With SERIAL_MODULES, these are all
+# the serial pass (`-m serial`) imports: collecting every module costs ~10 s a process, and it runs none of
+# them (tests/test_suite_split.py keeps the list whole).
+MARKED_SERIAL = {"test_docker.py"}
+
+
+def pytest_ignore_collect(collection_path, config):
+    name = collection_path.name
+    if config.getoption("markexpr") == "serial" and name.startswith("test_") and name.endswith(".py"):
+        return True if name not in SERIAL_MODULES | MARKED_SERIAL else None
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in SERIAL_MODULES or item.get_closest_marker("vllm"):
