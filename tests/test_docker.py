@@ -326,7 +326,7 @@ def test_docker_stop_during_the_demo_stops_it_at_once(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         for line in proc.stdout:
-            if line.startswith("[demo] train sft"):
+            if line.startswith("[demo] sample"):  # the first stage that runs a while (train sft copies a checkpoint)
                 break
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
@@ -337,7 +337,16 @@ def test_docker_stop_during_the_demo_stops_it_at_once(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
-    assert not (tmp_path / "tiny-sft" / "manifest.json").exists()
+    assert not (tmp_path / "solution" / "manifest.json").exists()
+    time.sleep(1)  # the sample shards the demo started were stopped with it
+    assert not [p for p in Path("/proc").glob("[0-9]*") if _is_shard_of(p, tmp_path)]
+
+
+def _is_shard_of(proc_dir: Path, demo_dir: Path) -> bool:
+    try:
+        return str(demo_dir).encode() in (proc_dir / "cmdline").read_bytes() and b"--shard" in (proc_dir / "cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 # ---- healthcheck ---------------------------------------------------------------------------------------
@@ -378,7 +387,7 @@ def test_first_start_runs_the_demo_then_serves(tmp_path):
     d = tmp_path / "data" / "demo"
     port = free_port()
     env = clean_env(ISOCOMPUTE_DEMO_DIR=str(d), ISOCOMPUTE_HOST="127.0.0.1", ISOCOMPUTE_PORT=str(port),
-                    ISOCOMPUTE_DEMO_ARGS="--prompts 20 --n 2 --sft-steps 5 --actions 1,2 --budget 1.5")
+                    ISOCOMPUTE_DEMO_ARGS="--prompts 20 --n 2 --actions 1,2 --budget 1.5")
     log = tmp_path / "entrypoint.log"
     with open(log, "wb") as fh:
         proc = subprocess.Popen([sys.executable, str(ENTRYPOINT)], env=env, stdout=fh, stderr=subprocess.STDOUT,
@@ -398,6 +407,7 @@ def test_first_start_runs_the_demo_then_serves(tmp_path):
             time.sleep(0.5)
         out = log.read_text()
         assert "running `isocompute demo --out" in out and "[demo] all stages done" in out
+        assert "copied the embedded checkpoint" in out
         assert f"entrypoint: isocompute serve --policy {d}/policy --model {d}/tiny-sft" in out
         # exec'd: the process we started is now serve itself (signals reach uvicorn directly)
         cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")

@@ -3,7 +3,8 @@
 Stages, each skipped when its artifact is already there (so an interrupted demo resumes, and a second
 run is instant)::
 
-    train sft   → DIR/tiny-sft           the tiny arith model, trained from scratch
+    train sft   → DIR/tiny-sft           the tiny arith model: the embedded checkpoint, or trained from scratch
+                                         with ``--train`` (about 3.5 min more on one core)
     sample      → DIR/outcomes.jsonl     n samples per held-out arith prompt, graded (resumable itself)
     solve       → DIR/solution/          oracle actions at the demo budget + the accuracy-vs-budget frontier
     fit         → DIR/policy/            the budget-conditioned LightGBM policy
@@ -17,11 +18,14 @@ Each stage is the ordinary subcommand (the same parser and code path a user runs
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +45,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--n", type=int, default=16, help="samples per prompt")
     p.add_argument("--actions", default="1,2,4,8,16", help="sample counts k the policy chooses from")
     p.add_argument("--budget", type=float, default=4.0, help="mean samples per prompt for solve and the report")
-    p.add_argument("--sft-steps", type=int, default=None, help="SFT optimiser steps (default: the SFT default)")
+    p.add_argument("--train", action="store_true",
+                   help="train the tiny model from scratch (`isocompute train sft`, 1200 steps: about 3.5 min on one "
+                        "core) instead of copying the embedded checkpoint that this same command wrote")
+    p.add_argument("--sft-steps", type=int, default=None,
+                   help="SFT optimiser steps; implies --train (default: the SFT default)")
     p.add_argument("--seed", type=int, default=0, help="seed for every stage")
     p.add_argument("--report-seeds", default="1",
                    help="CV seeds of the demo's report (the full report, `isocompute report`, runs 3; one keeps "
@@ -96,7 +104,17 @@ def run(args: argparse.Namespace, commands: Mapping[str, argparse.ArgumentParser
     sft = ["train", "sft", "--task", "arith", "--out", str(model), "--seed", seed]
     if args.sft_steps is not None:
         sft += ["--steps", str(args.sft_steps)]
-    _stage(commands, "train sft", model / "manifest.json", sft, force=args.force)
+    if args.train or args.sft_steps is not None or args.seed != 0:
+        _stage(commands, "train sft", model / "manifest.json", sft, force=args.force)
+    elif (model / "manifest.json").exists() and not args.force:
+        print(f"[demo] train sft: {model / 'manifest.json'} exists, skipped (--force redoes it)")
+    else:
+        from isocompute.training.embedded import TINY_SFT, copy_tiny_sft
+
+        copy_tiny_sft(model)
+        print(f"[demo] train sft: shortened — copied the embedded checkpoint {TINY_SFT.name} (what `isocompute "
+              "train sft --task arith --seed 0` wrote: 1200 steps, 196 s on one core) to "
+              f"{model}; --train trains it here instead", flush=True)
 
     # `sample` resumes by itself: a table that stopped half-way is continued, not redone.
     workers = args.workers or os.cpu_count() or 1
@@ -146,10 +164,12 @@ def _sample_shards(argv: list[str], outcomes: Path, workers: int, prompts: int, 
     print(f"[demo] sample: {workers} processes, isocompute {' '.join(argv)} --shard I/{workers}", flush=True)
     t0 = time.perf_counter()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([*cmd[:-1], str(path), "--shard", f"{i}/{workers}", "--no-progress",
-                               "--grade-workers", "1"], env=env)
-             for i, path in enumerate(shards)]
-    failed = [i for i, proc in enumerate(procs) if proc.wait() != 0]
+    procs: list[subprocess.Popen] = []
+    with _shards_stopped_with_the_demo(procs):
+        procs += [subprocess.Popen([*cmd[:-1], str(path), "--shard", f"{i}/{workers}", "--no-progress",
+                                    "--grade-workers", "1"], env=env)
+                  for i, path in enumerate(shards)]
+        failed = [i for i, proc in enumerate(procs) if proc.wait() != 0]
     if failed:
         raise IsoComputeError(f"stage 'sample' failed in shard(s) {failed}; fix the error above and rerun "
                               "`isocompute demo` — finished prompts are kept.")
@@ -158,6 +178,35 @@ def _sample_shards(argv: list[str], outcomes: Path, workers: int, prompts: int, 
     for path in shards:
         path.unlink()
     print(f"[demo] sample: done in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+@contextlib.contextmanager
+def _shards_stopped_with_the_demo(procs: list[subprocess.Popen]) -> Iterator[None]:
+    """SIGTERM, Ctrl-C or an error while the shards run stops them too (a container's stop reaches only
+    the demo); SIGTERM then ends the demo as it would have (killed by the signal). Finished prompts are kept."""
+    def stop() -> None:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+
+    def on_term(signum: int, frame: Any) -> None:
+        stop()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, on_term) if main else None
+    try:
+        yield
+    except BaseException:
+        stop()
+        raise
+    finally:
+        if main and previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _table_complete(path: Path, prompts: int) -> bool:

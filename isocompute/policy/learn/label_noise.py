@@ -31,6 +31,7 @@ import numpy as np
 from isocompute.errors import InputError
 from isocompute.solver.allocate import allocate
 from isocompute.solver.estimators import best_of_k, majority_at_k, pass_at_k
+from isocompute.solver.hull import upper_hulls
 from isocompute.solver.outcomes import PAD_CODE, OutcomeTable
 
 
@@ -81,14 +82,16 @@ def oracle_label_agreement(table: OutcomeTable, U: np.ndarray, C: np.ndarray, ac
         raise InputError(f"reps must be ≥ 1; you passed {reps}.")
     rng = np.random.default_rng(seed)
     N, A = U.shape
-    base = [allocate(U, C, float(b), rounding="deterministic").actions for b in budgets]
+    hulls = upper_hulls(U, C)  # built once per table, not once per budget
+    base = [allocate(U, C, float(b), rounding="deterministic", hulls=hulls).actions for b in budgets]
     agree = np.zeros(len(budgets))
     freq = np.zeros((len(budgets), N, A))
     rows = np.arange(N)
     for _ in range(reps):
         Ur = resampled_utilities(table, actions, strategy, rng)
+        hulls = upper_hulls(Ur, C)
         for j, b in enumerate(budgets):
-            a = allocate(Ur, C, float(b), rounding="deterministic").actions
+            a = allocate(Ur, C, float(b), rounding="deterministic", hulls=hulls).actions
             agree[j] += float((a == base[j]).mean())
             freq[j, rows, a] += 1
     return {"ceiling": (freq.max(axis=2).mean(axis=1) / reps).tolist(), "agreement": (agree / reps).tolist(),

@@ -44,6 +44,7 @@ from isocompute.policy.learn.booster_head import (  # noqa: F401  (re-exported)
 from isocompute.policy.learn.booster_predict import BoosterPredictor
 from isocompute.policy.learn.calibration import grid_position, mixed_grid_index
 from isocompute.solver.allocate import allocate, feasible_range
+from isocompute.solver.hull import upper_hulls
 
 PRICE_JITTER = 0.2  # log-width of the per-prompt price spread of the utility learner (±10%)
 TIE_SPREAD = 1e-9  # additive price spread: splits exact ties in Û (no tree split on k) around λ = 0
@@ -74,13 +75,16 @@ class OracleClassifier:
 
         Budgets are clipped to these prompts' feasible range: with per-prompt (FLOP) costs a fold's
         cheapest mean cost can sit above the table's, and there every prompt takes its cheapest action.
-        Plan columns are solved in each prompt's own cost order and mapped back (the identity for k's)."""
+        Plan columns are solved in each prompt's own cost order and mapped back (the identity for k's).
+        The hulls do not depend on the budget: built once for the grid (a 56-plan fold: 129 builds were
+        5.6 s of a 24 s fit)."""
         from isocompute.solver.plans.estimates import by_cost
 
         lo, hi = feasible_range(C)
         order = by_cost(U, C)
+        hulls = upper_hulls(order.utility, order.cost)
         return np.stack([order.plans_of(allocate(order.utility, order.cost, float(np.clip(b, lo, hi)),
-                                                 rounding="deterministic").actions) for b in grid])
+                                                 rounding="deterministic", hulls=hulls).actions) for b in grid])
 
     def fit(self, X: np.ndarray, U: np.ndarray, C: np.ndarray, budget_range: tuple[float, float]) -> OracleClassifier:
         import lightgbm as lgb
@@ -96,12 +100,20 @@ class OracleClassifier:
         g = pick.ravel()
         Xb = np.column_stack([X[rows], grid[g]])
         y = labels[g, rows]
-        params = _lgb_params({"objective": "multiclass", "num_class": n_actions},
+        # Only the actions some label names are classes: a class without examples would only learn to be
+        # never chosen, at one tree per round (a 56-plan menu labels about half its plans; 2x the work).
+        # LightGBM's multiclass needs two classes, so a table with one label keeps a second.
+        present = np.flatnonzero(np.bincount(y, minlength=n_actions))
+        if present.size < 2:
+            present = np.union1d(present, [1 if present[0] == 0 else 0])
+        self.classes_ = present
+        params = _lgb_params({"objective": "multiclass", "num_class": int(present.size)},
                              num_leaves=self.num_leaves, learning_rate=self.learning_rate,
                              min_data_in_leaf=self.min_data_in_leaf, seed=self.seed)
         # The budget column gets more histogram bins so every grid value is a possible split.
         params["max_bin_by_feature"] = [255] * X.shape[1] + [max(255, grid.size + 1)]
-        self.booster_ = lgb.train(params, lgb.Dataset(Xb, y, free_raw_data=True), num_boost_round=self.n_rounds)
+        self.booster_ = lgb.train(params, lgb.Dataset(Xb, np.searchsorted(present, y), free_raw_data=True),
+                                  num_boost_round=self.n_rounds)
         self.predictor_ = BoosterPredictor(self.booster_)
         self.budget_grid_ = grid
         self.n_actions_ = n_actions
@@ -115,7 +127,9 @@ class OracleClassifier:
         Xb = np.empty((n, d + 1))
         Xb[:, :d] = X
         Xb[:, d] = budgets
-        return self.predictor_(Xb).reshape(n, self.n_actions_)
+        out = np.zeros((n, self.n_actions_))
+        out[:, self.classes_] = self.predictor_(Xb).reshape(n, self.classes_.size)
+        return out
 
     def predict(self, X: np.ndarray, internal_budget: float, u: np.ndarray) -> np.ndarray:
         """(N,) action index at internal budget b': the most probable oracle action (ties to the cheaper)
@@ -129,14 +143,14 @@ class OracleClassifier:
         if n == 0:
             return np.zeros((G, 0), dtype=np.intp)
         Xb = np.column_stack([np.tile(X, (G, 1)), np.repeat(self.budget_grid_, n)])
-        return np.argmax(self.predictor_(Xb).reshape(G * n, self.n_actions_),
-                         axis=1).reshape(G, n)
+        return self.classes_[np.argmax(self.predictor_(Xb).reshape(G * n, self.classes_.size), axis=1)].reshape(G, n)
 
     def state(self) -> dict[str, Any]:
         return {"params": {k: getattr(self, k) for k in ("n_rounds", "num_leaves", "learning_rate",
                                                           "min_data_in_leaf", "n_budget_grid",
                                                           "max_rows", "seed")},
                 "budget_grid": self.budget_grid_.tolist(), "n_actions": self.n_actions_,
+                "classes": self.classes_.tolist(),
                 "train_rows": self.train_rows_, "train_label_counts": self.train_label_counts_}
 
     @classmethod
@@ -146,6 +160,8 @@ class OracleClassifier:
         obj.predictor_ = BoosterPredictor(obj.booster_)  # checks the fast path against Booster.predict
         obj.budget_grid_ = np.asarray(state["budget_grid"], dtype=np.float64)
         obj.n_actions_ = int(state["n_actions"])
+        # artifacts written before classes were compacted have one class per action
+        obj.classes_ = np.asarray(state.get("classes", range(obj.n_actions_)), dtype=np.intp)
         obj.train_rows_ = int(state["train_rows"])
         obj.train_label_counts_ = list(state["train_label_counts"])
         return obj
@@ -197,6 +213,8 @@ class UtilityRegressor(BoosterHead):
         obj.predictor_ = BoosterPredictor(obj.booster_)  # checks the fast path against Booster.predict
         obj.ks_ = np.asarray(state["ks"], dtype=np.float64)
         obj.n_actions_ = int(state["n_actions"])
+        # artifacts written before classes were compacted have one class per action
+        obj.classes_ = np.asarray(state.get("classes", range(obj.n_actions_)), dtype=np.intp)
         head = state.get("cost_head")  # absent before plans
         obj.cost_head_ = None if head is None else SampleCostRegressor.from_state(head, cost_text)
         return obj
