@@ -3,11 +3,11 @@
 # Build and run the embedded default (tiny model + fitted policy, in-process transformers engine):
 #
 #   docker build -t isocompute .                           # the demo then runs on first start
-#   docker build -t isocompute --build-arg BAKE_DEMO=1 .   # or run the demo (~10 min CPU) at build time
+#   docker build -t isocompute --build-arg BAKE_DEMO=1 .   # or run the demo (~3 min on 2 cores) at build time
 #   docker run --rm -p 8000:8000 -v isocompute-data:/data isocompute
 #
 # The first start without a baked demo runs `isocompute demo --out /data/demo` before serving (about
-# 10 minutes on 2 CPU cores; the named volume keeps it, and an interrupted demo resumes). Then:
+# 3 minutes on 2 CPU cores; the named volume keeps it, and an interrupted demo resumes). Then:
 #   curl -s localhost:8000/health
 #
 # Configure with ISOCOMPUTE_<FIELD> variables or a TOML file in ISOCOMPUTE_CONFIG (every setting is in

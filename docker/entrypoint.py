@@ -10,7 +10,7 @@ only what none of them set:
 
 * no ``policy_dir``: the embedded default — ``--policy DEMO/policy`` and, if ``model_dir`` is unset
   too, ``--model DEMO/tiny-sft``. When those artifacts are missing it first runs
-  ``isocompute demo --out DEMO`` (about 10 minutes on 2 CPU cores, once: the demo skips finished stages
+  ``isocompute demo --out DEMO`` (about 3 minutes on 2 CPU cores, once: the demo skips finished stages
   and resumes an interrupted one). ``ISOCOMPUTE_DEMO_ARGS`` adds flags to that run.
 * no ``host``: ``--host 0.0.0.0`` (serve's own default, loopback, is unreachable from outside a container).
 
@@ -116,7 +116,7 @@ def main(argv: list[str]) -> int:
         return 0
     if demo is not None:
         print(f"entrypoint: the embedded default is not in {demo[3]} yet; running `{shlex.join(demo)}` "
-              "(about 10 minutes on 2 CPU cores, once; mount a volume at /data to keep it)",
+              "(about 3 minutes on 2 CPU cores, once; mount a volume at /data to keep it)",
               file=sys.stderr, flush=True)
         rc = run_forwarding_signals(demo)
         if rc != 0:
