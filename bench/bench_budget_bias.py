@@ -179,7 +179,8 @@ def _matched_gain(acc: np.ndarray, tok: np.ndarray, u_acc: np.ndarray, u_tok: np
     return 100 * (acc - np.interp(tok, u_tok[o], u_acc[o]))
 
 
-def part_b(name: str, table, arr, lengths: np.ndarray, sizes, subsets: int, seed: int) -> list[dict]:
+def part_b(name: str, table, arr, lengths: np.ndarray, sizes, subsets: int, seed: int,
+           labels: tuple[str, ...] = ("before", "after")) -> list[dict]:
     from isocompute.evaluation.evaluate import METHODS, cross_validate
     from isocompute.evaluation.reach import reach_block
     from isocompute.policy.policy import PolicyConfig
@@ -196,7 +197,7 @@ def part_b(name: str, table, arr, lengths: np.ndarray, sizes, subsets: int, seed
             lat = arr.total_latency(0.0)[rows] / m
             prompts = [table.prompts[i] for i in arr.kept[rows]]
             row = {"table": name, "n": n, "subset": s}
-            for label in ("before", "after"):
+            for label in labels:
                 cfg = PolicyConfig(plans=tuple(names), cost_unit="tokens", seed=0,
                                    budget_range=(float(C.mean(axis=0).min()) * 1.0001, 16 * m * 0.999),
                                    latency_range=(float(np.ceil(lat.mean(axis=0).min() * 1000) / 1000), 4.0))
@@ -231,6 +232,8 @@ def _print_b(row: dict) -> None:
 
     print(f"\n{row['table']}, {row['n']} hardest-pool prompts, subset {row['subset']}:")
     for label in ("before", "after"):
+        if label not in row:
+            continue
         r = row[label]
         errs = " ".join(f"{100 * e:+.1f}%" for e in r["tokens_error"])
         gains = " ".join(f"{g:+.2f}" for g in r["matched_gain"])
@@ -296,6 +299,8 @@ def main() -> None:
     ap.add_argument("--policy-sizes", default="30,60")
     ap.add_argument("--policy-subsets", type=int, default=1)
     ap.add_argument("--mix-subsets", type=int, default=0)
+    ap.add_argument("--after-only", action="store_true",
+                    help="part B: this code's chain only (no 'before' baseline): twice the subsets in the same time")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
@@ -322,7 +327,8 @@ def main() -> None:
             break
         table = read_outcomes(path)
         arr = plan_arrays(table, plans, cost_unit="tokens")
-        out["b"] += part_b(path.stem, table, arr, arr.tokens[:, 0], psizes, a.policy_subsets, a.seed)
+        out["b"] += part_b(path.stem, table, arr, arr.tokens[:, 0], psizes, a.policy_subsets, a.seed,
+                           ("after",) if a.after_only else ("before", "after"))
         if a.json:
             a.json.write_text(json.dumps(out, indent=1) + "\n")
     if a.json:
