@@ -188,6 +188,7 @@ def part_b(name: str, table, arr, lengths: np.ndarray, sizes, subsets: int, seed
     names = [p.name for p in arr.plans]
     rows_out = []
     for n in sizes:
+        n = n or len(lengths)  # 0 ("all"): the whole table, one "subset"
         pool = np.argsort(-lengths)[: min(POOL.get(n, 2 * n), len(lengths))]
         rng = np.random.default_rng(seed + 7 * n)
         for s in range(subsets):
@@ -251,6 +252,7 @@ def part_c(name: str, arr, sizes, subsets: int, seed: int) -> dict:
     lengths = T[:, names.index("none@1")]
     res = {}
     for n in sizes:
+        n = n or len(lengths)  # 0 ("all"): the whole table, one "subset"
         pool = np.argsort(-lengths)[: min(POOL.get(n, 2 * n), len(lengths))]
         rng = np.random.default_rng(seed + 11 * n)
         errs, gains = {"before": [], "after": []}, []
@@ -296,7 +298,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="30:100,60:150,120:250,30:all",
                     help="n:pool — n prompts drawn from the pool longest (all: from every prompt)")
     ap.add_argument("--subsets", type=int, default=100)
-    ap.add_argument("--policy-sizes", default="30,60")
+    ap.add_argument("--policy-sizes", default="30,60", help="part B's subset sizes (all: the whole table)")
     ap.add_argument("--policy-subsets", type=int, default=1)
     ap.add_argument("--mix-subsets", type=int, default=0)
     ap.add_argument("--after-only", action="store_true",
@@ -306,7 +308,7 @@ def main() -> None:
     a = ap.parse_args()
     sizes = [(int(x.split(":")[0]), None if x.split(":")[1] == "all" else int(x.split(":")[1]))
              for x in a.sizes.split(",") if x]
-    psizes = [int(x) for x in a.policy_sizes.split(",") if x]
+    psizes = [0 if x == "all" else int(x) for x in a.policy_sizes.split(",") if x]
     plans = resolve_plans("default", (1, 2, 4, 8, 16), parallel=True)
     out: dict = {"a": {}, "b": [], "c": {}}
     for path in a.tables:
