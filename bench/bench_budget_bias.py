@@ -303,6 +303,7 @@ def main() -> None:
     ap.add_argument("--mix-subsets", type=int, default=0)
     ap.add_argument("--after-only", action="store_true",
                     help="part B: this code's chain only (no 'before' baseline): twice the subsets in the same time")
+    ap.add_argument("--before-only", action="store_true", help="part B: the baseline chain only")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
@@ -330,7 +331,7 @@ def main() -> None:
         table = read_outcomes(path)
         arr = plan_arrays(table, plans, cost_unit="tokens")
         out["b"] += part_b(path.stem, table, arr, arr.tokens[:, 0], psizes, a.policy_subsets, a.seed,
-                           ("after",) if a.after_only else ("before", "after"))
+                           ("after",) if a.after_only else ("before",) if a.before_only else ("before", "after"))
         if a.json:
             a.json.write_text(json.dumps(out, indent=1) + "\n")
     if a.json:
