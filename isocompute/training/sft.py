@@ -115,10 +115,7 @@ def encode_examples(tokenizer: Any, prompts: list[str], answers: list[str],
     chat_at = [i for i, c in enumerate(chats) if c]
     prefixes = tokenizer.apply_chat_template([[{"role": "user", "content": prompts[i]}] for i in chat_at],
                                              add_generation_prompt=True, tokenize=False) if chat_at else []
-    prompt_text = list(prompts)
-    for i, prefix in zip(chat_at, prefixes, strict=True):
-        prompt_text[i] = prefix
-    plain_ids = tokenizer([prompt_text[i] for i, c in enumerate(chats) if not c])["input_ids"] if not all(chats) else []
+    plain_ids = tokenizer([p for p, c in zip(prompts, chats, strict=True) if not c])["input_ids"] if not all(chats) else []
     chat_ids = tokenizer(prefixes, add_special_tokens=False)["input_ids"] if chat_at else []
     answer_ids = tokenizer([a if c else "\n" + a for a, c in zip(answers, chats, strict=True)], add_special_tokens=False)["input_ids"]
     chat_it, plain_it = iter(chat_ids), iter(plain_ids)  # chat prefixes: no <s> (the template has it); plain: <s>

@@ -213,8 +213,6 @@ class UtilityRegressor(BoosterHead):
         obj.predictor_ = BoosterPredictor(obj.booster_)  # checks the fast path against Booster.predict
         obj.ks_ = np.asarray(state["ks"], dtype=np.float64)
         obj.n_actions_ = int(state["n_actions"])
-        # artifacts written before classes were compacted have one class per action
-        obj.classes_ = np.asarray(state.get("classes", range(obj.n_actions_)), dtype=np.intp)
         head = state.get("cost_head")  # absent before plans
         obj.cost_head_ = None if head is None else SampleCostRegressor.from_state(head, cost_text)
         return obj
