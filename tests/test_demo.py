@@ -57,3 +57,70 @@ def test_train_sft_steps_or_another_seed_train_from_scratch(tmp_path, invoked, e
     assert sft[:2] == ["train", "sft"] and (steps is None) == ("--steps" not in sft)
     if steps:
         assert sft[sft.index("--steps") + 1] == steps
+
+
+# ---- stopping the sample shards with the demo --------------------------------------------------------
+
+SHARDS = """
+import os, signal, subprocess, sys, time
+from isocompute.cli import demo
+
+real_popen, mode = subprocess.Popen, sys.argv[1]
+
+def popen(*a, **kw):  # 'starting': the signal lands while a shard starts (after its exec, before it is known)
+    p = real_popen(*a, **kw)
+    print(p.pid, flush=True)
+    if mode == "starting":
+        os.kill(os.getpid(), signal.SIGTERM)
+    return p
+
+subprocess.Popen = popen
+sleeper = [sys.executable, "-c", "import subprocess, sys, time; "
+           "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"]
+with demo._shards_stopped_with_the_demo() as start:
+    procs = [start(sleeper, dict(os.environ)) for _ in range(2)]
+    print("waiting", flush=True)
+    procs[0].wait()
+"""
+
+
+def _group_alive(pgid: int) -> bool:
+    import os
+
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+@pytest.mark.parametrize("mode", ["waiting", "starting"])
+def test_sigterm_stops_the_shards_and_their_children_at_once(mode):
+    """SIGTERM while the demo waits on a shard (it used to wait 10 s there, on the Popen's own lock) or
+    while a shard starts (the signal is acted on once the shard is known): the demo dies by the signal
+    within a second, and every shard's process group with it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", SHARDS, mode], stdout=subprocess.PIPE, text=True)
+    try:
+        pgids = [int(proc.stdout.readline())]
+        t0 = time.monotonic()
+        if mode == "waiting":
+            pgids.append(int(proc.stdout.readline()))
+            assert proc.stdout.readline() == "waiting\n"
+            time.sleep(0.5)  # the demo is in procs[0].wait()
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == -signal.SIGTERM
+        assert time.monotonic() - t0 < 2
+        assert proc.stdout.read() == ""  # 'starting': it went no further than the first shard
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + 5
+    while any(_group_alive(g) for g in pgids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_group_alive(g) for g in pgids), "a shard or its child outlived the demo"

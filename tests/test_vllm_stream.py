@@ -64,6 +64,18 @@ def settled(url: str) -> float:
     raise AssertionError(f"vLLM at {url} did not settle within 30 s")
 
 
+def counted_settings(server):
+    """The gateway's settings for tests that compare its charge with vLLM's ``generation_tokens_total``:
+    its readiness watch (one real 1-token completion every ``ready_interval_s``, 5 s by default) would add
+    a token to the count whenever a probe lands between the two reads — a fresh-clone run saw the charge
+    1 token below the count once in five. With an hour's interval, only the first probe runs, before
+    ``/ready`` answers 200, so before the test's first read."""
+    from isocompute.app.settings import Settings
+
+    return Settings(engine="vllm-http", upstreams=[server.url], default_max_tokens=MAX_TOKENS,
+                    max_tokens_limit=MAX_TOKENS, ready_interval_s=3600)
+
+
 def stream(url, stop_after: int | None, **kw):
     """The seeded wave streamed, stopped after ``stop_after`` finishes (None: never): the WaveStream and
     the finishes handed out; ``kw``: stream_wave's (logprobs)."""
@@ -140,11 +152,8 @@ def test_the_gateway_stops_a_parallel_wave_and_charges_what_was_streamed(server)
     from app_fakes import FakePolicy
     from test_app_vllm import serve
 
-    from isocompute.app.settings import Settings
-
     def ask(plan):
-        url, stop = serve(Settings(engine="vllm-http", upstreams=[server.url], default_max_tokens=MAX_TOKENS,
-                                   max_tokens_limit=MAX_TOKENS), policy=FakePolicy(plan))
+        url, stop = serve(counted_settings(server), policy=FakePolicy(plan))
         try:
             before = settled(server.url)
             r = httpx.post(f"{url}/v1/completions", timeout=120, json={
@@ -187,10 +196,7 @@ def test_a_client_that_disconnects_mid_wave_aborts_it_upstream(server):
     from app_fakes import FakePolicy
     from test_app_vllm import serve
 
-    from isocompute.app.settings import Settings
-
-    url, stop = serve(Settings(engine="vllm-http", upstreams=[server.url], default_max_tokens=MAX_TOKENS,
-                               max_tokens_limit=MAX_TOKENS), policy=FakePolicy("lead:m=4@8s"))
+    url, stop = serve(counted_settings(server), policy=FakePolicy("lead:m=4@8s"))
     body = {"model": "isocompute", "prompt": PROMPT, "budget": 4, "max_tokens": MAX_TOKENS, "temperature": 1.0,
             "seed": SEED}
     try:

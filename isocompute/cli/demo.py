@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -164,11 +164,9 @@ def _sample_shards(argv: list[str], outcomes: Path, workers: int, prompts: int, 
     print(f"[demo] sample: {workers} processes, isocompute {' '.join(argv)} --shard I/{workers}", flush=True)
     t0 = time.perf_counter()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs: list[subprocess.Popen] = []
-    with _shards_stopped_with_the_demo(procs):
-        procs += [subprocess.Popen([*cmd[:-1], str(path), "--shard", f"{i}/{workers}", "--no-progress",
-                                    "--grade-workers", "1"], env=env)
-                  for i, path in enumerate(shards)]
+    with _shards_stopped_with_the_demo() as start:
+        procs = [start([*cmd[:-1], str(path), "--shard", f"{i}/{workers}", "--no-progress", "--grade-workers", "1"],
+                       env) for i, path in enumerate(shards)]
         failed = [i for i, proc in enumerate(procs) if proc.wait() != 0]
     if failed:
         raise IsoComputeError(f"stage 'sample' failed in shard(s) {failed}; fix the error above and rerun "
@@ -181,32 +179,63 @@ def _sample_shards(argv: list[str], outcomes: Path, workers: int, prompts: int, 
 
 
 @contextlib.contextmanager
-def _shards_stopped_with_the_demo(procs: list[subprocess.Popen]) -> Iterator[None]:
-    """SIGTERM, Ctrl-C or an error while the shards run stops them too (a container's stop reaches only
-    the demo); SIGTERM then ends the demo as it would have (killed by the signal). Finished prompts are kept."""
-    def stop() -> None:
+def _shards_stopped_with_the_demo() -> Iterator[Callable[[list[str], dict[str, str]], subprocess.Popen]]:
+    """``start(cmd, env)`` runs a shard in its own process group (the shard and its grading worker). SIGTERM,
+    Ctrl-C or an error while the shards run stops every group started: a container's stop reaches only the
+    demo, and so does a terminal's Ctrl-C now. SIGTERM then ends the demo as it would have (killed by the
+    signal); Ctrl-C raises KeyboardInterrupt as before. Finished prompts are kept.
+
+    The handler only signals, never waits: it may interrupt ``Popen.wait()``, which holds the Popen's lock,
+    so a wait there blocks until its timeout (a fresh-clone CI run took 10.4 s to stop). A signal that lands
+    while a shard starts is acted on once the shard is known, so that shard is stopped too."""
+    procs: list[subprocess.Popen] = []
+    state = {"starting": False, "pending": 0}
+
+    def signal_all() -> None:
         for proc in procs:
             if proc.poll() is None:
-                proc.terminate()
-        for proc in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(10)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
 
-    def on_term(signum: int, frame: Any) -> None:
-        stop()
+    def die(signum: int) -> None:
+        signal_all()
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, on_term) if main else None
+    def act(signum: int) -> None:
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt  # as Python's own handler would; the except below stops the shards
+        die(signum)
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if state["starting"]:
+            state["pending"] = signum
+        else:
+            act(signum)
+
+    def start(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+        state["starting"] = True
+        try:
+            procs.append(subprocess.Popen(cmd, env=env, process_group=0))
+        finally:
+            state["starting"] = False
+        if state["pending"]:
+            act(state["pending"])
+        return procs[-1]
+
+    sigs = (signal.SIGTERM, signal.SIGINT) if threading.current_thread() is threading.main_thread() else ()
+    previous = {sig: signal.signal(sig, on_signal) for sig in sigs}
     try:
-        yield
+        yield start
     except BaseException:
-        stop()
+        signal_all()
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
         raise
     finally:
-        if main and previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _table_complete(path: Path, prompts: int) -> bool:
