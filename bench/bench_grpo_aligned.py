@@ -23,6 +23,7 @@ The defaults are the setting where plain GRPO measurably learns (``bench_grpo_al
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -31,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_grpo_common import held_out, parse_mix, run_curve  # noqa: E402
+from bench_grpo_common import cached, held_out, parse_mix, run_curve  # noqa: E402
 
 from isocompute.training.evaluation import evaluate, mean_ci  # noqa: E402
 from isocompute.training.grpo import AlignedGRPOConfig  # noqa: E402
@@ -39,13 +40,15 @@ from isocompute.training.grpo import AlignedGRPOConfig  # noqa: E402
 ACTIONS = (1, 2, 4, 8)
 
 
-def served(model, tok, cal, test, *, seed: int, max_new_tokens: int, budget: float):
+def served(model, tok, cal, test, *, seed: int, max_new_tokens: int, budget: float, temperature: float = 1.0):
     """(test EvalResult, {uniform maj@4, policy at budget, oracle at budget})."""
     from isocompute.policy.policy import Policy, PolicyConfig
     from isocompute.solver.allocate import allocate
 
-    ev_cal = evaluate(model, tok, cal, n=8, ks=ACTIONS, max_new_tokens=max_new_tokens, seed=seed + 100)
-    ev = evaluate(model, tok, test, n=8, ks=ACTIONS, max_new_tokens=max_new_tokens, seed=seed + 200)
+    ev_cal = evaluate(model, tok, cal, n=8, ks=ACTIONS, max_new_tokens=max_new_tokens, seed=seed + 100,
+                      temperature=temperature)
+    ev = evaluate(model, tok, test, n=8, ks=ACTIONS, max_new_tokens=max_new_tokens, seed=seed + 200,
+                  temperature=temperature)
     C = np.tile(np.array(ACTIONS, dtype=float), (len(test), 1))
     policy = Policy(PolicyConfig(actions=ACTIONS, budget_range=(1.0, 8.0), min_data_in_leaf=5, n_rounds=50,
                                  seed=seed))
@@ -64,11 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--base", default="runs/tiny-sft", help="model directory, or none for the random tiny model")
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--objectives", default="mean,maj@8", help="baseline first")
+    ap.add_argument("--objectives", default="mean,maj@8", help="baseline first; each other one is compared with it")
     ap.add_argument("--flops", type=float, default=1.2e12, help="analytic training FLOPs per run")
     ap.add_argument("--n", type=int, default=12, help="rollouts per prompt (≥ 9 for maj@8)")
     ap.add_argument("--prompts-per-step", type=int, default=8)
     ap.add_argument("--lr", type=float, default=2e-5)
+    ap.add_argument("--lora-rank", type=int, default=0, help="0: full fine-tuning; r > 0: LoRA adapters of rank r")
+    ap.add_argument("--temperature", type=float, default=1.0, help="rollouts' and the evaluations' temperature")
     ap.add_argument("--max-completion-length", type=int, default=64)
     ap.add_argument("--test-problems", type=int, default=256)
     ap.add_argument("--cal-problems", type=int, default=128)
@@ -76,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--mix", type=parse_mix, default=parse_mix("1:1,2:1,3:1"),
                     help="arith difficulty weights for training and held-out problems (default 1:1,2:1,3:1)")
+    ap.add_argument("--out-dir", default=None,
+                    help="keep the base model's and each finished run's results here (one JSON each) and skip "
+                         "them when rerun: an interrupted bench resumes at the run it was in")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     wall = time.monotonic()
@@ -85,62 +93,100 @@ def main(argv: list[str] | None = None) -> int:
     test = held_out(args.test_problems, mix=args.mix)
     cal = held_out(args.cal_problems, seed=8, mix=args.mix)
     base = None if args.base == "none" else args.base
-    per: dict[str, dict[int, dict]] = {o: {} for o in objectives}
-    maj8: dict[str, list[np.ndarray]] = {o: [] for o in objectives}
+    out_dir = Path(args.out_dir) if args.out_dir else None
     # the untrained base, served the same way: what GRPO changes at all
+    start = cached(out_dir, "base", functools.partial(base_run, args, base, cal, test))
+    serve = start["served"]
+    print(f"base model: maj@8 {start['summary']['maj@8']:.3f}, pass@8 {start['summary']['pass@8']:.3f}, acc "
+          f"{start['summary']['accuracy']:.3f}; served@{args.budget:g}: uniform {serve['uniform_maj@4']:.3f}, "
+          f"policy {serve['policy']:.3f} (mean k {serve['policy_mean_k']:.2f}), batch-matched "
+          f"{serve['policy_batch']:.3f} (mean k {serve['policy_batch_mean_k']:.2f}), oracle {serve['oracle']:.3f}",
+          flush=True)
+    per: dict[str, dict[int, dict]] = {o: {} for o in objectives}
+    for seed in seeds:
+        for obj in objectives:
+            r = per[obj][seed] = cached(out_dir, f"{obj.replace('@', '_at_')}-seed{seed}",
+                                        functools.partial(one_run, args, obj, seed, base, cal, test))
+            serve = r["served"]
+            print(f"seed {seed} {obj:>6}: {r['steps']} steps, {r['rollouts']} rollouts, {sum(r['flops'].values()):.3e} "
+                  f"FLOPs, maj@8 {r['summary']['maj@8']:.3f}, pass@8 {r['summary']['pass@8']:.3f}, acc "
+                  f"{r['summary']['accuracy']:.3f}; served@{args.budget:g}: uniform {serve['uniform_maj@4']:.3f}, "
+                  f"policy {serve['policy']:.3f} (mean k {serve['policy_mean_k']:.2f}), batch-matched "
+                  f"{serve['policy_batch']:.3f} (mean k {serve['policy_batch_mean_k']:.2f}), oracle "
+                  f"{serve['oracle']:.3f}; training {r['seconds']:.0f} s", flush=True)
+
+    base_obj = objectives[0]
+    comparisons = {f"{obj} - {base_obj} on {metric}": compare(per, obj, base_obj, metric, seeds)
+                   for obj in objectives[1:] for metric in ("maj@8", "pass@8")}
+    print()
+    for name, c in comparisons.items():
+        print(f"held-out {name}: {c['difference']:+.3f}; 95% CI over problems (seeds averaged) "
+              f"[{c['ci95_problems'][0]:+.3f}, {c['ci95_problems'][1]:+.3f}], over problems and seeds (bootstrap) "
+              f"[{c['ci95_problems_seeds'][0]:+.3f}, {c['ci95_problems_seeds'][1]:+.3f}]; per seed "
+              f"{', '.join(f'{d:+.3f}' for d in c['per_seed'])}")
+    served_means = {}
+    for key in ("uniform_maj@4", "policy", "policy_mean_k", "policy_batch", "policy_batch_mean_k", "oracle"):
+        served_means[key] = {o: float(np.mean([per[o][s]["served"][key] for s in seeds])) for o in objectives}
+        print(f"{'served/' + key:>26}: " + ", ".join(f"{o} {v:.3f}" for o, v in served_means[key].items()))
+    for o in objectives:
+        gain = [per[o][s]["served"]["policy_batch"] - per[o][s]["served"]["uniform_maj@4"] for s in seeds]
+        print(f"served@{args.budget:g} {o}: batch-matched policy - uniform maj@4 per seed "
+              f"{', '.join(f'{g:+.3f}' for g in gain)} (mean {np.mean(gain):+.3f})")
+    seconds = time.monotonic() - wall
+    print(f"wall time {seconds:.0f} s")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        legacy = comparisons.get(f"{objectives[-1]} - {base_obj} on maj@8")
+        Path(args.json).write_text(json.dumps({
+            "args": vars(args), "base": start, "runs": per, "comparisons": comparisons, "served": served_means,
+            "maj8_difference": legacy and {"mean": legacy["difference"], "ci95": legacy["ci95_problems"],
+                                           "per_seed": legacy["per_seed"]},
+            "wall_seconds": seconds}, indent=2, default=float) + "\n")
+    return 0
+
+
+def base_run(args: argparse.Namespace, base: str | None, cal: list, test: list) -> dict:
+    """The untrained base model evaluated and served as every trained one is."""
     import torch
 
     from isocompute.training.grpo import load_base
 
     torch.set_num_threads(args.threads)
     model, tok = load_base(base)
-    ev, serve = served(model, tok, cal, test, seed=0, max_new_tokens=args.max_completion_length, budget=args.budget)
-    start = {**ev.summary(), **{f"served/{k}": v for k, v in serve.items()}}
-    print(f"base model: maj@8 {start['maj@8']:.3f}, acc {ev.accuracy:.3f}; served@{args.budget:g}: uniform "
-          f"{serve['uniform_maj@4']:.3f}, policy {serve['policy']:.3f} (mean k {serve['policy_mean_k']:.2f}), "
-          f"batch-matched {serve['policy_batch']:.3f} (mean k {serve['policy_batch_mean_k']:.2f}), "
-          f"oracle {serve['oracle']:.3f}", flush=True)
-    for seed in seeds:
-        for obj in objectives:
-            cfg = AlignedGRPOConfig(objective=obj, num_generations=args.n, prompts_per_step=args.prompts_per_step,
-                                    steps=10_000, lr=args.lr, max_completion_length=args.max_completion_length,
-                                    seed=seed, threads=args.threads, mix=args.mix)
-            curve, (model, tok) = run_curve(cfg, base=base, problems=test[:16], eval_every=10**9,
-                                            stop_flops=args.flops, max_new_tokens=args.max_completion_length,
-                                            keep_model=True)
-            ev, serve = served(model, tok, cal, test, seed=seed, max_new_tokens=args.max_completion_length,
-                               budget=args.budget)
-            maj8[obj].append(ev.metric("maj@8"))
-            per[obj][seed] = {**ev.summary(), **{f"served/{k}": v for k, v in serve.items()},
-                              "flops": curve.ledger["analytic"], "rollouts": curve.rollouts["total"],
-                              "steps": curve.points[-1]["step"], "seconds": curve.seconds,
-                              "ledger": curve.ledger}
-            print(f"seed {seed} {obj:>6}: {per[obj][seed]['steps']} steps, {curve.rollouts['total']} rollouts, "
-                  f"maj@8 {ev.summary()['maj@8']:.3f}, acc {ev.accuracy:.3f}; served@{args.budget:g}: "
-                  f"uniform {serve['uniform_maj@4']:.3f}, policy {serve['policy']:.3f} "
-                  f"(mean k {serve['policy_mean_k']:.2f}), batch-matched {serve['policy_batch']:.3f} "
-                  f"(mean k {serve['policy_batch_mean_k']:.2f}), oracle {serve['oracle']:.3f}; training "
-                  f"{curve.seconds:.0f} s", flush=True)
+    ev, serve = served(model, tok, cal, test, seed=0, max_new_tokens=args.max_completion_length, budget=args.budget,
+                       temperature=args.temperature)
+    return {"summary": ev.summary(), "served": serve}
 
-    base_obj, aligned = objectives[0], objectives[-1]
-    a, b = np.mean(maj8[aligned], axis=0), np.mean(maj8[base_obj], axis=0)
-    diff_mean, lo, hi = mean_ci(a - b)
-    seed_diffs = [float(x.mean() - y.mean()) for x, y in zip(maj8[aligned], maj8[base_obj], strict=True)]
-    print(f"\nheld-out maj@8: {aligned} {a.mean():.3f} vs {base_obj} {b.mean():.3f}; difference {diff_mean:+.3f} "
-          f"(95% CI over {len(a)} problems, seeds averaged: [{lo:+.3f}, {hi:+.3f}]); per seed "
-          f"{', '.join(f'{d:+.3f}' for d in seed_diffs)}")
-    for key in ("served/uniform_maj@4", "served/policy", "served/policy_mean_k", "served/policy_batch",
-                "served/policy_batch_mean_k", "served/oracle"):
-        vals = {o: np.mean([per[o][s][key] for s in seeds]) for o in objectives}
-        print(f"{key:>22}: " + ", ".join(f"{o} {v:.3f}" for o, v in vals.items()))
-    seconds = time.monotonic() - wall
-    print(f"wall time {seconds:.0f} s")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"args": vars(args), "base": start, "runs": per, "maj8_difference": {
-            "mean": diff_mean, "ci95": [lo, hi], "per_seed": seed_diffs}, "wall_seconds": seconds},
-            indent=2, default=float) + "\n")
-    return 0
+
+def one_run(args: argparse.Namespace, obj: str, seed: int, base: str | None, cal: list, test: list) -> dict:
+    """One objective trained on one seed to the FLOP budget, then evaluated and served (module docstring)."""
+    cfg = AlignedGRPOConfig(objective=obj, num_generations=args.n, prompts_per_step=args.prompts_per_step,
+                            steps=10_000, lr=args.lr, max_completion_length=args.max_completion_length,
+                            temperature=args.temperature, lora_rank=args.lora_rank, seed=seed,
+                            threads=args.threads, mix=args.mix)
+    curve, (model, tok) = run_curve(cfg, base=base, problems=test[:16], eval_every=10**9, stop_flops=args.flops,
+                                    max_new_tokens=args.max_completion_length, keep_model=True, ref=False,
+                                    label=f"seed {seed} {obj}")
+    ev, serve = served(model, tok, cal, test, seed=seed, max_new_tokens=args.max_completion_length,
+                       budget=args.budget, temperature=args.temperature)
+    return {"summary": ev.summary(), "served": serve, "maj@8": ev.metric("maj@8").tolist(),
+            "pass@8": ev.metric("pass@8").tolist(), "flops": curve.ledger["analytic"],
+            "rollouts": curve.rollouts["total"], "steps": curve.points[-1]["step"], "seconds": curve.seconds,
+            "ledger": curve.ledger}
+
+
+def compare(per: dict, obj: str, base_obj: str, metric: str, seeds: list[int], boots: int = 4000) -> dict:
+    """``obj`` − ``base_obj`` on held-out ``metric``, paired by problem and seed (the same test problems and
+    evaluation seed): the mean, a 95 % interval over problems with seeds averaged, and one over problems
+    and seeds (seeds and problems resampled independently, a two-way bootstrap)."""
+    d = np.array([per[obj][s][metric] for s in seeds]) - np.array([per[base_obj][s][metric] for s in seeds])
+    mean, lo, hi = mean_ci(d.mean(axis=0))
+    rng = np.random.default_rng(0)
+    S, P = d.shape
+    stats = [d[rng.integers(0, S, S)][:, rng.integers(0, P, P)].mean() for _ in range(boots)]
+    return {"difference": mean, "ci95_problems": [lo, hi],
+            "ci95_problems_seeds": [float(np.quantile(stats, 0.025)), float(np.quantile(stats, 0.975))],
+            "per_seed": d.mean(axis=1).tolist()}
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ plus half of uniform GRPO's mean smoothed gain at the end of the budget (so unif
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -38,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_grpo_common import crossing, held_out, parse_mix, run_curve, smooth  # noqa: E402
+from bench_grpo_common import cached, crossing, held_out, parse_mix, run_curve, smooth  # noqa: E402
 
 from isocompute.tasks import arith  # noqa: E402
 from isocompute.training.grpo import AlignedGRPOConfig, load_base  # noqa: E402
@@ -79,7 +80,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sample-every", type=int, default=0,
                     help="steps between sampled-accuracy measurements (0: start and end only)")
     ap.add_argument("--target", type=float, default=None,
-                    help="ref target (default: start + half of uniform's mean smoothed gain)")
+                    help="target on the curve (default: start + half of uniform's mean smoothed gain)")
+    ap.add_argument("--target-gain", type=float, default=None,
+                    help="target = the base model's start value + this, fixed before any run (wins over --target)")
+    ap.add_argument("--curve", choices=("ref", "accuracy"), default="ref",
+                    help="the curve the target is crossed on: ref (the tiny model) or the sampled accuracy, "
+                         "measured every --eval-every steps (a pretrained model, whose solutions are its own)")
+    ap.add_argument("--lora-rank", type=int, default=0, help="0: full fine-tuning; r > 0: LoRA adapters of rank r")
+    ap.add_argument("--temperature", type=float, default=1.0, help="rollouts' and the sampled accuracy's temperature")
+    ap.add_argument("--out-dir", default=None,
+                    help="keep each finished run here (one JSON per method and seed) and skip it when rerun: "
+                         "an interrupted bench resumes at the run it was in")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--mix", type=parse_mix, default=dict(arith.DEFAULT_MIX),
                     help="arith difficulty weights for training and held-out problems, e.g. 1:1,2:1,3:1 "
@@ -97,37 +108,32 @@ def main(argv: list[str] | None = None) -> int:
     methods = args.methods.split(",")
     problems = held_out(args.eval_problems, mix=args.mix)
     base = None if args.base == "none" else args.base
-    start_acc = start_accuracy(base, problems[: args.sample_problems], args)
+    out_dir = Path(args.out_dir) if args.out_dir else None
+    start_acc = cached(out_dir, "start", lambda: {"accuracy": start_accuracy(base, problems[: args.sample_problems],
+                                                                             args)})["accuracy"]
     print(f"start: sampled accuracy {start_acc:.3f} ({args.eval_n} samples x {args.sample_problems} problems, "
           "shared by every run)", flush=True)
+    if args.target_gain is not None:
+        if args.curve != "accuracy":
+            ap.error("--target-gain sets the target from the start accuracy: use it with --curve accuracy")
+        args.target = start_acc + args.target_gain
+        print(f"target: sampled accuracy {args.target:.3f} (start + {args.target_gain:g}), fixed before the runs",
+              flush=True)
     results: dict[str, dict[int, dict]] = {m: {} for m in methods}
     for seed in seeds:
         for method in methods:
-            cfg = AlignedGRPOConfig(objective="mean", num_generations=args.n, prompts_per_step=args.prompts_per_step,
-                                    steps=10_000, lr=args.lr, max_completion_length=args.max_completion_length,
-                                    seed=seed, threads=args.threads, allocation=method.removesuffix("+screen"),
-                                    screen=method.endswith("+screen"), n_pilot=args.n_pilot,
-                                    pool_size=args.pool_size, max_rounds=2, mix=args.mix,
-                                    n_problems=args.n_problems, staleness=args.staleness)
-            curve, _ = run_curve(cfg, base=base, problems=problems, eval_every=args.eval_every, eval_n=args.eval_n,
-                                 temperature=1.0, stop_rollouts=args.budget, max_new_tokens=args.max_completion_length,
-                                 sample_every=args.sample_every or 10**9, sample_problems=args.sample_problems,
-                                 start_accuracy=start_acc)
-            last = curve.points[-1]
-            # informative groups per 1,000 generated rollouts: what each method buys with its sampling
-            informative = (1 - curve.zero_groups) * last["used"] / args.n / last["rollouts"] * 1000
-            results[method][seed] = {"points": curve.points, "seconds": curve.seconds, "rollouts": curve.rollouts,
-                                     "ledger": curve.ledger, "flop_split": flop_split(curve.ledger),
-                                     "zero_groups": curve.zero_groups, "informative_per_1k": informative}
-            print(f"seed {seed} {method:>12}: ref {curve.points[0]['ref']:.4f} -> {last['ref']:.4f}, sampled "
+            results[method][seed] = cached(out_dir, f"{method}-seed{seed}", functools.partial(
+                one_run, args, method, seed, base, problems, start_acc))
+            curve, last = results[method][seed], results[method][seed]["points"][-1]
+            print(f"seed {seed} {method:>12}: ref {curve['points'][0]['ref']:.4f} -> {last['ref']:.4f}, sampled "
                   f"accuracy {start_acc:.3f} -> {last['accuracy']:.3f} after {last['rollouts']:.0f} rollouts "
-                  f"({last['step']} steps, {last['used']:.0f} used, {curve.zero_groups:.0%} of update groups "
-                  f"all-same, {informative:.1f} informative groups per 1k rollouts), {last['flops']:.3e} FLOPs, "
-                  f"{curve.seconds:.0f} s", flush=True)
+                  f"({last['step']} steps, {last['used']:.0f} used, {curve['zero_groups']:.0%} of update groups "
+                  f"all-same, {curve['informative_per_1k']:.1f} informative groups per 1k rollouts), "
+                  f"{last['flops']:.3e} FLOPs, {curve['seconds']:.0f} s", flush=True)
 
-    summary = summarise(results, methods, seeds, args.target)
-    print(f"\nref at start {summary['start']:.4f}; target {summary['target']:.4f}")
-    print(f"{'method':>12} | final ref (smoothed) / sampled acc per seed | rollouts to target | "
+    summary = summarise(results, methods, seeds, args.target, args.curve)
+    print(f"\n{args.curve} at start {summary['start']:.4f}; target {summary['target']:.4f}")
+    print(f"{'method':>12} | final {args.curve} (smoothed) / sampled acc per seed | rollouts to target | "
           "ratio uniform/method: rollouts | FLOPs")
     for m in methods:
         s = summary["methods"][m]
@@ -153,8 +159,33 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps({"args": vars(args), "start_accuracy": start_acc, "summary": summary,
                                                "runs": results}, indent=2, default=float) + "\n")
     if args.plot:
-        plot(results, summary["target"], args.plot)
+        plot(results, summary["target"], args.plot, args.curve)
     return 0
+
+
+def one_run(args: argparse.Namespace, method: str, seed: int, base: str | None, problems: list,
+            start_acc: float) -> dict:
+    """One method's run on one seed: its curve, ledger and rollout counts (see the module docstring)."""
+    cfg = AlignedGRPOConfig(objective="mean", num_generations=args.n, prompts_per_step=args.prompts_per_step,
+                            steps=10_000, lr=args.lr, max_completion_length=args.max_completion_length,
+                            temperature=args.temperature, lora_rank=args.lora_rank,
+                            seed=seed, threads=args.threads, allocation=method.removesuffix("+screen"),
+                            screen=method.endswith("+screen"), n_pilot=args.n_pilot,
+                            pool_size=args.pool_size, max_rounds=2, mix=args.mix,
+                            n_problems=args.n_problems, staleness=args.staleness)
+    by_accuracy = args.curve == "accuracy"
+    curve, _ = run_curve(cfg, base=base, problems=problems, eval_every=args.eval_every, eval_n=args.eval_n,
+                         temperature=args.temperature, stop_rollouts=args.budget,
+                         max_new_tokens=args.max_completion_length,
+                         sample_every=args.eval_every if by_accuracy else args.sample_every or 10**9,
+                         sample_problems=args.sample_problems, start_accuracy=start_acc, ref=not by_accuracy,
+                         label=f"seed {seed} {method}")
+    last = curve.points[-1]
+    # informative groups per 1,000 generated rollouts: what each method buys with its sampling
+    informative = (1 - curve.zero_groups) * last["used"] / args.n / last["rollouts"] * 1000
+    return {"points": curve.points, "seconds": curve.seconds, "rollouts": curve.rollouts, "ledger": curve.ledger,
+            "flop_split": flop_split(curve.ledger), "zero_groups": curve.zero_groups,
+            "informative_per_1k": informative}
 
 
 def resummarise(args: argparse.Namespace) -> int:
@@ -163,7 +194,8 @@ def resummarise(args: argparse.Namespace) -> int:
     data = json.loads(path.read_text())
     runs = {m: {int(k): v for k, v in r.items()} for m, r in data["runs"].items()}
     methods, seeds = list(runs), sorted(next(iter(runs.values())))
-    summary = summarise(runs, methods, seeds, data["args"]["target"])
+    curve = data["args"].get("curve", "ref")
+    summary = summarise(runs, methods, seeds, data["args"]["target"], curve)
     summary["wall_seconds"] = data["summary"].get("wall_seconds")
     data["summary"] = summary
     path.write_text(json.dumps(data, indent=2, default=float) + "\n")
@@ -174,7 +206,7 @@ def resummarise(args: argparse.Namespace) -> int:
               f"seed-mean curve {s['mean_curve_ratio_rollouts']:.2f}); FLOPs ratio "
               f"{', '.join(f'{v:.2f}' for v in s['ratio_flops'])}")
     if args.plot:
-        plot(runs, summary["target"], args.plot)
+        plot(runs, summary["target"], args.plot, curve)
     return 0
 
 
@@ -186,17 +218,18 @@ def start_accuracy(base: str | None, problems: list, args: argparse.Namespace) -
 
     torch.set_num_threads(args.threads)
     model, tok = load_base(base)
-    return evaluate(model, tok, problems, n=args.eval_n, ks=(1,), temperature=1.0,
+    return evaluate(model, tok, problems, n=args.eval_n, ks=(1,), temperature=args.temperature,
                     max_new_tokens=args.max_completion_length, seed=0).accuracy
 
 
-def summarise(results: dict, methods: list[str], seeds: list[int], target: float | None) -> dict:
-    """Target, rollouts/FLOPs to target per seed and the uniform / method ratios (see the module docstring)."""
+def summarise(results: dict, methods: list[str], seeds: list[int], target: float | None, key: str = "ref") -> dict:
+    """Target, rollouts/FLOPs to target per seed and the uniform / method ratios on the ``key`` curve
+    (``ref`` or ``accuracy``; see the module docstring)."""
 
-    def final(m: str, s: int) -> float:  # smoothed end of the ref curve
-        return float(smooth(np.array([p["ref"] for p in results[m][s]["points"]]))[-1])
+    def final(m: str, s: int) -> float:  # smoothed end of the curve
+        return float(_curve(results[m][s], key)[-1])
 
-    start = float(np.mean([r["points"][0]["ref"] for runs in results.values() for r in runs.values()]))
+    start = float(np.mean([r["points"][0][key] for runs in results.values() for r in runs.values()]))
     ref_method = "uniform" if "uniform" in methods else methods[0]
     gain = float(np.mean([final(ref_method, s) for s in seeds])) - start
     if target is None:
@@ -206,23 +239,23 @@ def summarise(results: dict, methods: list[str], seeds: list[int], target: float
         to_roll, to_flops = [], []
         for s in seeds:
             pts = results[m][s]["points"]
-            y = _curve(results[m][s])
+            y = _curve(results[m][s], key)
             to_roll.append(crossing(np.array([p["rollouts"] for p in pts], float), y, target))
             to_flops.append(crossing(np.array([p["flops"] for p in pts], float), y, target))
         out["methods"][m] = {"rollouts_to_target": to_roll, "flops_to_target": to_flops,
-                             "final_ref": [final(m, s) for s in seeds],
+                             "final_ref": [final(m, s) for s in seeds], "curve": key,
                              "final_accuracy": [results[m][s]["points"][-1]["accuracy"] for s in seeds],
                              "seconds": [results[m][s]["seconds"] for s in seeds]}
     # robustness of the headline: the same ratios at a quarter and three quarters of uniform's gain
     for frac in (0.25, 0.75):
         t = start + frac * gain if gain > 0 else float("nan")
         cross = {m: np.array([crossing(np.array([p["rollouts"] for p in results[m][s]["points"]], float),
-                                       _curve(results[m][s]), t) for s in seeds]) for m in methods}
+                                       _curve(results[m][s], key), t) for s in seeds]) for m in methods}
         with np.errstate(divide="ignore", invalid="ignore"):
             out[f"ratio_rollouts_at_{frac:g}_gain"] = {m: (cross[ref_method] / cross[m]).tolist() for m in methods}
     # the crossing of the seed-mean curve (the thick line of the plot), a steadier single number
     for m in methods:
-        xs, ys = mean_curve(results[m], "rollouts")
+        xs, ys = mean_curve(results[m], "rollouts", key)
         out["methods"][m]["mean_curve_rollouts_to_target"] = crossing(xs, ys, target)
     base_r = np.array(out["methods"][ref_method]["rollouts_to_target"])
     base_f = np.array(out["methods"][ref_method]["flops_to_target"])
@@ -234,26 +267,32 @@ def summarise(results: dict, methods: list[str], seeds: list[int], target: float
             s["mean_ratio_rollouts"] = float(np.mean(s["ratio_rollouts"]))
             s["mean_ratio_flops"] = float(np.mean(s["ratio_flops"]))
             s["ratio_of_means_rollouts"] = float(np.mean(base_r) / np.mean(r))
-            s["mean_curve_ratio_rollouts"] = float(out["methods"][ref_method]["mean_curve_rollouts_to_target"]
-                                                   / s["mean_curve_rollouts_to_target"])
+            s["mean_curve_ratio_rollouts"] = float(np.divide(out["methods"][ref_method]["mean_curve_rollouts_to_target"],
+                                                             s["mean_curve_rollouts_to_target"]))
     return out
 
 
-def mean_curve(runs: dict, key: str, points: int = 60) -> tuple[np.ndarray, np.ndarray]:
-    """The seeds' ref curves averaged on a common grid of ``key`` (rollouts or FLOPs), up to the shortest run."""
-    grids = [(np.array([p[key] for p in r["points"]], float), np.array([p["ref"] for p in r["points"]]))
-             for r in runs.values()]
+def mean_curve(runs: dict, key: str, curve: str = "ref", points: int = 60) -> tuple[np.ndarray, np.ndarray]:
+    """The seeds' ``curve`` values averaged on a common grid of ``key`` (rollouts or FLOPs), up to the
+    shortest run."""
+    grids = [(np.array([p[key] for p in r["points"]], float), _points(r, curve)) for r in runs.values()]
     xs = np.linspace(0, min(g[0][-1] for g in grids), points)
     return xs, np.mean([np.interp(xs, gx, gy) for gx, gy in grids], axis=0)
 
 
-def _curve(run: dict) -> np.ndarray:
-    """The ref curve smoothed for crossings; the start is one shared measurement and stays as measured."""
-    raw = np.array([p["ref"] for p in run["points"]])
+def _points(run: dict, curve: str) -> np.ndarray:
+    """The run's measured ``curve`` values (steps where it was not measured left out of ``accuracy``:
+    there every measured step has it)."""
+    return np.array([p[curve] for p in run["points"]], float)
+
+
+def _curve(run: dict, curve: str = "ref") -> np.ndarray:
+    """The curve smoothed for crossings; the start is one shared measurement and stays as measured."""
+    raw = _points(run, curve)
     return np.concatenate([raw[:1], smooth(raw)[1:]])
 
 
-def plot(results: dict, target: float, path: str) -> None:
+def plot(results: dict, target: float, path: str, curve: str = "ref") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -264,13 +303,12 @@ def plot(results: dict, target: float, path: str) -> None:
                            (axes[1], "flops", "cumulative training FLOPs (analytic)")):
         for i, (m, runs) in enumerate(results.items()):
             for r in runs.values():
-                ax.plot([p[key] for p in r["points"]], [p["ref"] for p in r["points"]], color=f"C{i}", alpha=0.3,
-                        linewidth=0.8)
-            ax.plot(*mean_curve(runs, key), color=f"C{i}", linewidth=2, label=f"{m} (mean of {len(runs)} seeds)")
+                ax.plot([p[key] for p in r["points"]], _points(r, curve), color=f"C{i}", alpha=0.3, linewidth=0.8)
+            ax.plot(*mean_curve(runs, key, curve), color=f"C{i}", linewidth=2, label=f"{m} (mean of {len(runs)} seeds)")
         if np.isfinite(target):
             ax.axhline(target, color="grey", linestyle=":", label="target")
         ax.set_xlabel(label)
-        ax.set_ylabel("held-out P(reference solution), T = 1")
+        ax.set_ylabel("held-out P(reference solution), T = 1" if curve == "ref" else "held-out sampled accuracy")
         ax.legend(fontsize=8)
     fig.suptitle("GRPO rollout allocation on tiny arith (thin: one seed; thick: mean)")
     fig.tight_layout()

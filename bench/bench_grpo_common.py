@@ -6,17 +6,21 @@ Used by ``bench/bench_grpo_allocation.py`` and ``bench/bench_grpo_aligned.py``; 
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from isocompute.flops.race import RaceConvention
 from isocompute.tasks import arith
 from isocompute.tasks.base import Problem
 from isocompute.training.evaluation import evaluate, reference_probability
-from isocompute.training.grpo import AlignedGRPOConfig, load_base, problem_rows
+from isocompute.training.grpo import AlignedGRPOConfig, load_base, lora_config, problem_rows
 from isocompute.training.grpo_trainer import AlignedGRPOTrainer
 
 HELD_OUT_SEED = 7  # arith seed of held-out problems (training uses 2,000,000 + seed)
@@ -75,12 +79,14 @@ def run_curve(cfg: AlignedGRPOConfig, *, base: str | None, problems: list[Proble
               stop_rollouts: float | None = None, stop_flops: float | None = None, eval_n: int = 1,
               temperature: float = 0.0, max_new_tokens: int = 64, keep_model: bool = False,
               eval_seed: int = 0, sample_every: int | None = None, sample_problems: int | None = None,
-              start_accuracy: float | None = None) -> tuple[Curve, Any]:
-    """Train per ``cfg`` (its ``steps`` is an upper bound) until the rollout or FLOP budget is spent,
-    measuring held-out metrics at the start and every ``eval_every`` steps:
+              start_accuracy: float | None = None, ref: bool = True, label: str | None = None) -> tuple[Curve, Any]:
+    """Train per ``cfg`` (its ``steps`` is an upper bound; ``lora_rank`` > 0 trains LoRA adapters) until
+    the rollout or FLOP budget is spent, measuring held-out metrics at the start and every ``eval_every``
+    steps (``label``: print a progress line at each):
 
     * ``ref``: the exact probability that a temperature-1 sample is the reference solution
-      (:func:`reference_probability`, no sampling noise, one forward pass per problem);
+      (:func:`reference_probability`, no sampling noise, one forward pass per problem; the tiny model's
+      solutions follow the reference, a pretrained model's do not — ``ref=False`` skips it, NaN);
     * ``accuracy``: mean correctness of ``eval_n`` samples per problem (greedy by default) on the first
       ``sample_problems`` problems (all by default), at steps that are multiples of ``sample_every`` and
       at the end (``sample_every`` None: at every measured step; elsewhere NaN). ``start_accuracy``
@@ -108,10 +114,15 @@ def run_curve(cfg: AlignedGRPOConfig, *, base: str | None, problems: list[Proble
         elif last or sample_every is None or step % sample_every == 0:
             acc = evaluate(trainer.model, tok, sampled, n=eval_n, ks=(1,), temperature=temperature,
                            max_new_tokens=max_new_tokens, seed=eval_seed).accuracy
-        ref = float(reference_probability(trainer.model, tok, prompts, references).mean())
+        p_ref = float(reference_probability(trainer.model, tok, prompts, references).mean()) if ref else float("nan")
         curve.points.append({"step": step, "rollouts": trainer.rollout_ledger.total,
                              "used": trainer.rollout_ledger.used, "flops": trainer.ledger.analytic.total,
-                             "race_flops": trainer.ledger.race.total, "ref": ref, "accuracy": acc})
+                             "race_flops": trainer.ledger.race.total, "ref": p_ref, "accuracy": acc,
+                             "seconds": time.monotonic() - start})
+        if label is not None:
+            print(f"  {label} step {step}: {trainer.rollout_ledger.total:.0f} rollouts, "
+                  f"{trainer.ledger.analytic.total:.3e} FLOPs (rho {trainer.ledger.rho:.3f}, RACE {trainer.ledger.race_rho:.3f}), accuracy {acc:.3f}, "
+                  f"ref {p_ref:.4f}, {time.monotonic() - start:.0f} s", flush=True)
 
     class Recorder(TrainerCallback):
         trainer: Any = None
@@ -131,8 +142,10 @@ def run_curve(cfg: AlignedGRPOConfig, *, base: str | None, problems: list[Proble
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-grpo-") as scratch:
         trainer = AlignedGRPOTrainer(model, cfg.trl_args(scratch), dataset, objective=cfg.objective,
-                                       processing_class=tok, allocator=cfg.allocator(len(dataset), [p.prompt for p in train_problems]),
-                                       callbacks=[rec])
+                                     processing_class=tok, race=RaceConvention(a=cfg.race_a),
+                                     peft_config=lora_config(cfg.lora_rank) if cfg.lora_rank else None,
+                                     allocator=cfg.allocator(len(dataset), [p.prompt for p in train_problems]),
+                                     callbacks=[rec])
         rec.trainer = trainer
         measure(trainer, 0)
         trainer.train()
@@ -141,4 +154,26 @@ def run_curve(cfg: AlignedGRPOConfig, *, base: str | None, problems: list[Proble
     curve.rollouts = trainer.rollout_ledger.to_dict()
     zero = [e["objective/zero_groups"] for e in trainer.state.log_history if "objective/zero_groups" in e]
     curve.zero_groups = float(np.mean(zero)) if zero else float("nan")
-    return curve, ((trainer.model, tok) if keep_model else None)
+    if not keep_model:
+        return curve, None
+    trained = trainer.accelerator.unwrap_model(trainer.model)
+    if hasattr(trained, "merge_and_unload"):  # LoRA: the adapters merged, as `isocompute train grpo` saves
+        trained = trained.merge_and_unload()
+    return curve, (trained, tok)
+
+
+def cached(out_dir: Path | None, name: str, compute: Callable[[], dict]) -> dict:
+    """``compute()``, kept as ``out_dir/name.json`` (written atomically) and read back from there when it
+    exists; ``out_dir`` None: computed, not kept."""
+    if out_dir is None:
+        return compute()
+    path = out_dir / f"{name}.json"
+    if path.exists():
+        print(f"{name}: kept from {path}", flush=True)
+        return json.loads(path.read_text())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    value = compute()
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(value, default=float) + "\n")
+    tmp.replace(path)
+    return json.loads(path.read_text())

@@ -216,3 +216,50 @@ def test_cli_pilot_commit_with_screen_reports_its_allocation(tmp_path, capsys):
     assert len(line) == 1 and "the screen skipped" in line[0]
     log = [json.loads(x) for x in (tmp_path / "pc" / "train_log.jsonl").read_text().splitlines()]
     assert any("alloc/skipped" in e for e in log)
+
+
+@pytest.mark.slow
+def test_the_grpo_benches_train_lora_resume_and_compare(tmp_path, capsys):
+    """Smoke test of bench/bench_grpo_allocation.py and bench_grpo_aligned.py as issue 34 runs them on a
+    pretrained model (LoRA, the sampled-accuracy curve, a target fixed before the runs, --out-dir), here on
+    the random tiny model: a rerun trains nothing and reads every run back."""
+    import importlib.util
+    from pathlib import Path
+
+    from isocompute.training import tiny
+
+    def bench(name):
+        path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    base = str(tiny.save_tiny(tmp_path / "base", seed=3))
+    alloc = ["--base", base, "--seeds", "0", "--methods", "uniform,pilot-commit", "--budget", "32", "--n", "4",
+             "--prompts-per-step", "2", "--max-completion-length", "4", "--eval-problems", "4", "--sample-problems",
+             "4", "--eval-n", "2", "--eval-every", "2", "--curve", "accuracy", "--target-gain", "0.05",
+             "--lora-rank", "2", "--n-problems", "16", "--out-dir", str(tmp_path / "alloc"),
+             "--json", str(tmp_path / "alloc.json")]
+    assert bench("bench_grpo_allocation").main(alloc) == 0
+    first = capsys.readouterr().out
+    assert "fixed before the runs" in first and "pilot-commit step 2:" in first
+    runs = json.loads((tmp_path / "alloc.json").read_text())["runs"]
+    assert runs["uniform"]["0"]["points"][-1]["rollouts"] >= 32
+    assert all(p["accuracy"] == p["accuracy"] for p in runs["uniform"]["0"]["points"])  # measured at every point
+    assert bench("bench_grpo_allocation").main(alloc) == 0
+    again = capsys.readouterr().out
+    assert "step 2:" not in again and again.count("kept from") == 3  # the start accuracy and both runs
+
+    aligned = ["--base", base, "--seeds", "0,1", "--objectives", "mean,pass@2", "--flops", "1e9", "--n", "4",
+               "--prompts-per-step", "2", "--max-completion-length", "4", "--test-problems", "6",
+               "--cal-problems", "12", "--lora-rank", "2", "--out-dir", str(tmp_path / "aligned"),
+               "--json", str(tmp_path / "aligned.json")]
+    assert bench("bench_grpo_aligned").main(aligned) == 0
+    data = json.loads((tmp_path / "aligned.json").read_text())
+    assert set(data["comparisons"]) == {"pass@2 - mean on maj@8", "pass@2 - mean on pass@8"}
+    c = data["comparisons"]["pass@2 - mean on pass@8"]
+    assert c["ci95_problems_seeds"][0] <= c["difference"] <= c["ci95_problems_seeds"][1] and len(c["per_seed"]) == 2
+    capsys.readouterr()
+    assert bench("bench_grpo_aligned").main(aligned) == 0
+    assert capsys.readouterr().out.count("kept from") == 5  # the base model and four runs
