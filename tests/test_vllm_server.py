@@ -45,6 +45,34 @@ def generate(url, *args, **kw):
     return asyncio.run(go())
 
 
+@pytest.fixture(scope="module", autouse=True)
+def inprocess_run(tiny_dir):
+    """test_inprocess_vllm_engine's process, started with the module: its ~30 s (importing vLLM, building
+    the engine) is one core's work, done while the module's other tests run on the other core."""
+    script = textwrap.dedent(f"""
+        import asyncio, json
+        from isocompute.engines.vllm_inprocess import VLLMEngine
+        eng = VLLMEngine({str(tiny_dir)!r}, dtype="float32", max_model_len=512, enforce_eager=True,
+                         enable_chunked_prefill=False)
+        out = asyncio.run(eng.generate({PROMPTS!r}, n=2, max_tokens=12, temperature=0.0))
+        seeded = asyncio.run(eng.generate({PROMPTS!r}, n=2, max_tokens=12, temperature=1.0, seed=5))
+        again = asyncio.run(eng.generate({PROMPTS!r}, n=2, max_tokens=12, temperature=1.0, seed=5))
+        lp = asyncio.run(eng.generate({PROMPTS!r}, n=1, max_tokens=12, temperature=0.0, logprobs=5))
+        rows = lambda o: [[[c.text, c.prompt_tokens, c.completion_tokens, c.finish_reason] for c in x] for x in o]
+        conf = [[x[0].logprob_mean, x[0].confidence_min_window] for x in lp]
+        print("RESULT " + json.dumps({{"greedy": rows(out), "same_seed": seeded == again, "conf": conf}}))
+    """)
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="WARNING")
+    proc = subprocess.Popen([str(find_vllm_python()), "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=REPO_ROOT)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
 def test_counts_against_the_tokenizer(server, tiny_dir):
     from isocompute.training.tiny import load_tiny
 
@@ -112,27 +140,12 @@ def test_sample_cli_through_vllm_http(server, tiny_dir, tmp_path, capsys):
     assert out.read_bytes() == before
 
 
-def test_inprocess_vllm_engine(server, tiny_dir):
+def test_inprocess_vllm_engine(server, inprocess_run):
     """vllm.LLM inside a process of the vLLM environment (our .venv lacks vllm): greedy results must equal
     the server's, as the same engine core runs behind both."""
-    script = textwrap.dedent(f"""
-        import asyncio, json
-        from isocompute.engines.vllm_inprocess import VLLMEngine
-        eng = VLLMEngine({str(tiny_dir)!r}, dtype="float32", max_model_len=512, enforce_eager=True,
-                         enable_chunked_prefill=False)
-        out = asyncio.run(eng.generate({PROMPTS!r}, n=2, max_tokens=12, temperature=0.0))
-        seeded = asyncio.run(eng.generate({PROMPTS!r}, n=2, max_tokens=12, temperature=1.0, seed=5))
-        again = asyncio.run(eng.generate({PROMPTS!r}, n=2, max_tokens=12, temperature=1.0, seed=5))
-        lp = asyncio.run(eng.generate({PROMPTS!r}, n=1, max_tokens=12, temperature=0.0, logprobs=5))
-        rows = lambda o: [[[c.text, c.prompt_tokens, c.completion_tokens, c.finish_reason] for c in x] for x in o]
-        conf = [[x[0].logprob_mean, x[0].confidence_min_window] for x in lp]
-        print("RESULT " + json.dumps({{"greedy": rows(out), "same_seed": seeded == again, "conf": conf}}))
-    """)
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="WARNING")
-    proc = subprocess.run([str(find_vllm_python()), "-c", script], capture_output=True, text=True, env=env,
-                          timeout=600, cwd=REPO_ROOT)
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    stdout, stderr = inprocess_run.communicate(timeout=600)
+    lines = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
+    assert inprocess_run.returncode == 0 and lines, stderr[-3000:]
     result = json.loads(lines[-1][len("RESULT "):])
     served, _ = generate(server.url, PROMPTS, n=2, max_tokens=12, temperature=0.0)
     assert result["greedy"] == [[[c.text, c.prompt_tokens, c.completion_tokens, c.finish_reason] for c in o]
