@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps({"args": vars(args), "start_accuracy": start_acc, "summary": summary,
                                                "runs": results}, indent=2, default=float) + "\n")
     if args.plot:
-        plot(results, summary["target"], args.plot, args.curve)
+        plot(results, summary["target"], args.plot, args.curve, args.base)
     return 0
 
 
@@ -206,7 +206,7 @@ def resummarise(args: argparse.Namespace) -> int:
               f"seed-mean curve {s['mean_curve_ratio_rollouts']:.2f}); FLOPs ratio "
               f"{', '.join(f'{v:.2f}' for v in s['ratio_flops'])}")
     if args.plot:
-        plot(runs, summary["target"], args.plot, curve)
+        plot(runs, summary["target"], args.plot, curve, data["args"].get("base"))
     return 0
 
 
@@ -292,7 +292,7 @@ def _curve(run: dict, curve: str = "ref") -> np.ndarray:
     return np.concatenate([raw[:1], smooth(raw)[1:]])
 
 
-def plot(results: dict, target: float, path: str, curve: str = "ref") -> None:
+def plot(results: dict, target: float, path: str, curve: str = "ref", base: str | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -310,7 +310,8 @@ def plot(results: dict, target: float, path: str, curve: str = "ref") -> None:
         ax.set_xlabel(label)
         ax.set_ylabel("held-out P(reference solution), T = 1" if curve == "ref" else "held-out sampled accuracy")
         ax.legend(fontsize=8)
-    fig.suptitle("GRPO rollout allocation on tiny arith (thin: one seed; thick: mean)")
+    model = Path(base).name if base and base != "none" else "the random tiny model"
+    fig.suptitle(f"GRPO rollout allocation on arith, {model} (thin: one seed; thick: mean)")
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
