@@ -281,8 +281,7 @@ def mean_curve(runs: dict, key: str, curve: str = "ref", points: int = 60) -> tu
 
 
 def _points(run: dict, curve: str) -> np.ndarray:
-    """The run's measured ``curve`` values (steps where it was not measured left out of ``accuracy``:
-    there every measured step has it)."""
+    """The run's ``curve`` value at each measured point."""
     return np.array([p[curve] for p in run["points"]], float)
 
 

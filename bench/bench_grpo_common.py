@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from isocompute.artifacts import atomic_write_text
 from isocompute.flops.race import RaceConvention
 from isocompute.tasks import arith
 from isocompute.tasks.base import Problem
@@ -171,9 +172,5 @@ def cached(out_dir: Path | None, name: str, compute: Callable[[], dict]) -> dict
     if path.exists():
         print(f"{name}: kept from {path}", flush=True)
         return json.loads(path.read_text())
-    out_dir.mkdir(parents=True, exist_ok=True)
-    value = compute()
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(value, default=float) + "\n")
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(compute(), default=float) + "\n")
     return json.loads(path.read_text())
