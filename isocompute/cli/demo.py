@@ -123,9 +123,9 @@ def run(args: argparse.Namespace, commands: Mapping[str, argparse.ArgumentParser
     else:
         argv = ["sample", "--task", "arith", "--limit", str(args.prompts), "--data-seed", str(HELD_OUT_DATA_SEED),
                 "--engine", "transformers", "--model", str(model), "--n", str(args.n), "--temperature", "1.0",
-                "--seed", seed, "--threads", "1", "--out", str(outcomes)]
+                "--seed", seed, "--threads", "1"]
         if workers == 1:
-            _stage(commands, "sample", out / ".never", argv, force=True)
+            _stage(commands, "sample", out / ".never", [*argv, "--out", str(outcomes)], force=True)
         else:
             _sample_shards(argv, outcomes, workers, args.prompts, force=args.force)
 
@@ -150,8 +150,8 @@ def run(args: argparse.Namespace, commands: Mapping[str, argparse.ArgumentParser
 
 
 def _sample_shards(argv: list[str], outcomes: Path, workers: int, prompts: int, *, force: bool) -> None:
-    """The sample stage as ``workers`` processes (``sample --shard I/N``), each drawing the samples one
-    process would for its batches, then their tables merged in problem order into ``outcomes``."""
+    """The sample stage as ``workers`` processes (``sample ARGV --out SHARD --shard I/N``), each drawing the
+    samples one process would for its batches, then their tables merged in problem order into ``outcomes``."""
     from isocompute.errors import IsoComputeError
     from isocompute.solver.outcome_writer import merge_shards
     from isocompute.tasks.registry import load_task
@@ -161,11 +161,12 @@ def _sample_shards(argv: list[str], outcomes: Path, workers: int, prompts: int, 
         for path in shards:
             path.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "isocompute", *argv]
-    print(f"[demo] sample: {workers} processes, isocompute {' '.join(argv)} --shard I/{workers}", flush=True)
+    print(f"[demo] sample: {workers} processes, isocompute {' '.join(argv)} --out {outcomes} --shard I/{workers}",
+          flush=True)
     t0 = time.perf_counter()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with _shards_stopped_with_the_demo() as start:
-        procs = [start([*cmd[:-1], str(path), "--shard", f"{i}/{workers}", "--no-progress", "--grade-workers", "1"],
+        procs = [start([*cmd, "--out", str(path), "--shard", f"{i}/{workers}", "--no-progress", "--grade-workers", "1"],
                        env) for i, path in enumerate(shards)]
         failed = [i for i, proc in enumerate(procs) if proc.wait() != 0]
     if failed:
