@@ -142,7 +142,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{', '.join(f'{v:.2f}' for v in s['ratio_rollouts'])} (mean {s['mean_ratio_rollouts']:.2f}, ratio of "
               f"means {s['ratio_of_means_rollouts']:.2f}, seed-mean curve {s['mean_curve_ratio_rollouts']:.2f}) | {', '.join(f'{v:.2f}' for v in s['ratio_flops'])} "
               f"(mean {s['mean_ratio_flops']:.2f})")
-    print("NaN: the run never reached the target within the budget.")
+    print("NaN: the run never reached the target within the budget; it needed more than it spent, so the ratio "
+          "lies in an interval:")
+    for m in methods:
+        s = summary["methods"][m]
+        if m != methods[0] and any(lo != hi for lo, hi in s["ratio_rollouts_range"]):
+            print(f"{m:>12} | ratio per seed {', '.join(_span(lo, hi) for lo, hi in s['ratio_rollouts_range'])}; mean "
+                  f"{_span(*s['mean_ratio_rollouts_range'])} | FLOPs {_span(*s['mean_ratio_flops_range'])}")
     for frac in (0.25, 0.75):
         ratios = summary[f"ratio_rollouts_at_{frac:g}_gain"]
         print(f"ratio uniform/method (rollouts) at start + {frac:g} x uniform's gain: " + "; ".join(
@@ -269,7 +275,26 @@ def summarise(results: dict, methods: list[str], seeds: list[int], target: float
             s["ratio_of_means_rollouts"] = float(np.mean(base_r) / np.mean(r))
             s["mean_curve_ratio_rollouts"] = float(np.divide(out["methods"][ref_method]["mean_curve_rollouts_to_target"],
                                                              s["mean_curve_rollouts_to_target"]))
+    for unit, key_ in (("rollouts", "rollouts"), ("flops", "flops")):
+        spans = {m: _to_target_span(out["methods"][m][f"{unit}_to_target"],
+                                    [results[m][sd]["points"][-1][key_] for sd in seeds]) for m in methods}
+        for m in methods:
+            lo, hi = spans[ref_method][0] / spans[m][1], spans[ref_method][1] / spans[m][0]
+            out["methods"][m][f"ratio_{unit}_range"] = np.stack([lo, hi], axis=1).tolist()
+            out["methods"][m][f"mean_ratio_{unit}_range"] = [float(lo.mean()), float(hi.mean())]
     return out
+
+
+def _to_target_span(to_target: list[float], spent: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """What a run needed to reach the target, as an interval: the crossing where it reached it, and more
+    than all it spent (``spent``, to infinity) where it never did — a censored run bounds the ratio."""
+    t = np.array(to_target, float)
+    reached = np.isfinite(t)
+    return np.where(reached, t, np.array(spent, float)), np.where(reached, t, np.inf)
+
+
+def _span(lo: float, hi: float) -> str:
+    return f"{lo:.2f}" if lo == hi else f"[{lo:.2f}, {hi:.2f}]"
 
 
 def mean_curve(runs: dict, key: str, curve: str = "ref", points: int = 60) -> tuple[np.ndarray, np.ndarray]:
