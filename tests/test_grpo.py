@@ -250,6 +250,9 @@ def test_the_grpo_benches_train_lora_resume_and_compare(tmp_path, capsys):
     assert bench("bench_grpo_allocation").main(alloc) == 0
     again = capsys.readouterr().out
     assert "step 2:" not in again and again.count("kept from") == 3  # the start accuracy and both runs
+    # a run that never reached the target needed more than it spent: its ratio is an interval
+    lo, hi = bench("bench_grpo_allocation")._to_target_span([190.0, float("nan")], [384.0, 416.0])
+    assert lo.tolist() == [190.0, 416.0] and hi.tolist() == [190.0, float("inf")]
 
     aligned = ["--base", base, "--seeds", "0,1", "--objectives", "mean,pass@2", "--flops", "1e9", "--n", "4",
                "--prompts-per-step", "2", "--max-completion-length", "4", "--test-problems", "6",
