@@ -60,6 +60,8 @@ def served(model, tok, cal, test, *, seed: int, max_new_tokens: int, budget: flo
            "policy": float(ev.maj[rows, dec.action_index].mean()), "policy_mean_k": float(dec.k.mean()),
            "policy_batch": float(ev.maj[rows, batch.action_index].mean()), "policy_batch_mean_k": float(batch.k.mean()),
            "oracle": float(allocate(ev.maj, C, budget).mean_utility)}
+    choice = policy.rule_at(budget)  # which rule of the never-worse chain serves, and why
+    out.update(policy_rule=choice.rule, policy_rule_why=choice.why)
     return ev, out
 
 
@@ -100,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"base model: maj@8 {start['summary']['maj@8']:.3f}, pass@8 {start['summary']['pass@8']:.3f}, acc "
           f"{start['summary']['accuracy']:.3f}; served@{args.budget:g}: uniform {serve['uniform_maj@4']:.3f}, "
           f"policy {serve['policy']:.3f} (mean k {serve['policy_mean_k']:.2f}), batch-matched "
-          f"{serve['policy_batch']:.3f} (mean k {serve['policy_batch_mean_k']:.2f}), oracle {serve['oracle']:.3f}",
-          flush=True)
+          f"{serve['policy_batch']:.3f} (mean k {serve['policy_batch_mean_k']:.2f}), oracle {serve['oracle']:.3f}"
+          f"{rule_note(serve)}", flush=True)
     per: dict[str, dict[int, dict]] = {o: {} for o in objectives}
     for seed in seeds:
         for obj in objectives:
@@ -113,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['summary']['accuracy']:.3f}; served@{args.budget:g}: uniform {serve['uniform_maj@4']:.3f}, "
                   f"policy {serve['policy']:.3f} (mean k {serve['policy_mean_k']:.2f}), batch-matched "
                   f"{serve['policy_batch']:.3f} (mean k {serve['policy_batch_mean_k']:.2f}), oracle "
-                  f"{serve['oracle']:.3f}; training {r['seconds']:.0f} s", flush=True)
+                  f"{serve['oracle']:.3f}{rule_note(serve)}; training {r['seconds']:.0f} s", flush=True)
 
     base_obj = objectives[0]
     comparisons = {f"{obj} - {base_obj} on {metric}": compare(per, obj, base_obj, metric, seeds)
@@ -143,6 +145,11 @@ def main(argv: list[str] | None = None) -> int:
                                            "per_seed": legacy["per_seed"]},
             "wall_seconds": seconds}, indent=2, default=float) + "\n")
     return 0
+
+
+def rule_note(serve: dict) -> str:
+    """", policy serves fixed_plan" (results kept before the rule was recorded say nothing)."""
+    return f", policy serves {serve['policy_rule']}" if "policy_rule" in serve else ""
 
 
 def base_run(args: argparse.Namespace, base: str | None, cal: list, test: list) -> dict:

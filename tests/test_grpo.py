@@ -263,6 +263,8 @@ def test_the_grpo_benches_train_lora_resume_and_compare(tmp_path, capsys):
     assert set(data["comparisons"]) == {"pass@2 - mean on maj@8", "pass@2 - mean on pass@8"}
     c = data["comparisons"]["pass@2 - mean on pass@8"]
     assert c["ci95_problems_seeds"][0] <= c["difference"] <= c["ci95_problems_seeds"][1] and len(c["per_seed"]) == 2
+    assert all(r["served"]["policy_rule"] in ("learned", "fixed_plan", "uniform")
+               for runs in data["runs"].values() for r in runs.values())
     capsys.readouterr()
     assert bench("bench_grpo_aligned").main(aligned) == 0
     assert capsys.readouterr().out.count("kept from") == 5  # the base model and four runs
