@@ -25,7 +25,10 @@ cross-validation (``isocompute.evaluation.evaluate.cross_validate``, latency bud
 4), the code before the chain's spend check and ladder-point test (``before``: the chain as on main after
 issue 36's first round) against this code: realised tokens / budget − 1 of the policy as served (no latency
 budget), its accuracy gain over uniform at matched realised tokens (points), and the reach ratio for
-uniform@4 and uniform@8 (≤ 1.0 is the target; "—" = not reached within its latency).
+uniform@4 and uniform@8 (≤ 1.0 is the target; "—" = not reached within its latency). The tokens also with
+the fallbacks' two-plan mixes scored at their share (``learned_mix``: the same expectation over new prompts,
+without the draw of each prompt's hash), and at the end, per table and size, the mean of both over the
+subsets with a 95% t interval (``**`` outside ±5%).
 
 **C — the evidence chain's fixed mixture** (``--mix-subsets`` subsets per size in ``--policy-sizes``): the
 best mixture of the menu's plans within the tokens budget (the LP of
@@ -212,7 +215,9 @@ def part_b(name: str, table, arr, lengths: np.ndarray, sizes, subsets: int, seed
                                   n_boot=200, seed=seed)
                 li, ui = METHODS.index("learned"), METHODS.index("uniform")
                 tok, acc = ev.cost[0, li].mean(axis=-1), ev.utility[0, li].mean(axis=-1)
+                mix = ev.cost[0, METHODS.index("learned_mix")].mean(axis=-1)  # fallbacks' mixes at their share
                 row[label] = {"tokens_error": (tok / (BX * m) - 1).tolist(), "accuracy": acc.tolist(),
+                              "tokens_error_mix": (mix / (BX * m) - 1).tolist(),
                               "matched_gain": _matched_gain(acc, tok, ev.utility[0, ui].mean(axis=-1),
                                                             ev.cost[0, ui].mean(axis=-1)).tolist(),
                               "reach": {e["reference"] + ("@1.0" if e["max_latency"] != e["latency"] else ""):
@@ -222,6 +227,38 @@ def part_b(name: str, table, arr, lengths: np.ndarray, sizes, subsets: int, seed
             _print_b(row)
             rows_out.append(row)
     return rows_out
+
+
+def _summary_b(rows: list[dict], label: str) -> None:
+    """Per table and size: realised tokens / budget − 1, mean over the subsets ± the 95% t half-width, as
+    served and with the fallbacks' mixes at their share; then pooled over every subset."""
+    from scipy import stats
+
+    cells: dict[tuple[str, int], list[dict]] = {}
+    for r in rows:
+        if label in r:
+            cells.setdefault((r["table"], r["n"]), []).append(r[label])
+    if not cells:
+        return
+
+    def fmt(v: np.ndarray) -> str:
+        mu = v.mean(axis=0)
+        h = stats.t.ppf(0.975, len(v) - 1) * v.std(axis=0, ddof=1) / np.sqrt(len(v)) if len(v) > 1 else 0 * mu
+        return " | ".join(f"{'**' if abs(a) > 5 else ''}{a:+.1f} ± {b:.1f}%{'**' if abs(a) > 5 else ''}"
+                          for a, b in zip(mu, h, strict=True))
+
+    print(f"\npart B ({label}), realised tokens / budget − 1, mean over subsets ± 95% half-width:")
+    print("| table | n | subsets | kind | " + " | ".join(f"{b:g}x" for b in BX) + " |")
+    pooled = {"tokens_error": [], "tokens_error_mix": []}
+    for (t, n), rs in cells.items():
+        for key, kind in (("tokens_error", "as served"), ("tokens_error_mix", "mixes at their share")):
+            v = 100 * np.array([r[key] for r in rs])
+            pooled[key].append(v)
+            print(f"| {t} | {n} | {len(rs)} | {kind} | {fmt(v)} |")
+    for key, kind in (("tokens_error", "as served"), ("tokens_error_mix", "mixes at their share")):
+        v = np.concatenate(pooled[key])
+        print(f"| all | | {len(v)} | {kind} | {fmt(v)} |  above the budget {100 * (v > 0).mean():.0f}%, "
+              f"below {100 * (v < 0).mean():.0f}%")
 
 
 def _print_b(row: dict) -> None:
@@ -237,6 +274,7 @@ def _print_b(row: dict) -> None:
             continue
         r = row[label]
         errs = " ".join(f"{100 * e:+.1f}%" for e in r["tokens_error"])
+        errs += " (mixes at their share: " + " ".join(f"{100 * e:+.1f}%" for e in r["tokens_error_mix"]) + ")"
         gains = " ".join(f"{g:+.2f}" for g in r["matched_gain"])
         print(f"  {label:6s} tokens vs budget {' '.join(f'{b:g}x' for b in BX)}: {errs}; gain vs uniform at matched "
               f"tokens (pt): {gains}; reach uniform@4 "
@@ -334,6 +372,8 @@ def main() -> None:
                            ("after",) if a.after_only else ("before",) if a.before_only else ("before", "after"))
         if a.json:
             a.json.write_text(json.dumps(out, indent=1) + "\n")
+    for label in ("before", "after"):
+        _summary_b(out["b"], label)
     if a.json:
         a.json.write_text(json.dumps(out, indent=1) + "\n")
 

@@ -385,3 +385,69 @@ def test_on_gsm8k_and_date_at_uniforms_own_latency_and_tokens_the_chain_is_not_w
         acc, ref, tok, ref_tok = (np.mean([r[i] for r in res if r[0] == k]) for i in (1, 2, 3, 4))
         assert acc >= ref - TOLERANCE, (k, acc, ref, [r[5] for r in res if r[0] == k])
         assert tok <= ref_tok * 1.05, (k, tok, ref_tok)
+
+
+def _synthetic_policy_table():
+    from isocompute.policy.plans.arrays import table_arrays
+    from isocompute.policy.synthetic import synthetic_records
+    from isocompute.solver.outcomes import from_records
+
+    recs = synthetic_records(80, 8, seed=2, noise=0.3)
+    rng = np.random.default_rng(2)
+    for r in recs:
+        base = int(rng.integers(50, 2000))
+        for s in r["samples"]:
+            s["completion_tokens"] = int(base * rng.lognormal(0, 0.6))
+    table = from_records(recs)
+    kw = dict(actions=(1, 2, 4, 8), plans=("none@1", "none@2", "none@4", "none@8", "lead:m=2@1x8", "lead:m=2@4s,4s"),
+              cost_unit="tokens", n_rounds=4, calibration_folds=2, n_components=4, seed=0)
+    arr = table_arrays(table, PolicyConfig(**kw, budget_range=(1.0, 2.0)))
+    lo, hi = arr.cost.mean(axis=0).min() * 1.05, arr.cost.mean(axis=0).max() * 0.9
+    return table, arr, PolicyConfig(**kw, budget_range=(lo, hi))
+
+
+def test_a_fallbacks_mix_is_what_its_hashed_actions_realise():
+    """Policy.fallback_mix (lo, hi, q) is the mix fallback_actions draws prompt by prompt: on evenly spread
+    hash uniforms the share of ``hi`` is q to one prompt, and no other plan is served."""
+    from isocompute.policy.fallback import FIXED_PLAN
+
+    table, _, cfg = _synthetic_policy_table()
+    pol = Policy(cfg).fit(table)
+    u = (np.arange(400) + 0.5) / 400
+    lo_b, hi_b = cfg.budget_range
+    for rule in (UNIFORM, FIXED_PLAN):
+        for b in np.geomspace(lo_b, hi_b, 7):
+            lo, hi, q = pol.fallback_mix(rule, float(b))
+            a = pol.fallback_actions(rule, u, float(b))
+            assert set(np.unique(a)) <= {lo, hi} and 0.0 <= q <= 1.0
+            share = (a == hi).mean() if hi != lo else q
+            assert abs(share - q) <= 1 / 400 + 1e-12, (rule, b, share, q)
+
+
+def test_the_report_scores_a_fallbacks_mix_at_its_share():
+    """The report's ``learned_mix`` (isocompute.evaluation.evaluate) is ``learned`` where the learned rule
+    serves, and where a fallback serves, each held-out prompt's cost and utility under the fallback's mix at
+    its share: (1 − q)·C[lo] + q·C[hi], the expectation of what the hashed ``learned`` draws."""
+    from isocompute.evaluation.evaluate import METHODS, _score
+
+    table, arr, cfg = _synthetic_policy_table()
+    tr, te = np.arange(60), np.arange(60, arr.utility.shape[0])
+    prompts = [table.prompts[i] for i in arr.kept]
+    pol = Policy(cfg).fit_arrays([prompts[i] for i in tr], arr.utility[tr], arr.cost[tr], samples=arr.samples[tr],
+                                 waves=arr.waves[tr])
+    budgets = np.geomspace(*cfg.budget_range, 9)
+    sc = _score(pol, [prompts[i] for i in te], arr.utility[te], arr.cost[te], budgets, pol.train_lengths_,
+                pol.default_learner_)
+    li, mi = METHODS.index("learned"), METHODS.index("learned_mix")
+    U, C = arr.utility[te], arr.cost[te]
+    fallback = 0
+    for bi, (b, rule) in enumerate(zip(budgets, sc["rules"], strict=True)):
+        if rule == "learned":
+            np.testing.assert_array_equal(sc["cost"][li, bi], sc["cost"][mi, bi])
+            continue
+        fallback += 1
+        lo, hi, q = pol.fallback_mix(rule, pol.check_budget(float(b)))
+        np.testing.assert_allclose(sc["cost"][mi, bi], (1 - q) * C[:, lo] + q * C[:, hi])
+        np.testing.assert_allclose(sc["utility"][mi, bi], (1 - q) * U[:, lo] + q * U[:, hi])
+        assert set(np.unique(sc["learned_actions"][bi])) <= {lo, hi}  # the hashed draw of the same mix
+    assert fallback > 0  # a fallback served somewhere, so the test saw a mix

@@ -147,22 +147,28 @@ def _not_binding_note(report: dict[str, Any]) -> list[str]:
 def _spend_section(report: dict[str, Any]) -> list[str]:
     """Realised cost against the budget, per prompt and batch-matched."""
     lines = ["## Spend on budget", "",
-             "| budget | learned cost [95% CI] | error | learned (batch) acc | learned (batch) cost | error |",
-             "|---:|---|---:|---:|---:|---:|"]
+             "| budget | learned cost [95% CI] | error | mixes at their share: cost | error | learned (batch) acc "
+             "| learned (batch) cost | error |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|"]
     excluded = []
     for e in report["budgets"]:
-        m, mb = e["methods"]["learned"], e["methods"].get("learned_batch")
+        m, mb, mm = e["methods"]["learned"], e["methods"].get("learned_batch"), e["methods"].get("learned_mix")
         ci = m.get("cost_ci95", [float("nan")] * 2)
         flag = " **CI excludes the budget**" if not ci[0] <= e["budget"] <= ci[1] else ""
         excluded += [e["budget"]] if flag else []
         lines.append(f"| {e['budget']:.4g} | {m['cost']:.4g} [{ci[0]:.4g}, {ci[1]:.4g}]{flag} | {_pct(e['cost_error'], 2)} | "
+                     + (f"{mm['cost']:.4g} | {_pct(mm['cost'] / e['budget'] - 1, 2)} | " if mm else "— | — | ")
                      + (f"{_acc(mb['accuracy'])} | {mb['cost']:.4g} | {_pct(e['cost_error_batch'], 2)} |" if mb
                         else "— | — | — |"))
     lines += ["", "`learned` decides each prompt alone through the calibration table, so its realised cost on a "
               "held-out sample moves with which prompts the sample holds (the bootstrap CI over prompts shows "
               "that noise). `learned (batch)` solves the same learner's knob on the held-out prompts themselves "
               "(`Policy.decide(..., match=\"batch\")`, what an offline batch job uses); the gateway holds a "
-              "stream of single requests on budget with its online controller instead.", ""]
+              "stream of single requests on budget with its online controller instead. Where the chain falls back, "
+              "the fixed plan or uniform mixes two plans, the dearer for a share q of the prompts chosen by a hash "
+              "of their text; *mixes at their share* scores that mix at q itself, the same expectation over new "
+              "prompts without the hash's draw on these few (issue 32: on 30 prompts the draw moves the cost by up "
+              "to ±10%).", ""]
     if excluded:
         lines += [f"At {', '.join(f'{b:.4g}' for b in excluded)} the realised cost's 95% CI excludes the budget: the "
                   "policy as served does not spend what it was given there.", ""]

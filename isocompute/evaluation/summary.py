@@ -42,7 +42,7 @@ from isocompute.policy.plans.menu import FAMILY_BASELINES, PARALLEL_BASELINES
 BASE_METHODS = ("oracle", "learned", "uniform", "heuristic", "random")
 FIXED_METHODS = ("fixed_plan", *(f"fixed_{f}" for f in (*FAMILY_BASELINES, *PARALLEL_BASELINES)), "fixed_best")
 METHODS = (*BASE_METHODS, "oracle_lp", "learned_batch", *(f"learned_{name}" for name in LEARNERS),
-           "learned_no_fallback", *FIXED_METHODS)
+           "learned_no_fallback", *FIXED_METHODS, "learned_mix")
 
 
 @dataclass(frozen=True, eq=False)

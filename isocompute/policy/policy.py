@@ -38,6 +38,7 @@ from isocompute.policy.fallback import (
     RuleChoice,
     choose_rules,
     uniform_actions,
+    uniform_mix,
     uniform_oof_costs,
     uniform_utilities,
 )
@@ -242,6 +243,16 @@ class Policy:
         """The fixed-plan rule's choice at ``budget`` (:func:`isocompute.policy.plans.fixed_rule.fixed_plan_at`)."""
         g = internal_budget(getattr(self, "fixed_budgets_", None), budget)  # held-out search (issue 32)
         return fixed_plan_at(self.plan_utility_, self.sample_action_costs, g)
+
+    def fallback_mix(self, rule: str, budget: float) -> tuple[int, int, float]:
+        """(lo, hi, q): the two plans a fallback rule (``fixed_plan`` or ``uniform``) mixes at ``budget`` and
+        the dearer one's share, which :meth:`fallback_actions` realises prompt by prompt through u."""
+        if rule == UNIFORM:
+            lad = self.ladder
+            lo, hi, q = uniform_mix(self.sample_action_costs[lad], budget)
+            return int(lad[lo]), int(lad[hi]), q
+        choice = self.fixed_plan_at(budget)
+        return int(choice.lo), int(choice.hi), float(choice.mix)
 
     def fallback_actions(self, rule: str, u: np.ndarray, budget: float, *, match: str = "calibrated") -> np.ndarray:
         """Plan index per prompt under a fallback rule (``fixed_plan`` or ``uniform``) from the prompts'
