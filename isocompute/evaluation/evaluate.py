@@ -21,9 +21,8 @@ token counts its expected tokens and latency (:mod:`isocompute.evaluation.channe
   ``learned_classifier`` / ``learned_utility`` — each learner, no fallback. Each prompt is decided alone
   through the calibration table, so the held-out part's realised cost carries the sampling noise of which
   prompts it holds (about ±4% at budget 4 on 160 arith prompts).
-* ``learned_mix`` — ``learned`` with a fallback's two-plan mix scored at its share q (plan ``hi`` with
-  probability q) instead of by each prompt's hash u < q: the same expectation over new prompts, without the
-  hash's realisation on a few held-out ones (on 30 prompts the share drawn moves the cost by up to ±10%).
+* ``learned_mix`` — ``learned`` with a fallback's two-plan mix scored at its share q, not drawn by each
+  prompt's hash: the same expectation over new prompts, without the draw on a few held-out ones (issue 32).
 * ``learned_batch`` — ``learned`` with the knob (or the uniform mix) solved on the held-out part itself
   (``Policy.decide(..., match="batch")``): what an offline batch job spends, on budget to one prompt's step.
 * ``fixed_plan`` — the policy's own fixed-plan rule (:mod:`isocompute.policy.plans.fixed_rule`: one plan
@@ -145,18 +144,16 @@ def _method_probs(policy: Policy, X: np.ndarray, u: np.ndarray, route: np.ndarra
             served = a
             batch, _ = policy.decide_features(X, u, route, b, name, match="batch")
         out["learned"] = (_one_hot(served, A), rule == LEARNED)
-        # the same, a fallback's two-plan mix scored at its share rather than by each prompt's hash (issue 32)
-        out["learned_mix"] = (out["learned"][0] if rule == LEARNED
-                              else _two_point(*policy.fallback_mix(rule, b), n, A), rule == LEARNED)
+        mix = out["learned"][0] if rule == LEARNED else _two_point(*policy.fallback_mix(rule, b), n, A)
+        out["learned_mix"] = (mix, rule == LEARNED)  # a fallback's mix at its share, not hashed (issue 32)
         out["learned_batch"] = (_one_hot(batch, A), rule == LEARNED)
     if policy.config.plans:
         out["fixed_plan"] = (_one_hot(policy.fallback_actions(FIXED_PLAN, u, b), A), False)
     lad = policy.ladder
     lo, hi, q = uniform_mix(C[:, lad].mean(axis=0), b)
     out["uniform"] = (_two_point(int(lad[lo]), int(lad[hi]), q, n, A), False)
-    # The heuristic decides from training data only: its two actions and share come from the policy's
-    # per-action training costs (without the probe and extra features it does not use), its threshold
-    # from the training lengths.
+    # The heuristic decides from training data only: its two actions and share from the policy's per-action
+    # training costs (without the probe and extra features it does not use), its threshold from training lengths.
     hlo, hhi, hq = uniform_mix(policy.sample_action_costs[lad], b)
     out["heuristic"] = (_two_point(int(lad[hlo]), int(lad[hhi]), length_rule(train_lengths, lengths, hq), n, A),
                         False)

@@ -147,7 +147,7 @@ def _not_binding_note(report: dict[str, Any]) -> list[str]:
 def _spend_section(report: dict[str, Any]) -> list[str]:
     """Realised cost against the budget, per prompt and batch-matched."""
     lines = ["## Spend on budget", "",
-             "| budget | learned cost [95% CI] | error | mixes at their share: cost | error | learned (batch) acc "
+             "| budget | learned cost [95% CI] | error | mixes at their share | error | learned (batch) acc "
              "| learned (batch) cost | error |",
              "|---:|---|---:|---:|---:|---:|---:|---:|"]
     excluded = []
@@ -164,11 +164,8 @@ def _spend_section(report: dict[str, Any]) -> list[str]:
               "held-out sample moves with which prompts the sample holds (the bootstrap CI over prompts shows "
               "that noise). `learned (batch)` solves the same learner's knob on the held-out prompts themselves "
               "(`Policy.decide(..., match=\"batch\")`, what an offline batch job uses); the gateway holds a "
-              "stream of single requests on budget with its online controller instead. Where the chain falls back, "
-              "the fixed plan or uniform mixes two plans, the dearer for a share q of the prompts chosen by a hash "
-              "of their text; *mixes at their share* scores that mix at q itself, the same expectation over new "
-              "prompts without the hash's draw on these few (issue 32: on 30 prompts the draw moves the cost by up "
-              "to ±10%).", ""]
+              "stream of single requests on budget with its online controller instead. *Mixes at their share*: a "
+              "fallback's two-plan mix scored at its share, not drawn by each prompt's hash (issue 32).", ""]
     if excluded:
         lines += [f"At {', '.join(f'{b:.4g}' for b in excluded)} the realised cost's 95% CI excludes the budget: the "
                   "policy as served does not spend what it was given there.", ""]

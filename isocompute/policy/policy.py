@@ -37,7 +37,7 @@ from isocompute.policy.fallback import (
     RuleChain,
     RuleChoice,
     choose_rules,
-    uniform_actions,
+    mix_actions,
     uniform_mix,
     uniform_oof_costs,
     uniform_utilities,
@@ -55,7 +55,7 @@ from isocompute.policy.learn.learners import MIX_SEED, ROUTE_SEED, budget_grid, 
 from isocompute.policy.learn.members import batch_knob, member_actions
 from isocompute.policy.persistence import KIND, SCHEMA_VERSION, load_policy, save_policy  # noqa: F401
 from isocompute.policy.plans.arrays import allocate_plans, plan_stats
-from isocompute.policy.plans.fixed_rule import fixed_actions, fixed_plan_at, fixed_plan_oof
+from isocompute.policy.plans.fixed_rule import fixed_plan_at, fixed_plan_oof
 from isocompute.policy.plans.heldout import budget_table, internal_budget
 from isocompute.policy.plans.menu import ladder_columns, menu_of
 from isocompute.policy.table_prep import check_arrays, prepare_table, task_groups  # noqa: F401  (task_groups: re-exported)
@@ -76,15 +76,11 @@ class Policy:
             progress: bool = False, arrays: Any = None) -> Policy:
         """Fit on an :class:`~isocompute.solver.outcomes.OutcomeTable`; ``costs`` overrides the cost table;
         ``probe``: the probe's value per prompt (required exactly when the config has a probe).
-
-        ``model_flops`` (the served model's FLOP shape, ``isocompute.flops.load_model_flops``): prices the
-        flops cost unit and, with extra features in the samples unit, one sample's FLOPs per training prompt
-        (the k = 1 column of the flops cost table), unless ``sample_flops`` gives those directly.
-        With a plan menu every plan is estimated on every prompt (:func:`~isocompute.policy.plans.arrays.table_arrays`;
-        ``arrays``: its result for this table and config, when the caller already has it). A ragged table (prompts with fewer samples than the largest action or plan) is kept as the config
-        says (``min_samples``, ``ragged``: :mod:`isocompute.solver.ragged`); what was dropped or marked
-        is in :attr:`training_data_`. ``costs``, ``probe`` and ``sample_flops`` are per prompt of ``table``.
-        """
+        ``model_flops`` (``isocompute.flops.load_model_flops``) prices the flops unit and, with extra features
+        in samples, one sample's FLOPs per prompt, unless ``sample_flops`` gives them. With a plan menu every
+        plan is estimated on every prompt (:func:`~isocompute.policy.plans.arrays.table_arrays`; ``arrays``: its
+        result, when the caller has it). A ragged table is kept as ``min_samples`` / ``ragged`` say
+        (:mod:`isocompute.solver.ragged`); what was dropped is in :attr:`training_data_`."""
         prep, costs, probe, sample_flops, labels = prepare_table(self.config, table, costs=costs, probe=probe,
                                                                  sample_flops=sample_flops, model_flops=model_flops,
                                                                  arrays=arrays)
@@ -105,11 +101,9 @@ class Policy:
                    latency: np.ndarray | None = None, progress: bool = False) -> Policy:
         """Fit from prompts and their utility and cost tables (N × P each, P = ``len(self.plans)``);
         ``progress`` shows a bar. ``samples`` / ``waves``: each plan's expected samples and waves per
-        prompt (:func:`~isocompute.policy.plans.arrays.plan_arrays`), needed for adaptive plans; one-wave
-        plans default to k and 1.
-
-        ``C`` is what the samples cost; the probe's declared cost and the extra features' cost
-        (``feature_cost_``) are added to every entry here. ``sample_flops``: one sample's FLOPs per
+        prompt (:func:`~isocompute.policy.plans.arrays.plan_arrays`), needed for adaptive plans. ``C`` is what
+        the samples cost; the probe's declared cost and the extra features' cost (``feature_cost_``) are added
+        to every entry here. ``sample_flops``: one sample's FLOPs per
         training prompt, needed only to price extra features in samples (unless the config declares
         ``feature_cost``). ``labels``: the utilities the learners imitate (N × A, default ``U``; e.g.
         shrunk ones, :mod:`isocompute.policy.learn.shrinkage`) — calibration, the learner choice and the
@@ -245,22 +239,16 @@ class Policy:
         return fixed_plan_at(self.plan_utility_, self.sample_action_costs, g)
 
     def fallback_mix(self, rule: str, budget: float) -> tuple[int, int, float]:
-        """(lo, hi, q): the two plans a fallback rule (``fixed_plan`` or ``uniform``) mixes at ``budget`` and
-        the dearer one's share, which :meth:`fallback_actions` realises prompt by prompt through u."""
+        """(lo, hi, q): the plans a fallback rule (``fixed_plan`` or ``uniform``) mixes at ``budget``, q the dearer's share."""
         if rule == UNIFORM:
-            lad = self.ladder
-            lo, hi, q = uniform_mix(self.sample_action_costs[lad], budget)
-            return int(lad[lo]), int(lad[hi]), q
-        choice = self.fixed_plan_at(budget)
-        return int(choice.lo), int(choice.hi), float(choice.mix)
+            lo, hi, q = uniform_mix(self.sample_action_costs[self.ladder], budget)
+            return int(self.ladder[lo]), int(self.ladder[hi]), q
+        c = self.fixed_plan_at(budget)
+        return int(c.lo), int(c.hi), float(c.mix)
 
     def fallback_actions(self, rule: str, u: np.ndarray, budget: float, *, match: str = "calibrated") -> np.ndarray:
-        """Plan index per prompt under a fallback rule (``fixed_plan`` or ``uniform``) from the prompts'
-        mixing uniforms ``u`` (:meth:`prompt_keys`)."""
-        if rule == UNIFORM:
-            lad = self.ladder
-            return lad[uniform_actions(u, self.sample_action_costs[lad], budget, match=match)]
-        return fixed_actions(u, self.fixed_plan_at(budget), match=match)
+        """Plan index per prompt under a fallback rule's mix, drawn by the prompts' mixing uniforms ``u``."""
+        return mix_actions(u, *self.fallback_mix(rule, budget), match=match)
 
     @property
     def budget_range(self) -> tuple[float, float]:
