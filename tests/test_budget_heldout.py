@@ -87,7 +87,8 @@ def test_levels_hold_every_ladder_latency_in_range():
     assert (np.diff(levels) > 0).all()
 
 
-def test_config_and_artifacts_say_which_search_served(tmp_path):
+def _synthetic_policy_table():
+    from isocompute.policy.plans.arrays import table_arrays
     from isocompute.policy.synthetic import synthetic_records
     from isocompute.solver.outcomes import from_records
 
@@ -98,17 +99,21 @@ def test_config_and_artifacts_say_which_search_served(tmp_path):
         for s in r["samples"]:
             s["completion_tokens"] = int(base * rng.lognormal(0, 0.6))
     table = from_records(recs)
-    plans = ("none@1", "none@2", "none@4", "none@8", "lead:m=2@1x8", "lead:m=2@4s,4s")
-    kw = dict(actions=(1, 2, 4, 8), plans=plans, cost_unit="tokens", n_rounds=4, calibration_folds=2,
-              n_components=4, seed=0)
-    from isocompute.policy.plans.arrays import table_arrays
+    kw = dict(actions=(1, 2, 4, 8), plans=("none@1", "none@2", "none@4", "none@8", "lead:m=2@1x8", "lead:m=2@4s,4s"),
+              cost_unit="tokens", n_rounds=4, calibration_folds=2, n_components=4, seed=0)
+    arr = table_arrays(table, PolicyConfig(**kw, budget_range=(1.0, 2.0)))
+    lo, hi = arr.cost.mean(axis=0).min() * 1.05, arr.cost.mean(axis=0).max() * 0.9
+    return table, arr, PolicyConfig(**kw, budget_range=(lo, hi))
 
-    cfg = PolicyConfig(**kw, budget_range=(1.0, 2.0))
-    C = table_arrays(table, cfg).cost
-    lo, hi = C.mean(axis=0).min() * 1.05, C.mean(axis=0).max() * 0.9
-    pol = Policy(PolicyConfig(**kw, budget_range=(lo, hi))).fit(table)
+
+def test_config_and_artifacts_say_which_search_served(tmp_path):
+    import dataclasses
+
+    table, _, cfg = _synthetic_policy_table()
+    lo, hi = cfg.budget_range
+    pol = Policy(cfg).fit(table)
     assert pol.config.fixed_budget == "heldout" and pol.fixed_budgets_ is not None
-    old = Policy(PolicyConfig(**kw, budget_range=(lo, hi), fixed_budget="train")).fit(table)
+    old = Policy(dataclasses.replace(cfg, fixed_budget="train")).fit(table)
     assert old.fixed_budgets_ is None
     b = float(np.sqrt(lo * hi))
     assert old.fixed_plan_at(b).train_cost == pytest.approx(b, rel=1e-6)  # the budget itself, on training means
@@ -117,7 +122,7 @@ def test_config_and_artifacts_say_which_search_served(tmp_path):
     assert back.fixed_budgets_ == pol.fixed_budgets_
     assert back.fixed_plan_at(b) == pol.fixed_plan_at(b)
     with pytest.raises(Exception, match="fixed_budget"):
-        PolicyConfig(**kw, budget_range=(lo, hi), fixed_budget="nope")
+        dataclasses.replace(cfg, fixed_budget="nope")
     d = pol.config.to_dict()
     d.pop("fixed_budget")
     assert PolicyConfig.from_dict(d).fixed_budget == "train"  # an artifact saved before the search
@@ -385,25 +390,6 @@ def test_on_gsm8k_and_date_at_uniforms_own_latency_and_tokens_the_chain_is_not_w
         acc, ref, tok, ref_tok = (np.mean([r[i] for r in res if r[0] == k]) for i in (1, 2, 3, 4))
         assert acc >= ref - TOLERANCE, (k, acc, ref, [r[5] for r in res if r[0] == k])
         assert tok <= ref_tok * 1.05, (k, tok, ref_tok)
-
-
-def _synthetic_policy_table():
-    from isocompute.policy.plans.arrays import table_arrays
-    from isocompute.policy.synthetic import synthetic_records
-    from isocompute.solver.outcomes import from_records
-
-    recs = synthetic_records(80, 8, seed=2, noise=0.3)
-    rng = np.random.default_rng(2)
-    for r in recs:
-        base = int(rng.integers(50, 2000))
-        for s in r["samples"]:
-            s["completion_tokens"] = int(base * rng.lognormal(0, 0.6))
-    table = from_records(recs)
-    kw = dict(actions=(1, 2, 4, 8), plans=("none@1", "none@2", "none@4", "none@8", "lead:m=2@1x8", "lead:m=2@4s,4s"),
-              cost_unit="tokens", n_rounds=4, calibration_folds=2, n_components=4, seed=0)
-    arr = table_arrays(table, PolicyConfig(**kw, budget_range=(1.0, 2.0)))
-    lo, hi = arr.cost.mean(axis=0).min() * 1.05, arr.cost.mean(axis=0).max() * 0.9
-    return table, arr, PolicyConfig(**kw, budget_range=(lo, hi))
 
 
 def test_a_fallbacks_mix_is_what_its_hashed_actions_realise():
